@@ -1,0 +1,630 @@
+package actor
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/sluice-io/sluice/actor/clock"
+	"github.com/sluice-io/sluice/persist"
+)
+
+// actor is one goroutine and the keys it owns. Every field is touched only by
+// its loop, except mailbox.
+type actor struct {
+	e       *Engine
+	id      uint16
+	mailbox chan *call
+	maxKeys int
+
+	keys    map[string]*entry
+	lru     entry // sentinel: lru.next is the most recently used key, lru.prev the least
+	alarms  alarmHeap
+	timer   clock.Timer
+	timerAt int64 // when timer fires, unix ns; 0 when it is not armed
+
+	// Scratch reused from batch to batch.
+	batch  []*call
+	misses []string
+	dirty  []*entry
+	wrote  []bool
+}
+
+// entry is a key held in memory.
+type entry struct {
+	key        string
+	st         state
+	prev, next *entry
+	heapIdx    int   // position in the alarm heap; -1 when no alarm is armed
+	alarmAt    int64 // when the armed alarm fires, unix ns
+	// commit is the storage write holding the key's latest state, until it
+	// is known to be done. A key is not evicted before: loading it again
+	// from disk would read an older state.
+	commit *persist.Commit
+	dirty  bool
+}
+
+func newActor(e *Engine, id, maxKeys int) *actor {
+	a := &actor{
+		e:       e,
+		id:      uint16(id),
+		mailbox: make(chan *call, e.cfg.MailboxSize),
+		maxKeys: max(maxKeys, 1),
+		keys:    make(map[string]*entry),
+	}
+	a.lru.next, a.lru.prev = &a.lru, &a.lru
+	return a
+}
+
+func (a *actor) loop() {
+	defer func() {
+		if a.timer != nil {
+			a.timer.Stop()
+		}
+	}()
+	for {
+		var fire <-chan time.Time
+		if a.timerAt != 0 {
+			fire = a.timer.C()
+		}
+		select {
+		case c := <-a.mailbox:
+			a.batch = append(a.batch[:0], c)
+			a.drain()
+			a.handle()
+		case <-fire:
+			a.timerAt = 0
+			a.expire(a.now())
+			a.rearm()
+		case <-a.e.quit:
+			// Decide what callers already handed over, then exit.
+			for {
+				a.batch = a.batch[:0]
+				a.drain()
+				if len(a.batch) == 0 {
+					return
+				}
+				a.handle()
+			}
+		}
+	}
+}
+
+func (a *actor) now() int64 { return a.e.cfg.Clock.Now().UnixNano() }
+
+// drain moves waiting calls from the mailbox into the batch, without blocking.
+func (a *actor) drain() {
+	for len(a.batch) < a.e.cfg.MaxDrain {
+		select {
+		case c := <-a.mailbox:
+			a.batch = append(a.batch, c)
+		default:
+			return
+		}
+	}
+}
+
+// handle decides a batch of calls: it loads the keys it lacks in one read,
+// decides every check, writes the changed keys in one storage write and
+// acknowledges each call (after that write commits, in the durable modes).
+func (a *actor) handle() {
+	e := a.e
+	now := a.now()
+	live := a.batch[:0]
+	for _, c := range a.batch {
+		if c.aborted.Load() || c.ctx.Err() != nil {
+			c.ack() // the caller is gone; record nothing for it
+			continue
+		}
+		live = append(live, c)
+	}
+	a.batch = live
+	if len(a.batch) == 0 {
+		return
+	}
+	if e.store != nil {
+		if err := a.load(now); err != nil {
+			for _, c := range a.batch {
+				c.fail(err)
+				c.ack()
+			}
+			return
+		}
+	} else {
+		a.makeRoom(now)
+	}
+
+	checks := 0
+	a.wrote = a.wrote[:0]
+	for _, c := range a.batch {
+		wrote := false
+		if c.errValue() == nil {
+			switch c.op {
+			case opCheck, opRelease:
+				wrote = a.decideCall(c, now, &checks)
+			case opInspect:
+				a.inspect(c, now)
+			case opReset:
+				wrote = a.reset(c, now)
+			case opList:
+				a.list(c)
+			}
+		}
+		a.wrote = append(a.wrote, wrote)
+	}
+	e.cfg.Observer.Batch(int(a.id), checks, len(a.mailbox))
+
+	if e.store == nil || len(a.dirty) == 0 {
+		for _, ent := range a.dirty {
+			ent.dirty = false
+			if !a.arm(ent, now) {
+				a.remove(ent)
+			}
+		}
+		a.dirty = a.dirty[:0]
+		for _, c := range a.batch {
+			c.ack()
+		}
+		if e.store != nil {
+			a.evict()
+		}
+		a.rearm()
+		return
+	}
+	a.persist(now)
+	a.evict()
+	a.rearm()
+}
+
+// decideCall decides (or, for opRelease, releases) the checks of c that
+// this actor owns and reports whether any key changed.
+func (a *actor) decideCall(c *call, now int64, checks *int) (wrote bool) {
+	for i := range c.checks {
+		if c.shards[i] != a.id {
+			continue
+		}
+		*checks++
+		ch := &c.checks[i]
+		ent := a.keys[ch.Key]
+		if ent == nil {
+			ent = a.insert(ch.Key)
+		} else {
+			a.touch(ent)
+		}
+		var changed bool
+		if c.op == opRelease {
+			changed = ent.st.release(c.marks[i], ch.Cost)
+		} else {
+			changed = ent.st.decide(now, ch, a.e.cfg.MaxLogRuns, &c.out[i])
+			if c.marks != nil {
+				c.marks[i] = ent.st.mark()
+			}
+		}
+		if changed {
+			wrote = true
+			a.markDirty(ent)
+		} else if !ent.dirty && ent.st.deadline() == 0 {
+			a.remove(ent) // a peek at a key nobody wrote: keep nothing
+		}
+	}
+	return wrote
+}
+
+func (a *actor) markDirty(ent *entry) {
+	if !ent.dirty {
+		ent.dirty = true
+		a.dirty = append(a.dirty, ent)
+	}
+}
+
+// inspect fills c.view with the state of its key, from memory or else from
+// disk, without loading it into memory.
+func (a *actor) inspect(c *call, now int64) {
+	v := c.view
+	v.ReadAt = time.Unix(0, now)
+	if ent := a.keys[v.Key]; ent != nil {
+		if !ent.st.isEmpty(now) {
+			ent.st.view(now, a.e.cfg.MaxLogRuns, v)
+			v.InMemory = true
+		}
+		return
+	}
+	if a.e.store == nil {
+		return
+	}
+	var st state
+	var derr error
+	found := false
+	err := a.e.store.Get([]string{v.Key}, func(_ int, deadline int64, value []byte) {
+		if deadline > now {
+			found, derr = true, st.decode(value)
+		}
+	})
+	switch {
+	case err != nil:
+		c.fail(fmt.Errorf("actor: inspect %q: %w", v.Key, err))
+	case derr != nil:
+		c.fail(fmt.Errorf("actor: inspect %q: %w", v.Key, derr))
+	case found && !st.isEmpty(now):
+		st.view(now, a.e.cfg.MaxLogRuns, v)
+	}
+}
+
+// reset forgets the key of c. load has brought it into memory if it was
+// on disk; its empty state is written as a delete.
+func (a *actor) reset(c *call, now int64) bool {
+	ent := a.keys[c.checks[0].Key]
+	if ent == nil {
+		return false
+	}
+	c.existed = !ent.st.isEmpty(now)
+	ent.st = state{}
+	a.markDirty(ent)
+	return true
+}
+
+// list puts the keys in memory that match c into c.lists[a.id], sorted.
+func (a *actor) list(c *call) {
+	var out []KeySummary
+	for key, ent := range a.keys {
+		if strings.HasPrefix(key, c.prefix) && key > c.after && ent.st.deadline() > 0 {
+			out = append(out, KeySummary{Key: key, InMemory: true, ExpiresAt: time.Unix(0, ent.st.deadline())})
+		}
+	}
+	slices.SortFunc(out, func(x, y KeySummary) int { return strings.Compare(x.Key, y.Key) })
+	if len(out) > c.limit {
+		out = out[:c.limit]
+	}
+	c.lists[a.id] = out
+}
+
+// persist hands the batch's dirty keys to the store as one write and
+// acknowledges the calls: at once in Async mode and for calls that recorded
+// nothing, after the commit otherwise.
+func (a *actor) persist(now int64) {
+	f := flushPool.Get().(*flush)
+	for _, ent := range a.dirty {
+		ent.dirty = false
+		if !a.arm(ent, now) {
+			// Empty: delete it on disk. It stays in memory, empty and
+			// without an alarm, until eviction, so that nobody reads the
+			// older state on disk before the delete commits.
+			f.recs = append(f.recs, persist.Record{Key: ent.key})
+			continue
+		}
+		start := len(f.buf)
+		f.buf = ent.st.appendBinary(f.buf)
+		f.recs = append(f.recs, persist.Record{Key: ent.key, Deadline: ent.st.deadline(), Value: f.buf[start:]})
+	}
+	// f.buf may have moved while growing: point the values at the final array.
+	off := 0
+	for i := range f.recs {
+		if n := len(f.recs[i].Value); n > 0 {
+			f.recs[i].Value = f.buf[off : off+n : off+n]
+			off += n
+		}
+	}
+	async := a.e.store.Mode() == persist.ModeAsync
+	for i, c := range a.batch {
+		if async || !a.wrote[i] {
+			c.ack()
+		} else {
+			f.calls = append(f.calls, c)
+		}
+	}
+	commit := a.e.store.Submit(f.recs, f.finish)
+	for _, ent := range a.dirty {
+		ent.commit = commit
+	}
+	a.dirty = a.dirty[:0]
+}
+
+// load reads, in one transaction, the keys of the batch that are not in
+// memory. A key whose stored deadline has passed is as good as new.
+func (a *actor) load(now int64) error {
+	a.misses = a.misses[:0]
+	for _, c := range a.batch {
+		if c.op == opInspect || c.op == opList {
+			continue
+		}
+		for i := range c.checks {
+			if c.shards[i] == a.id {
+				if _, ok := a.keys[c.checks[i].Key]; !ok {
+					a.misses = append(a.misses, c.checks[i].Key)
+				}
+			}
+		}
+	}
+	if len(a.misses) == 0 {
+		return nil
+	}
+	var derr error
+	err := a.e.store.Get(a.misses, func(i int, deadline int64, value []byte) {
+		key := a.misses[i]
+		if deadline <= now || a.keys[key] != nil || derr != nil {
+			return
+		}
+		ent := a.insert(key)
+		if err := ent.st.decode(value); err != nil {
+			a.remove(ent)
+			derr = fmt.Errorf("actor: load key %q: %w", key, err)
+			return
+		}
+		a.armAt(ent, deadline)
+	})
+	if err != nil {
+		return fmt.Errorf("actor: load keys: %w", err)
+	}
+	return derr
+}
+
+// makeRoom, in memory mode, fails the calls that would take the actor past
+// its key bound, after dropping keys whose state has already emptied.
+func (a *actor) makeRoom(now int64) {
+	for _, c := range a.batch {
+		if c.op != opCheck {
+			continue
+		}
+		need := 0
+		for i := range c.checks {
+			if c.shards[i] == a.id && a.keys[c.checks[i].Key] == nil {
+				need++
+			}
+		}
+		if need == 0 || len(a.keys)+need <= a.maxKeys {
+			continue
+		}
+		a.dropEmpty(now, len(a.keys)+need-a.maxKeys)
+		if len(a.keys)+need > a.maxKeys {
+			c.fail(ErrTooManyKeys)
+		}
+	}
+}
+
+// dropEmpty removes up to n keys whose state is empty at now, looking at the
+// least recently used ones first, and a bounded number of them.
+func (a *actor) dropEmpty(now int64, n int) {
+	ent := a.lru.prev
+	for looked := 0; n > 0 && ent != &a.lru && looked < 256; looked++ {
+		prev := ent.prev
+		if ent.st.isEmpty(now) {
+			a.remove(ent)
+			n--
+		}
+		ent = prev
+	}
+}
+
+// evict moves least recently used keys out of memory until the actor is
+// within its bound. Their state is on disk, unless a write is still in
+// flight, in which case they wait for a later batch.
+func (a *actor) evict() {
+	evicted := 0
+	for len(a.keys) > a.maxKeys {
+		ent := a.lru.prev
+		if ent.commit != nil {
+			select {
+			case <-ent.commit.Done():
+				ent.commit = nil
+			default:
+				if evicted > 0 {
+					a.e.cfg.Observer.Evicted(evicted)
+				}
+				return
+			}
+		}
+		a.remove(ent)
+		evicted++
+	}
+	if evicted > 0 {
+		a.e.cfg.Observer.Evicted(evicted)
+	}
+}
+
+// expire runs the alarms that came due: a key whose state is empty leaves
+// memory (the store's janitor deletes it from disk at the same deadline); a
+// key that was written since its alarm was armed is armed again for its new
+// deadline. An empty key is never re-armed.
+func (a *actor) expire(now int64) {
+	expired := 0
+	for len(a.alarms) > 0 && a.alarms[0].alarmAt <= now {
+		ent := a.alarms.pop()
+		if dl := ent.st.deadline(); dl > now {
+			ent.alarmAt = dl
+			a.alarms.push(ent)
+			continue
+		}
+		if ent.commit != nil {
+			select {
+			case <-ent.commit.Done():
+			default:
+				continue // leaves by eviction once its write is done
+			}
+		}
+		a.remove(ent)
+		expired++
+	}
+	if expired > 0 {
+		a.e.cfg.Observer.Expired(expired)
+	}
+}
+
+// arm arms the alarm of a key whose state changed and reports true, or
+// reports false when the state is empty at now and needs no alarm.
+func (a *actor) arm(ent *entry, now int64) bool {
+	dl := ent.st.deadline()
+	if dl == 0 || dl <= now {
+		if ent.heapIdx >= 0 {
+			a.alarms.remove(ent.heapIdx)
+		}
+		return false
+	}
+	a.armAt(ent, dl)
+	return true
+}
+
+// armAt makes sure an alarm fires for ent no later than dl. A later deadline
+// keeps the armed alarm: when it fires, expire re-arms it.
+func (a *actor) armAt(ent *entry, dl int64) {
+	switch {
+	case ent.heapIdx < 0:
+		ent.alarmAt = dl
+		a.alarms.push(ent)
+	case dl < ent.alarmAt:
+		ent.alarmAt = dl
+		a.alarms.fix(ent.heapIdx)
+	}
+}
+
+// rearm points the actor's one timer at its earliest alarm, or stops it.
+func (a *actor) rearm() {
+	if len(a.alarms) == 0 {
+		if a.timerAt != 0 {
+			a.timer.Stop()
+			a.timerAt = 0
+		}
+		return
+	}
+	at := a.alarms[0].alarmAt
+	if at == a.timerAt {
+		return
+	}
+	d := time.Duration(at - a.now())
+	if a.timer == nil {
+		a.timer = a.e.cfg.Clock.NewTimer(d)
+	} else {
+		a.timer.Reset(d)
+	}
+	a.timerAt = at
+}
+
+func (a *actor) insert(key string) *entry {
+	ent := &entry{key: strings.Clone(key), heapIdx: -1}
+	a.keys[ent.key] = ent
+	a.pushFront(ent)
+	a.e.cfg.Observer.Keys(1)
+	return ent
+}
+
+func (a *actor) remove(ent *entry) {
+	delete(a.keys, ent.key)
+	ent.prev.next, ent.next.prev = ent.next, ent.prev
+	ent.prev, ent.next = nil, nil
+	if ent.heapIdx >= 0 {
+		a.alarms.remove(ent.heapIdx)
+	}
+	a.e.cfg.Observer.Keys(-1)
+}
+
+func (a *actor) touch(ent *entry) {
+	if a.lru.next == ent {
+		return
+	}
+	ent.prev.next, ent.next.prev = ent.next, ent.prev
+	a.pushFront(ent)
+}
+
+func (a *actor) pushFront(ent *entry) {
+	ent.prev, ent.next = &a.lru, a.lru.next
+	a.lru.next.prev = ent
+	a.lru.next = ent
+}
+
+// flush is one storage write of an actor's batch and the calls waiting for
+// it. It is recycled once the write is done.
+type flush struct {
+	recs  []persist.Record
+	buf   []byte
+	calls []*call
+}
+
+var flushPool = sync.Pool{New: func() any { return new(flush) }}
+
+// finish runs on the store's writer goroutine once the write is committed.
+func (f *flush) finish(err error) {
+	for _, c := range f.calls {
+		if err != nil {
+			c.fail(fmt.Errorf("actor: store: %w", err))
+		}
+		c.ack()
+	}
+	clear(f.recs)
+	clear(f.calls)
+	f.recs, f.buf, f.calls = f.recs[:0], f.buf[:0], f.calls[:0]
+	flushPool.Put(f)
+}
+
+// alarmHeap is a min-heap of keys by alarm time; each entry knows its index.
+type alarmHeap []*entry
+
+func (h *alarmHeap) push(ent *entry) {
+	ent.heapIdx = len(*h)
+	*h = append(*h, ent)
+	h.up(ent.heapIdx)
+}
+
+func (h *alarmHeap) pop() *entry {
+	ent := (*h)[0]
+	h.remove(0)
+	return ent
+}
+
+func (h *alarmHeap) remove(i int) {
+	old := *h
+	last := len(old) - 1
+	ent := old[i]
+	if i != last {
+		old[i] = old[last]
+		old[i].heapIdx = i
+	}
+	old[last] = nil
+	*h = old[:last]
+	if i != last {
+		h.fix(i)
+	}
+	ent.heapIdx = -1
+}
+
+func (h alarmHeap) fix(i int) {
+	if !h.down(i) {
+		h.up(i)
+	}
+}
+
+func (h alarmHeap) up(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if h[p].alarmAt <= h[i].alarmAt {
+			return
+		}
+		h.swap(i, p)
+		i = p
+	}
+}
+
+func (h alarmHeap) down(i int) bool {
+	start := i
+	for {
+		l := 2*i + 1
+		if l >= len(h) {
+			break
+		}
+		m := l
+		if r := l + 1; r < len(h) && h[r].alarmAt < h[l].alarmAt {
+			m = r
+		}
+		if h[i].alarmAt <= h[m].alarmAt {
+			break
+		}
+		h.swap(i, m)
+		i = m
+	}
+	return i > start
+}
+
+func (h alarmHeap) swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].heapIdx, h[j].heapIdx = i, j
+}

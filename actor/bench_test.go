@@ -1,0 +1,69 @@
+package actor
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/persist"
+)
+
+// BenchmarkEngine measures decisions per second through the actors: one hot
+// key or 100k uniform keys, one check or ten per call, per storage mode, with
+// 64 concurrent callers per CPU.
+func BenchmarkEngine(b *testing.B) {
+	for _, mode := range []string{"memory", "commit", "fsync"} {
+		for _, keys := range []int{1, 100_000} {
+			for _, batch := range []int{1, 10} {
+				name := fmt.Sprintf("%s/keys=%d/batch=%d", mode, keys, batch)
+				b.Run(name, func(b *testing.B) { benchEngine(b, mode, keys, batch) })
+			}
+		}
+	}
+}
+
+func benchEngine(b *testing.B, mode string, keys, batch int) {
+	cfg := Config{}
+	if mode != "memory" {
+		m, _ := persist.ParseMode(mode)
+		st, err := persist.Open(persist.Options{Path: filepath.Join(b.TempDir(), "sluice.db"), Mode: m})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer st.Close()
+		cfg.Store = st
+	}
+	eng, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer eng.Close()
+	names := make([]string, keys)
+	for i := range names {
+		names[i] = fmt.Sprintf("bench:tenant:%d", i)
+	}
+	b.SetParallelism(64)
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		rng := rand.New(rand.NewPCG(rand.Uint64(), 0))
+		checks := make([]Check, batch)
+		out := make([]Decision, batch)
+		for pb.Next() {
+			for i := range checks {
+				checks[i] = Check{Key: names[rng.IntN(keys)], Limit: 1 << 40, Window: time.Second, Cost: 1}
+			}
+			if err := eng.Check(context.Background(), checks, out); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "decisions/s")
+	b.ReportMetric(0, "ns/op")
+	_ = runtime.GOMAXPROCS(0)
+}

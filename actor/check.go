@@ -1,0 +1,168 @@
+package actor
+
+import (
+	"fmt"
+	"time"
+)
+
+// Algorithm selects how a key counts its hits.
+type Algorithm uint8
+
+const (
+	// SlidingLog keeps the time of every allowed hit (as runs of hits that share
+	// a timestamp) and is exact: no interval as long as the window ever holds
+	// more than the limit. It is the default.
+	SlidingLog Algorithm = iota
+	// SlidingWindow is the two-bucket sliding window counter: constant memory,
+	// approximate. See docs/engine.md for its error bound.
+	SlidingWindow
+	// TokenBucket allows bursts up to the limit and refills continuously at
+	// limit per window.
+	TokenBucket
+
+	numAlgorithms
+)
+
+// String returns the algorithm's name as users type it.
+func (a Algorithm) String() string {
+	switch a {
+	case SlidingLog:
+		return "sliding_log"
+	case SlidingWindow:
+		return "sliding_window"
+	case TokenBucket:
+		return "token_bucket"
+	}
+	return fmt.Sprintf("algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm returns the algorithm named s ("" means SlidingLog).
+func ParseAlgorithm(s string) (Algorithm, error) {
+	switch s {
+	case "", "sliding_log":
+		return SlidingLog, nil
+	case "sliding_window":
+		return SlidingWindow, nil
+	case "token_bucket":
+		return TokenBucket, nil
+	}
+	return 0, fmt.Errorf("actor: unknown algorithm %q (want sliding_log, sliding_window or token_bucket)", s)
+}
+
+// Check asks whether Cost hits on Key fit in Limit per Window.
+type Check struct {
+	// Key names the limited thing: opaque bytes, 1 to Limits.MaxKeyLen long.
+	Key string
+	// Limit is the number of hits allowed per Window; positive.
+	Limit int64
+	// Window is the length of the sliding interval, from Limits.MinWindow to
+	// Limits.MaxWindow.
+	Window time.Duration
+	// Algorithm selects the counting method; the zero value is SlidingLog.
+	Algorithm Algorithm
+	// Cost is the number of hits to record; 0 peeks without recording. It may
+	// not exceed Limit.
+	Cost int64
+	// Refund gives Cost hits back instead of taking them: the newest recorded
+	// hits are removed (never below zero). A refund is always allowed.
+	Refund bool
+	// Penalty records the hits even when the check is denied, so that a client
+	// that keeps hitting a closed door extends its own wait.
+	Penalty bool
+}
+
+// Decision is the answer to one Check.
+type Decision struct {
+	// Allowed reports whether the cost fitted: used + cost <= limit.
+	Allowed bool
+	// Limit is the limit the decision was made against.
+	Limit int64
+	// Remaining is how many cost-1 hits would be allowed right now, after
+	// this decision.
+	Remaining int64
+	// RetryAfter is 0 when allowed; otherwise the shortest wait after which
+	// the same check would be allowed if nothing else arrived.
+	RetryAfter time.Duration
+	// ResetAfter is the time until the whole limit is available again.
+	ResetAfter time.Duration
+}
+
+// Limits bounds what a check may ask for. The zero value of a field means its
+// default.
+type Limits struct {
+	// MaxKeyLen is the longest key in bytes. Default 1024.
+	MaxKeyLen int
+	// MinWindow is the shortest window. Default 1ms.
+	MinWindow time.Duration
+	// MaxWindow is the longest window. Default 10 years (3650 days).
+	MaxWindow time.Duration
+	// MaxBatch is the largest number of checks in one call. Default 1000.
+	MaxBatch int
+}
+
+// Default values of Limits.
+const (
+	DefaultMaxKeyLen = 1024
+	DefaultMinWindow = time.Millisecond
+	DefaultMaxWindow = 3650 * 24 * time.Hour
+	DefaultMaxBatch  = 1000
+)
+
+func (l Limits) withDefaults() Limits {
+	if l.MaxKeyLen <= 0 {
+		l.MaxKeyLen = DefaultMaxKeyLen
+	}
+	if l.MinWindow <= 0 {
+		l.MinWindow = DefaultMinWindow
+	}
+	if l.MaxWindow <= 0 {
+		l.MaxWindow = DefaultMaxWindow
+	}
+	if l.MaxBatch <= 0 {
+		l.MaxBatch = DefaultMaxBatch
+	}
+	return l
+}
+
+// InvalidCheckError reports a check that can never be decided as sent. When a
+// call returns it, nothing of that call was recorded.
+type InvalidCheckError struct {
+	// Index is the position of the check in its batch.
+	Index int
+	// Field names the offending field: "key", "limit", "window", "cost",
+	// "algorithm".
+	Field string
+	// Reason says what is wrong and what to change.
+	Reason string
+}
+
+func (e *InvalidCheckError) Error() string {
+	return fmt.Sprintf("actor: check %d: %s: %s", e.Index, e.Field, e.Reason)
+}
+
+// validate reports the first thing wrong with c, or nil. l must have its
+// defaults applied.
+func (c *Check) validate(i int, l Limits) error {
+	bad := func(field, format string, args ...any) error {
+		return &InvalidCheckError{Index: i, Field: field, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case len(c.Key) == 0:
+		return bad("key", "empty; every check needs a key")
+	case len(c.Key) > l.MaxKeyLen:
+		return bad("key", "%d bytes long; the maximum is %d", len(c.Key), l.MaxKeyLen)
+	case c.Limit <= 0:
+		return bad("limit", "%d; it must be a positive count", c.Limit)
+	case c.Window < l.MinWindow:
+		return bad("window", "%v; it must be at least %v", c.Window, l.MinWindow)
+	case c.Window > l.MaxWindow:
+		return bad("window", "%v; it must be at most %v", c.Window, l.MaxWindow)
+	case c.Algorithm >= numAlgorithms:
+		return bad("algorithm", "unknown algorithm %d (want 0 sliding_log, 1 sliding_window or 2 token_bucket)", c.Algorithm)
+	case c.Cost < 0:
+		return bad("cost", "%d; it must be 0 (peek) or more", c.Cost)
+	case c.Cost > c.Limit && !c.Refund:
+		return bad("cost", "%d is above the limit %d, so it could never be allowed; split it or raise the limit", c.Cost, c.Limit)
+	}
+	return nil
+}

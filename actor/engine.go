@@ -1,0 +1,569 @@
+package actor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/sluice-io/sluice/actor/clock"
+	"github.com/sluice-io/sluice/persist"
+	"github.com/sluice-io/sluice/shard"
+)
+
+// Errors returned by the engine. Callers may match them with errors.Is.
+var (
+	// ErrOverloaded means an actor's mailbox was full: the node is saturated.
+	// Nothing was recorded for the call unless the call spanned several
+	// actors and another one had already taken its part (see docs/engine.md).
+	ErrOverloaded = errors.New("actor: overloaded: mailbox full; retry with backoff or add capacity")
+	// ErrClosed means the engine is shutting down.
+	ErrClosed = errors.New("actor: engine closed")
+	// ErrTooManyKeys means the node holds Config.MaxKeys keys in memory and,
+	// with no data file to evict them to, cannot take a new one.
+	ErrTooManyKeys = errors.New("actor: too many keys in memory; raise max keys or run with a data file")
+	// ErrBatchTooLarge means a call carried more than Limits.MaxBatch checks.
+	ErrBatchTooLarge = errors.New("actor: too many checks in one call")
+)
+
+// errPartlySent is ErrOverloaded after some actors already took their part.
+var errPartlySent = fmt.Errorf("%w (after part of the call was sent)", ErrOverloaded)
+
+// Config configures an Engine. The zero value of a field means its default.
+type Config struct {
+	// Actors is the number of actor goroutines keys are spread over.
+	// Default 4 × GOMAXPROCS.
+	Actors int
+	// MailboxSize is how many calls may wait for one actor before Check
+	// returns ErrOverloaded. Default 1024.
+	MailboxSize int
+	// MaxDrain is the most calls an actor takes from its mailbox to decide as
+	// one batch (one storage write). Default 512.
+	MaxDrain int
+	// MaxKeys bounds the keys held in memory by the whole node. Past it the
+	// least recently used keys leave memory (their state stays on disk). In
+	// memory mode (no Store) a new key past the bound gets ErrTooManyKeys.
+	// Default 1,000,000.
+	MaxKeys int
+	// MaxLogRuns bounds a sliding log: with a limit above it, hit times are
+	// rounded up to window/MaxLogRuns, so a log never holds more than
+	// MaxLogRuns+1 runs. At or below it the log is exact. Default 1000.
+	MaxLogRuns int
+	// Limits bounds what a check may ask for.
+	Limits Limits
+	// Store persists key state. Nil runs in memory only: a restart forgets
+	// every key. The engine does not close it.
+	Store *persist.Store
+	// Clock tells the time; nil is the wall clock.
+	Clock clock.Clock
+	// Logger receives the engine's logs; nil discards them.
+	Logger *slog.Logger
+	// Observer receives the engine's measurements; nil discards them.
+	Observer Observer
+}
+
+// Observer receives measurements from the engine for metrics. Its methods
+// are called from actor goroutines and must not block.
+type Observer interface {
+	// Batch is called after an actor decided a batch: how many checks it
+	// decided and how many calls were still waiting in its mailbox.
+	Batch(actor, checks, queued int)
+	// Keys is called when an actor's count of keys in memory changes by delta.
+	Keys(delta int)
+	// Evicted is called when n keys left memory for the memory bound.
+	Evicted(n int)
+	// Expired is called when n empty keys left memory on their alarm.
+	Expired(n int)
+}
+
+type nopObserver struct{}
+
+func (nopObserver) Batch(int, int, int) {}
+func (nopObserver) Keys(int)            {}
+func (nopObserver) Evicted(int)         {}
+func (nopObserver) Expired(int)         {}
+
+func (c Config) withDefaults() Config {
+	if c.Actors <= 0 {
+		c.Actors = 4 * runtime.GOMAXPROCS(0)
+	}
+	if c.MailboxSize <= 0 {
+		c.MailboxSize = 1024
+	}
+	if c.MaxDrain <= 0 {
+		c.MaxDrain = 512
+	}
+	if c.MaxKeys <= 0 {
+		c.MaxKeys = 1_000_000
+	}
+	if c.MaxLogRuns <= 0 {
+		c.MaxLogRuns = 1000
+	}
+	c.Limits = c.Limits.withDefaults()
+	if c.Clock == nil {
+		c.Clock = clock.Real{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Observer == nil {
+		c.Observer = nopObserver{}
+	}
+	return c
+}
+
+// Validate reports a configuration that cannot work.
+func (c Config) Validate() error {
+	c = c.withDefaults()
+	switch {
+	case c.Actors > 1<<16:
+		return fmt.Errorf("actor: config: %d actors; at most 65536", c.Actors)
+	case c.MaxKeys < c.Actors:
+		return fmt.Errorf("actor: config: max keys %d is below the number of actors %d", c.MaxKeys, c.Actors)
+	case c.Limits.MinWindow > c.Limits.MaxWindow:
+		return fmt.Errorf("actor: config: min window %v above max window %v", c.Limits.MinWindow, c.Limits.MaxWindow)
+	}
+	return nil
+}
+
+// Engine decides checks. Each key belongs to one actor goroutine, picked by
+// shard.Index; that goroutine is the only code that reads or writes the key's
+// state. Engine methods are safe for concurrent use.
+type Engine struct {
+	cfg    Config
+	actors []*actor
+	store  *persist.Store
+
+	closing   atomic.Bool
+	quit      chan struct{} // closed by Close: actors drain and exit
+	exited    chan struct{} // closed once every actor has exited
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+
+	calls sync.Pool
+}
+
+// New starts an engine: its actors and, with a store, the janitor that
+// deletes expired keys from disk.
+func New(cfg Config) (*Engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	e := &Engine{
+		cfg:    cfg,
+		store:  cfg.Store,
+		quit:   make(chan struct{}),
+		exited: make(chan struct{}),
+	}
+	e.calls.New = func() any { return &call{done: make(chan struct{}, 1)} }
+	perActor := cfg.MaxKeys / cfg.Actors
+	for i := 0; i < cfg.Actors; i++ {
+		e.actors = append(e.actors, newActor(e, i, perActor))
+	}
+	var actorsWG sync.WaitGroup
+	for _, a := range e.actors {
+		actorsWG.Add(1)
+		go func() {
+			defer actorsWG.Done()
+			a.loop()
+		}()
+	}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		actorsWG.Wait()
+		close(e.exited)
+	}()
+	if e.store != nil {
+		e.wg.Add(1)
+		go func() {
+			defer e.wg.Done()
+			e.janitor()
+		}()
+	}
+	return e, nil
+}
+
+// Check decides checks as one call and writes one decision per check into
+// out, which must be as long as checks. Checks on keys of different actors
+// are decided in parallel; each actor decides its share in one batch.
+//
+// An invalid check fails the whole call with an *InvalidCheckError before
+// anything is recorded. In the durable storage modes Check returns only once
+// the hits it recorded are committed.
+func (e *Engine) Check(ctx context.Context, checks []Check, out []Decision) error {
+	if err := e.validate(checks, out); err != nil || len(checks) == 0 {
+		return err
+	}
+	c := e.calls.Get().(*call)
+	c.ctx, c.checks, c.out = ctx, checks, out
+	return e.run(c)
+}
+
+// validate checks a call before anything is sent.
+func (e *Engine) validate(checks []Check, out []Decision) error {
+	if len(out) != len(checks) {
+		return fmt.Errorf("actor: %d checks but room for %d decisions", len(checks), len(out))
+	}
+	if len(checks) > e.cfg.Limits.MaxBatch {
+		return fmt.Errorf("%w: %d checks; the maximum is %d", ErrBatchTooLarge, len(checks), e.cfg.Limits.MaxBatch)
+	}
+	for i := range checks {
+		if err := checks[i].validate(i, e.cfg.Limits); err != nil {
+			return err
+		}
+	}
+	if e.closing.Load() {
+		return ErrClosed
+	}
+	return nil
+}
+
+// run dispatches c from the pool, waits for it and recycles it when that
+// is safe.
+func (e *Engine) run(c *call) error {
+	err, done := e.wait(c)
+	if done {
+		c.reset()
+		e.calls.Put(c)
+	}
+	return err
+}
+
+// wait dispatches c and waits for its actors. done reports that no actor
+// holds c any more, so that it may be reused.
+func (e *Engine) wait(c *call) (err error, done bool) {
+	err = e.dispatch(c)
+	switch {
+	case err == errPartlySent:
+		return ErrOverloaded, false
+	case err != nil:
+		return err, true
+	}
+	select {
+	case <-c.done:
+		return c.errValue(), true
+	case <-c.ctx.Done():
+		c.aborted.Store(true)
+		return fmt.Errorf("actor: %w", c.ctx.Err()), false
+	case <-e.exited:
+		select {
+		case <-c.done:
+			return c.errValue(), true
+		default:
+			return ErrClosed, false
+		}
+	}
+}
+
+// dispatch sends c to the actors that own its keys (to all of them for
+// opList).
+func (e *Engine) dispatch(c *call) error {
+	n := len(e.actors)
+	if c.op == opList {
+		c.pending.Store(int32(n))
+		for i, a := range e.actors {
+			select {
+			case a.mailbox <- c:
+			default:
+				c.aborted.Store(true)
+				c.pending.Add(-int32(n - i))
+				if i == 0 {
+					return ErrOverloaded
+				}
+				return errPartlySent
+			}
+		}
+		return nil
+	}
+	if cap(c.shards) < len(c.checks) {
+		c.shards = make([]uint16, len(c.checks))
+	}
+	c.shards = c.shards[:len(c.checks)]
+	first := shard.Index(c.checks[0].Key, n)
+	c.shards[0] = uint16(first)
+	single := true
+	for i := 1; i < len(c.checks); i++ {
+		s := shard.Index(c.checks[i].Key, n)
+		c.shards[i] = uint16(s)
+		single = single && s == first
+	}
+	if single {
+		c.pending.Store(1)
+		select {
+		case e.actors[first].mailbox <- c:
+			return nil
+		default:
+			c.pending.Store(0)
+			return ErrOverloaded
+		}
+	}
+	// Several actors: count them first, so that no actor can finish the call
+	// before every part is sent.
+	if cap(c.targets) < n {
+		c.targets = make([]bool, n)
+	}
+	c.targets = c.targets[:n]
+	clear(c.targets)
+	count := int32(0)
+	for _, s := range c.shards {
+		if !c.targets[s] {
+			c.targets[s] = true
+			count++
+		}
+	}
+	c.pending.Store(count)
+	for s, want := range c.targets {
+		if !want {
+			continue
+		}
+		select {
+		case e.actors[s].mailbox <- c:
+			count--
+		default:
+			// The parts already sent may be decided before they see the
+			// abort; the call is never reused (see Check).
+			c.aborted.Store(true)
+			c.pending.Add(-count)
+			return errPartlySent
+		}
+	}
+	return nil
+}
+
+// Close stops the engine: new calls get ErrClosed, the actors decide what is
+// already in their mailboxes and exit, and the store is flushed. It does not
+// close the store. Close is idempotent.
+func (e *Engine) Close() error {
+	var err error
+	e.closeOnce.Do(func() {
+		e.closing.Store(true)
+		close(e.quit)
+		e.wg.Wait()
+		if e.store != nil {
+			err = e.store.Flush()
+		}
+	})
+	return err
+}
+
+// janitor deletes expired keys from disk: one timer, armed for the earliest
+// deadline in the store's deadline index, so it sleeps while no key is due.
+func (e *Engine) janitor() {
+	var timer clock.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		var fire <-chan time.Time
+		if next := e.store.NextDeadline(); next != 0 {
+			d := time.Duration(next - e.cfg.Clock.Now().UnixNano())
+			if timer == nil {
+				timer = e.cfg.Clock.NewTimer(d)
+			} else {
+				timer.Reset(d)
+			}
+			fire = timer.C()
+		}
+		select {
+		case <-e.quit:
+			return
+		case <-e.store.DeadlineChanged():
+		case <-fire:
+			e.store.Sweep(e.cfg.Clock.Now().UnixNano())
+			if err := e.store.Flush(); err != nil {
+				e.cfg.Logger.Error("sweep expired keys", "err", err)
+			}
+		}
+	}
+}
+
+// opKind is what a call asks of its actors.
+type opKind uint8
+
+const (
+	opCheck   opKind = iota // decide the checks
+	opRelease               // take back the hits a reserving opCheck recorded
+	opInspect               // fill view with the state of checks[0].Key
+	opReset                 // forget checks[0].Key
+	opList                  // list keys by prefix into lists[actor]
+)
+
+// call is one Check in flight. Each actor that owns some of its keys decides
+// them, writes their decisions into out, and acknowledges once.
+type call struct {
+	ctx     context.Context
+	op      opKind
+	checks  []Check
+	out     []Decision
+	shards  []uint16 // actor of each check
+	targets []bool   // scratch for dispatch
+	pending atomic.Int32
+	aborted atomic.Bool
+	err     atomic.Pointer[error]
+	done    chan struct{} // capacity 1; signalled by the last ack
+
+	// marks, when not nil, receives for each recorded check where its hits
+	// went (state.mark), so that they can be released.
+	marks []int64
+	// For opInspect, opReset and opList.
+	view    *KeyState
+	existed bool
+	prefix  string
+	after   string
+	limit   int
+	lists   [][]KeySummary
+}
+
+func (c *call) fail(err error) { c.err.CompareAndSwap(nil, &err) }
+
+func (c *call) errValue() error {
+	if p := c.err.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// ack records that one actor finished its share.
+func (c *call) ack() {
+	if c.pending.Add(-1) == 0 {
+		c.done <- struct{}{}
+	}
+}
+
+func (c *call) reset() {
+	c.ctx, c.checks, c.out, c.op, c.marks = nil, nil, nil, opCheck, nil
+	c.view, c.existed, c.lists = nil, false, nil
+	c.err.Store(nil)
+	c.aborted.Store(false)
+}
+
+// CheckAll is Check with all-or-nothing semantics: the hits of the call are
+// recorded only if every check is allowed. If one is denied, every decision
+// says denied; the checks that fitted on their own have RetryAfter 0, and
+// their hits are released, exactly those and not newer ones. Between the
+// two steps other calls see the reserved hits, which can only make them
+// more conservative, never let more through. Refunds and penalties are
+// applied either way.
+func (e *Engine) CheckAll(ctx context.Context, checks []Check, out []Decision) error {
+	marks := make([]int64, len(checks))
+	if err := e.checkMarked(ctx, checks, out, marks); err != nil {
+		return err
+	}
+	denied := false
+	for i := range out {
+		denied = denied || !out[i].Allowed
+	}
+	if !denied {
+		return nil
+	}
+	var release []Check
+	var releaseMarks []int64
+	for i := range checks {
+		c := &checks[i]
+		if out[i].Allowed && !c.Refund && c.Cost > 0 {
+			release = append(release, *c)
+			releaseMarks = append(releaseMarks, marks[i])
+			out[i].Remaining = min(out[i].Limit, out[i].Remaining+c.Cost)
+		}
+		if !c.Refund {
+			out[i].Allowed = false
+		}
+	}
+	if len(release) == 0 {
+		return nil
+	}
+	rc := e.calls.Get().(*call)
+	rc.ctx, rc.op, rc.checks, rc.marks = context.WithoutCancel(ctx), opRelease, release, releaseMarks
+	rc.out = make([]Decision, len(release))
+	return e.run(rc)
+}
+
+func (e *Engine) checkMarked(ctx context.Context, checks []Check, out []Decision, marks []int64) error {
+	if err := e.validate(checks, out); err != nil || len(checks) == 0 {
+		return err
+	}
+	c := e.calls.Get().(*call)
+	c.ctx, c.checks, c.out, c.marks = ctx, checks, out, marks
+	return e.run(c)
+}
+
+// Inspect returns the live state of key as its actor sees it now. It
+// records nothing and does not load the key into memory.
+func (e *Engine) Inspect(ctx context.Context, key string) (KeyState, error) {
+	v := KeyState{Key: key}
+	if _, err := e.keyCall(ctx, opInspect, key, &v); err != nil {
+		return KeyState{}, err
+	}
+	return v, nil
+}
+
+// Reset forgets every hit of key, in memory and on disk, and reports whether
+// it held any.
+func (e *Engine) Reset(ctx context.Context, key string) (bool, error) {
+	return e.keyCall(ctx, opReset, key, nil)
+}
+
+func (e *Engine) keyCall(ctx context.Context, op opKind, key string, v *KeyState) (bool, error) {
+	if key == "" || len(key) > e.cfg.Limits.MaxKeyLen {
+		return false, &InvalidCheckError{Field: "key", Reason: fmt.Sprintf("%d bytes long; want 1 to %d", len(key), e.cfg.Limits.MaxKeyLen)}
+	}
+	if e.closing.Load() {
+		return false, ErrClosed
+	}
+	c := &call{done: make(chan struct{}, 1), ctx: ctx, op: op, view: v}
+	c.checks = []Check{{Key: key}}
+	c.out = make([]Decision, 1)
+	err, _ := e.wait(c)
+	return c.existed, err
+}
+
+// List returns up to limit keys that start with prefix and sort after
+// after, in key order, from memory and disk.
+func (e *Engine) List(ctx context.Context, prefix, after string, limit int) ([]KeySummary, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	if e.closing.Load() {
+		return nil, ErrClosed
+	}
+	c := &call{done: make(chan struct{}, 1), ctx: ctx, op: opList, prefix: prefix, after: after, limit: limit}
+	c.lists = make([][]KeySummary, len(e.actors))
+	if err, _ := e.wait(c); err != nil {
+		return nil, err
+	}
+	seen := make(map[string]bool)
+	var all []KeySummary
+	for _, l := range c.lists {
+		for _, k := range l {
+			seen[k.Key] = true
+			all = append(all, k)
+		}
+	}
+	if e.store != nil {
+		now := e.cfg.Clock.Now().UnixNano()
+		err := e.store.Scan(prefix, after, limit+len(all), func(key string, deadline int64, _ []byte) bool {
+			if !seen[key] && deadline > now {
+				all = append(all, KeySummary{Key: key, ExpiresAt: time.Unix(0, deadline)})
+			}
+			return true
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	slices.SortFunc(all, func(a, b KeySummary) int { return strings.Compare(a.Key, b.Key) })
+	if len(all) > limit {
+		all = all[:limit]
+	}
+	return all, nil
+}

@@ -1,0 +1,376 @@
+package actor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/sluice-io/sluice/actor/clock"
+	"github.com/sluice-io/sluice/persist"
+	"github.com/sluice-io/sluice/shard"
+)
+
+func TestMain(m *testing.M) {
+	if dir := crashChildDir(); dir != "" {
+		runCrashChild(dir)
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// epoch is where fake clocks start: a little before a minute boundary, so
+// that tests cross clock-aligned boundaries.
+var epoch = time.Date(2026, 11, 30, 12, 0, 59, 500_000_000, time.UTC)
+
+// countObserver counts keys in memory, evictions and expiries.
+type countObserver struct {
+	keys, evicted, expired atomic.Int64
+}
+
+func (o *countObserver) Batch(int, int, int) {}
+func (o *countObserver) Keys(d int)          { o.keys.Add(int64(d)) }
+func (o *countObserver) Evicted(n int)       { o.evicted.Add(int64(n)) }
+func (o *countObserver) Expired(n int)       { o.expired.Add(int64(n)) }
+
+// harness is one engine on a real data file with a fake clock.
+type harness struct {
+	t     testing.TB
+	dir   string
+	mode  string // "memory" or a persist mode
+	cfg   Config
+	clk   *clock.Fake
+	obs   *countObserver
+	store *persist.Store
+	eng   *Engine
+}
+
+// newHarness starts an engine in t.TempDir(). mode is "memory", "commit",
+// "fsync" or "async"; edit may change the config.
+func newHarness(t testing.TB, mode string, edit func(*Config)) *harness {
+	t.Helper()
+	h := &harness{t: t, dir: t.TempDir(), mode: mode, clk: clock.NewFake(epoch)}
+	h.cfg = Config{Actors: 4, Clock: h.clk}
+	if edit != nil {
+		edit(&h.cfg)
+	}
+	h.start()
+	t.Cleanup(h.stop)
+	return h
+}
+
+func (h *harness) start() {
+	h.t.Helper()
+	h.obs = &countObserver{}
+	h.cfg.Observer = h.obs
+	h.cfg.Store = nil
+	if h.mode != "memory" {
+		m, err := persist.ParseMode(h.mode)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		h.store, err = persist.Open(persist.Options{Path: filepath.Join(h.dir, "sluice.db"), Mode: m})
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		h.cfg.Store = h.store
+	}
+	var err error
+	if h.eng, err = New(h.cfg); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) stop() {
+	if h.eng == nil {
+		return
+	}
+	if err := h.eng.Close(); err != nil {
+		h.t.Errorf("Close: %v", err)
+	}
+	if h.store != nil {
+		if err := h.store.Close(); err != nil {
+			h.t.Errorf("store Close: %v", err)
+		}
+	}
+	h.eng, h.store = nil, nil
+}
+
+func (h *harness) restart() {
+	h.t.Helper()
+	h.stop()
+	h.start()
+}
+
+func (h *harness) check(c Check) Decision {
+	h.t.Helper()
+	var d [1]Decision
+	if err := h.eng.Check(context.Background(), []Check{c}, d[:]); err != nil {
+		h.t.Fatalf("Check(%+v): %v", c, err)
+	}
+	return d[0]
+}
+
+// hit records cost hits on key with a limit per minute.
+func (h *harness) hit(key string, limit, cost int64) Decision {
+	h.t.Helper()
+	return h.check(Check{Key: key, Limit: limit, Window: time.Minute, Cost: cost})
+}
+
+// settle waits until every actor has decided everything sent so far: a peek
+// on a key of every actor is answered only after what was queued before it.
+func (h *harness) settle() {
+	h.t.Helper()
+	for i := range h.eng.actors {
+		var d [1]Decision
+		key := keyOfActor(h.eng, i)
+		if err := h.eng.Check(context.Background(), []Check{{Key: key, Limit: 1, Window: time.Second}}, d[:]); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	if h.store != nil {
+		if err := h.store.Flush(); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+}
+
+func keyOfActor(e *Engine, i int) string {
+	for n := 0; ; n++ {
+		k := fmt.Sprintf("probe-%d", n)
+		if shardOf(e, k) == i {
+			return k
+		}
+	}
+}
+
+func shardOf(e *Engine, key string) int { return shard.Index(key, len(e.actors)) }
+
+var modes = []string{"memory", "commit", "fsync", "async"}
+
+// TestLimitThenDeny: exactly limit hits are allowed in a window, then every
+// hit is denied until the oldest leaves the window.
+func TestLimitThenDeny(t *testing.T) {
+	for _, mode := range modes {
+		t.Run(mode, func(t *testing.T) {
+			h := newHarness(t, mode, nil)
+			for i := int64(1); i <= 5; i++ {
+				d := h.hit("user:1", 5, 1)
+				if !d.Allowed || d.Remaining != 5-i {
+					t.Fatalf("hit %d = %+v; want allowed with %d remaining", i, d, 5-i)
+				}
+				h.clk.Advance(time.Second)
+			}
+			d := h.hit("user:1", 5, 1)
+			if d.Allowed || d.RetryAfter != 55*time.Second {
+				t.Fatalf("hit 6 = %+v; want denied, retry after 55s", d)
+			}
+			// Another key has its own budget.
+			if d := h.hit("user:2", 5, 5); !d.Allowed {
+				t.Fatalf("user:2 cost 5 = %+v; want allowed: keys never share a budget", d)
+			}
+			h.clk.Advance(d.RetryAfter - time.Nanosecond)
+			if d := h.hit("user:1", 5, 1); d.Allowed {
+				t.Fatalf("1ns before retry_after: %+v; want denied", d)
+			}
+			h.clk.Advance(time.Nanosecond)
+			if d := h.hit("user:1", 5, 1); !d.Allowed {
+				t.Fatalf("at retry_after: %+v; want allowed", d)
+			}
+		})
+	}
+}
+
+// TestNoDoubleBurst: a full window's worth at the end of one clock minute
+// leaves nothing for the start of the next.
+func TestNoDoubleBurst(t *testing.T) {
+	h := newHarness(t, "commit", nil)
+	// epoch is 12:00:59.5: spend the whole limit there.
+	if d := h.hit("k", 100, 100); !d.Allowed {
+		t.Fatalf("burst = %+v; want allowed", d)
+	}
+	h.clk.Advance(600 * time.Millisecond) // 12:01:00.1, a new clock minute
+	d := h.hit("k", 100, 1)
+	if d.Allowed {
+		t.Fatalf("after the minute boundary: %+v; want denied (no double burst)", d)
+	}
+	if want := 59400 * time.Millisecond; d.RetryAfter != want {
+		t.Fatalf("retry_after = %v; want %v", d.RetryAfter, want)
+	}
+}
+
+// TestClosedDoor: a client that keeps hitting a closed door is let in once
+// the window has passed, because denied hits are not recorded.
+func TestClosedDoor(t *testing.T) {
+	h := newHarness(t, "commit", nil)
+	h.hit("door", 3, 3)
+	for i := 0; i < 60; i++ {
+		h.clk.Advance(time.Second - time.Millisecond)
+		if d := h.hit("door", 3, 1); d.Allowed {
+			t.Fatalf("knock %d at +%v = %+v; want denied", i, time.Duration(i+1)*(time.Second-time.Millisecond), d)
+		}
+	}
+	h.clk.Advance(time.Second)
+	if d := h.hit("door", 3, 1); !d.Allowed {
+		t.Fatalf("after the window: %+v; want allowed", d)
+	}
+}
+
+// TestRetryAfterCost: retry_after for a cost above 1 is when enough hits
+// have left, not when the oldest does.
+func TestRetryAfterCost(t *testing.T) {
+	h := newHarness(t, "memory", nil)
+	for i := 0; i < 4; i++ { // hits at 0s, 10s, 20s, 30s
+		h.hit("c", 4, 1)
+		h.clk.Advance(10 * time.Second)
+	}
+	d := h.check(Check{Key: "c", Limit: 4, Window: time.Minute, Cost: 3})
+	if d.Allowed || d.RetryAfter != 40*time.Second { // now 40s; the third hit (20s) leaves at 80s
+		t.Fatalf("cost 3 = %+v; want denied, retry after 40s", d)
+	}
+	h.clk.Advance(d.RetryAfter)
+	if d := h.check(Check{Key: "c", Limit: 4, Window: time.Minute, Cost: 3}); !d.Allowed {
+		t.Fatalf("cost 3 after retry_after = %+v; want allowed", d)
+	}
+}
+
+// TestBadInputRecordsNothing: one invalid check fails the call and nothing
+// of the call is recorded.
+func TestBadInputRecordsNothing(t *testing.T) {
+	h := newHarness(t, "commit", nil)
+	good := Check{Key: "fine", Limit: 10, Window: time.Minute, Cost: 1}
+	long := string(make([]byte, DefaultMaxKeyLen+1))
+	tests := []struct {
+		name  string
+		bad   Check
+		field string
+	}{
+		{"empty key", Check{Limit: 1, Window: time.Second}, "key"},
+		{"long key", Check{Key: long, Limit: 1, Window: time.Second}, "key"},
+		{"zero limit", Check{Key: "x", Window: time.Second}, "limit"},
+		{"negative limit", Check{Key: "x", Limit: -1, Window: time.Second}, "limit"},
+		{"zero window", Check{Key: "x", Limit: 1}, "window"},
+		{"window too long", Check{Key: "x", Limit: 1, Window: DefaultMaxWindow + 1}, "window"},
+		{"negative cost", Check{Key: "x", Limit: 1, Window: time.Second, Cost: -1}, "cost"},
+		{"cost above limit", Check{Key: "x", Limit: 1, Window: time.Second, Cost: 2}, "cost"},
+		{"unknown algorithm", Check{Key: "x", Limit: 1, Window: time.Second, Algorithm: 9}, "algorithm"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			out := make([]Decision, 2)
+			err := h.eng.Check(context.Background(), []Check{good, tt.bad}, out)
+			var ice *InvalidCheckError
+			if !errors.As(err, &ice) || ice.Index != 1 || ice.Field != tt.field {
+				t.Fatalf("Check(good, %+v) = %v; want InvalidCheckError on check 1 field %q", tt.bad, err, tt.field)
+			}
+		})
+	}
+	if d := h.check(Check{Key: "fine", Limit: 10, Window: time.Minute}); d.Remaining != 10 {
+		t.Fatalf("after %d refused calls, fine has %d remaining; want 10 (nothing recorded)", len(tests), d.Remaining)
+	}
+	out := make([]Decision, DefaultMaxBatch+1)
+	checks := make([]Check, len(out))
+	if err := h.eng.Check(context.Background(), checks, out); !errors.Is(err, ErrBatchTooLarge) {
+		t.Fatalf("Check(%d checks) = %v; want ErrBatchTooLarge", len(checks), err)
+	}
+}
+
+// TestBatchAcrossActors: a call whose keys live on different actors gets one
+// decision per check, in order, and a key named twice counts twice.
+func TestBatchAcrossActors(t *testing.T) {
+	h := newHarness(t, "commit", nil)
+	var checks []Check
+	for i := 0; i < 10; i++ {
+		checks = append(checks, Check{Key: fmt.Sprintf("k%d", i), Limit: 2, Window: time.Minute, Cost: 1})
+	}
+	checks = append(checks, checks[3])
+	out := make([]Decision, len(checks))
+	for round := 0; round < 2; round++ {
+		if err := h.eng.Check(context.Background(), checks, out); err != nil {
+			t.Fatal(err)
+		}
+		for i, d := range out {
+			// k3 is checked twice a round: both fit its limit of 2 in
+			// round 0, neither in round 1.
+			want := !(round == 1 && (i == 3 || i == 10))
+			if d.Allowed != want {
+				t.Errorf("round %d check %d (%s) = %+v; want allowed=%v", round, i, checks[i].Key, d, want)
+			}
+		}
+	}
+}
+
+// TestRestartKeepsHits: no free window after a graceful restart.
+func TestRestartKeepsHits(t *testing.T) {
+	for _, mode := range []string{"commit", "fsync", "async"} {
+		t.Run(mode, func(t *testing.T) {
+			h := newHarness(t, mode, nil)
+			for i := 0; i < 100; i++ {
+				h.hit(fmt.Sprintf("key-%d", i), 10, int64(i%10)+1)
+			}
+			h.restart()
+			for i := 0; i < 100; i++ {
+				d := h.check(Check{Key: fmt.Sprintf("key-%d", i), Limit: 10, Window: time.Minute})
+				if want := 10 - int64(i%10) - 1; d.Remaining != want {
+					t.Errorf("after restart key-%d remaining = %d; want %d", i, d.Remaining, want)
+				}
+			}
+		})
+	}
+}
+
+// TestIdleKeyLeaves: a key's alarm removes it from memory and disk when its
+// last hit leaves the window; an empty key arms nothing; once every key is
+// gone, no timer is armed, so no goroutine will wake.
+func TestIdleKeyLeaves(t *testing.T) {
+	for _, mode := range []string{"memory", "commit"} {
+		t.Run(mode, func(t *testing.T) {
+			h := newHarness(t, mode, nil)
+			h.hit("a", 10, 1)
+			h.clk.Advance(30 * time.Second)
+			h.hit("a", 10, 1)
+			h.hit("b", 10, 1)
+			h.check(Check{Key: "peek", Limit: 10, Window: time.Minute}) // never written
+			h.settle()
+			if got := h.obs.keys.Load(); got != 2 {
+				t.Fatalf("keys in memory = %d; want 2 (a peek keeps nothing)", got)
+			}
+			h.clk.Advance(30 * time.Second) // a's first hit leaves; a and b stay
+			h.settle()
+			if got := h.obs.keys.Load(); got != 2 {
+				t.Fatalf("after 60s keys in memory = %d; want 2", got)
+			}
+			h.clk.Advance(30 * time.Second)
+			waitFor(t, func() bool { return h.obs.keys.Load() == 0 }, "keys in memory to reach 0")
+			if h.store != nil {
+				waitFor(t, func() bool { return h.store.NextDeadline() == 0 }, "the store's deadline index to empty")
+				n := 0
+				if err := h.store.Scan("", "", 0, func(string, int64, []byte) bool { n++; return true }); err != nil {
+					t.Fatal(err)
+				}
+				if n != 0 {
+					t.Fatalf("keys on disk = %d; want 0", n)
+				}
+			}
+			waitFor(t, func() bool { return h.clk.Pending() == 0 }, "no timer armed")
+		})
+	}
+}
+
+// waitFor polls cond until it holds or a generous deadline passes. The fake
+// clock fires timers at once, but the actors react on their own goroutines.
+func waitFor(t testing.TB, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}

@@ -1,0 +1,953 @@
+package actor
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/bits"
+	"slices"
+	"time"
+)
+
+// This file holds the three limit algorithms: the state of one key and the
+// decision of one check against it. It is pure code: no goroutines, no clock,
+// no locks. Time is passed in as unix nanoseconds, and the key's actor is the
+// only user of its state.
+//
+// Rules shared by the three algorithms:
+//
+//   - allowed = used + cost <= limit; a peek (cost 0) records nothing and is
+//     allowed when used <= limit.
+//   - Denied hits are not recorded unless the check asks for a Penalty; then
+//     they are recorded as if allowed, within a bound that preserves every
+//     decision (see each algorithm).
+//   - A refund removes up to Cost of the newest hits, never below zero, and is
+//     always allowed.
+//   - A check whose limit or window differs from the stored ones applies the new
+//     values from then on; what was recorded is kept (see each algorithm).
+//   - A check whose algorithm differs converts the state conservatively: the
+//     hits the old algorithm counts at now become hits recorded at now in the
+//     new one. Hits are only ever moved later in time, never forgotten, so
+//     the switch hands out no free window.
+//   - When the clock goes backwards (another node's clock, an NTP step) the
+//     state never moves back: hits are recorded no earlier than the newest
+//     one, buckets and refills stay where they are. Backward time only delays
+//     capacity.
+
+// run is n hits recorded at time at (unix ns).
+type run struct{ at, n int64 }
+
+// state is the limiter state of one key. Its actor goroutine is its only
+// user, so it has no locks. The zero value is a key never seen: the first
+// check sets its algorithm, limit and window.
+//
+// The fields that an algorithm does not use are zero. On amd64 a state is 80
+// bytes, plus 16 bytes per run of the sliding log.
+type state struct {
+	// limit is the number of hits allowed per window; 0 only in the zero
+	// value.
+	limit int64
+	// window is the length of the sliding interval in ns.
+	window int64
+	// buf is the sliding log, a ring: its len is the number of runs, its cap
+	// the ring's size, and the oldest run is at index head of buf[:cap(buf)].
+	// Timestamps increase strictly from the oldest run to the newest. Pruning
+	// and appending cost O(1) and never move runs. Read it through
+	// segments or appendEntries.
+	buf []run
+	// at is, for SlidingWindow, the start of the current bucket (a multiple of
+	// window) and, for TokenBucket, the time tokens were last refilled.
+	at int64
+	// prev is, for SlidingWindow, the hits in the previous bucket.
+	prev int64
+	// cur is, for SlidingWindow, the hits in the current bucket and, for
+	// SlidingLog, the sum of n over the log.
+	cur int64
+	// tokens is, for TokenBucket, the tokens available at time at, in
+	// [0, limit].
+	tokens float64
+	// head is the index of the oldest run in buf[:cap(buf)].
+	head uint32
+	algo Algorithm
+}
+
+// maxMaxRuns bounds the maxRuns argument of decide (and so the runs of one
+// key, 256 MiB at 16 bytes each); a larger value is treated as this one.
+const maxMaxRuns = 1 << 24
+
+// never is the RetryAfter of a check that can never be allowed (a cost above
+// the limit, which validation normally rejects first).
+const never = time.Duration(math.MaxInt64)
+
+// segments returns the sliding log, oldest first, as two slices (the second
+// one is empty unless the ring wraps). They alias s: do not keep them across
+// calls to decide or decode.
+func (s *state) segments() (a, b []run) {
+	ring, h, n := s.buf[:cap(s.buf)], int(s.head), len(s.buf)
+	if h+n <= len(ring) {
+		return ring[h : h+n], nil
+	}
+	return ring[h:], ring[:h+n-len(ring)]
+}
+
+// appendEntries appends the sliding log, oldest first, to dst (for admin
+// views).
+func (s *state) appendEntries(dst []run) []run {
+	a, b := s.segments()
+	return append(append(dst, a...), b...)
+}
+
+// runAt returns the i-th run of the log, 0 being the oldest.
+func (s *state) runAt(i int) *run {
+	ring := s.buf[:cap(s.buf)]
+	j := int(s.head) + i
+	if j >= len(ring) {
+		j -= len(ring)
+	}
+	return &ring[j]
+}
+
+// decide applies check c at time now and fills d. It returns true when the
+// state changed in a way that must be persisted: hits recorded or refunded,
+// or limit, window or algorithm changed on a key that was seen before.
+// Pruning expired hits, refilling tokens or moving to a new bucket alone is
+// not a change. maxRuns bounds the sliding log: when the limit is above it,
+// timestamps are rounded up to a multiple of ceil(window/maxRuns), so that a
+// log never holds more than maxRuns+1 runs.
+//
+// Inputs that validation rejects (limit or window not positive, a negative
+// cost, an unknown algorithm) are denied without touching s; decide never
+// panics.
+func (s *state) decide(now int64, c *Check, maxRuns int, d *Decision) (changed bool) {
+	*d = Decision{Limit: c.Limit}
+	if c.Limit <= 0 || c.Window <= 0 || c.Cost < 0 || c.Algorithm >= numAlgorithms {
+		d.RetryAfter = never
+		return false
+	}
+	maxRuns = max(1, min(maxRuns, maxMaxRuns))
+	if s.limit <= 0 || s.window <= 0 || s.algo >= numAlgorithms {
+		// A key never seen (or a zero state): nothing to keep or convert.
+		s.reset(now, c.Algorithm, c.Limit, int64(c.Window))
+	} else if c.Algorithm != s.algo {
+		s.convert(now, c.Algorithm, c.Limit, int64(c.Window), maxRuns)
+		changed = true
+	} else if c.Limit != s.limit || int64(c.Window) != s.window {
+		s.resize(now, c.Limit, int64(c.Window))
+		changed = true
+	}
+	d.Limit = s.limit
+	var recorded bool
+	switch s.algo {
+	case SlidingLog:
+		recorded = s.logDecide(now, c, maxRuns, d)
+	case SlidingWindow:
+		recorded = s.windowDecide(now, c, d)
+	case TokenBucket:
+		recorded = s.bucketDecide(now, c, d)
+	}
+	return changed || recorded
+}
+
+// reset makes s an empty state of the given algorithm and parameters at now.
+func (s *state) reset(now int64, algo Algorithm, limit, window int64) {
+	buf := s.buf[:0]
+	if algo != SlidingLog {
+		buf = nil // give the log's memory back
+	}
+	*s = state{algo: algo, limit: limit, window: window, buf: buf}
+	switch algo {
+	case SlidingWindow:
+		s.at = floorDiv(now, window) * window
+	case TokenBucket:
+		s.at = now
+		s.tokens = float64(limit)
+	}
+}
+
+// convert switches s to another algorithm. Rule: the hits the old algorithm
+// counts at now (usedAt) become hits recorded at now in the new one: one run
+// at now (rounded up as usual) in the log, the current bucket in the sliding
+// window, limit-used tokens in the bucket. The hits of the past are only ever
+// moved later in time, so the new algorithm starts from the count the old one
+// had at the switch, and never forgets a hit sooner than the true history
+// would.
+func (s *state) convert(now int64, algo Algorithm, limit, window int64, maxRuns int) {
+	used := s.usedAt(now)
+	s.reset(now, algo, limit, window)
+	if used <= 0 {
+		return
+	}
+	switch algo {
+	case SlidingLog:
+		s.logAdd(now, used, maxRuns)
+	case SlidingWindow:
+		s.cur = used
+	case TokenBucket:
+		s.tokens = max(0, float64(limit)-float64(used))
+	}
+}
+
+// resize applies a new limit or window to s, keeping what was recorded:
+//
+//   - SlidingLog: the runs keep their timestamps; they expire at at+window
+//     with the new window, and count against the new limit. Hits that had
+//     expired under the old window by now stay expired: a longer window
+//     does not bring them back.
+//   - SlidingWindow: a new limit applies to the same counts. A new window
+//     changes the bucket grid, so the estimate at now under the old window
+//     becomes the current bucket's count in the new grid (moved later in
+//     time: conservative).
+//   - TokenBucket: the bucket is refilled to now at the old rate, then the
+//     used part (limit - tokens) is kept: tokens = max(0, newLimit - used). So a
+//     raised limit gives exactly the extra capacity, and a lowered one never
+//     leaves more tokens than the old state had spare. Refill continues at
+//     the new rate.
+func (s *state) resize(now, limit, window int64) {
+	switch s.algo {
+	case SlidingLog:
+		s.logPrune(now) // what expired under the old window stays expired
+		s.limit, s.window = limit, window
+	case SlidingWindow:
+		if window != s.window {
+			s.windowAdvance(now)
+			est := s.windowEstimate(now)
+			s.at = floorDiv(now, window) * window
+			s.prev, s.cur = 0, est
+		}
+		s.limit, s.window = limit, window
+	case TokenBucket:
+		s.bucketRefill(now)
+		used := float64(s.limit) - s.tokens
+		s.limit, s.window = limit, window
+		s.tokens = min(float64(limit), max(0, float64(limit)-used))
+	}
+}
+
+// deadline is the unix ns time at which the state becomes empty (equivalent
+// to a key never seen) if nothing else arrives; 0 if it is empty already at
+// its last update. For all t >= deadline, isEmpty(t) is true.
+func (s *state) deadline() int64 {
+	if s.limit <= 0 || s.window <= 0 {
+		return 0
+	}
+	switch s.algo {
+	case SlidingLog:
+		if len(s.buf) > 0 {
+			return s.runAt(len(s.buf)-1).at + s.window
+		}
+	case SlidingWindow:
+		switch {
+		case s.cur > 0: // cur becomes prev in the next bucket and weighs until its end
+			return s.at + 2*s.window
+		case s.prev > 0:
+			return s.at + s.window
+		}
+	case TokenBucket:
+		if el := s.bucketWait(float64(s.limit)); el > 0 {
+			return s.at + el
+		}
+	}
+	return 0
+}
+
+// isEmpty reports whether at time now the state holds nothing: all hits have
+// expired, or the bucket is full.
+func (s *state) isEmpty(now int64) bool {
+	if s.algo == SlidingLog && s.limit > 0 {
+		// The newest run expires last.
+		return len(s.buf) == 0 || s.expired(s.runAt(len(s.buf)-1).at, now)
+	}
+	return s.usedAt(now) <= 0
+}
+
+// usedAt returns the hits counted at now (for admin views and algorithm
+// conversion): the hits of the log that have not expired, the sliding
+// window's estimate, or, for the token bucket, limit - tokens rounded up. It
+// does not change s.
+func (s *state) usedAt(now int64) int64 {
+	if s.limit <= 0 || s.window <= 0 {
+		return 0
+	}
+	switch s.algo {
+	case SlidingLog:
+		var used int64
+		a, b := s.segments()
+		for _, seg := range [2][]run{a, b} {
+			for _, r := range seg {
+				if !s.expired(r.at, now) {
+					used = satAdd(used, r.n)
+				}
+			}
+		}
+		return used
+	case SlidingWindow:
+		t := *s
+		t.windowAdvance(now)
+		return t.windowEstimate(now)
+	case TokenBucket:
+		return s.limit - s.bucketRemaining(s.bucketAt(now-s.at))
+	}
+	return 0
+}
+
+// --- Sliding log ---------------------------------------------------------
+//
+// Exact. A run recorded at t counts while now < t+window. Runs with equal
+// timestamps merge, so the log holds at most limit runs (limit+1 with
+// penalties). When limit > maxRuns, timestamps are rounded up to a multiple
+// of res = ceil(window/maxRuns) ns: live timestamps then lie in
+// (now-window, now+res), which holds at most maxRuns+1 multiples of res.
+// Rounding up only makes hits expire later, so the log still never allows
+// more than the limit in any window; capacity comes back at most res late.
+// (The ceiling, not the floor, of window/maxRuns: with the floor, a window of
+// 1999 ns and maxRuns 1000 would round to 1 ns and allow 1999 runs.) After a
+// change of limit, the runs recorded under the old one stay until they
+// expire, so for one window the log may hold up to the old bound plus the new.
+//
+// Each decide prunes the runs expired at now under the window in force; a
+// pruned hit never comes back, even if the clock later goes back or a longer
+// window arrives.
+
+// expired reports whether a hit recorded at at no longer counts at now.
+func (s *state) expired(at, now int64) bool { return at <= now-s.window }
+
+func (s *state) logDecide(now int64, c *Check, maxRuns int, d *Decision) (recorded bool) {
+	s.logPrune(now)
+	used := s.cur
+	switch {
+	case c.Refund:
+		d.Allowed = true
+		recorded = s.logRefund(c.Cost) > 0
+	case c.Cost == 0:
+		d.Allowed = used <= s.limit
+	case c.Cost > s.limit:
+		d.Allowed = false
+	default:
+		d.Allowed = used <= s.limit && c.Cost <= s.limit-used
+		if d.Allowed || c.Penalty {
+			s.logAdd(now, c.Cost, maxRuns)
+			recorded = true
+		}
+		if !d.Allowed && c.Penalty {
+			// Keep the newest limit+1 hits. The hits that count at any later
+			// time are a suffix of the log, and a decision against this limit
+			// only depends on that suffix up to its newest limit+1 hits: the
+			// dropped hits change no decision, remaining, retryAfter or
+			// resetAfter (until the limit is raised or hits are refunded: they
+			// are forgotten, a cost of opting in to penalties).
+			s.logTrim(satAdd(s.limit, 1))
+		}
+	}
+	d.Remaining = max(0, s.limit-s.cur)
+	if len(s.buf) > 0 {
+		d.ResetAfter = time.Duration(s.runAt(len(s.buf)-1).at + s.window - now)
+	}
+	if !d.Allowed {
+		d.RetryAfter = s.logWait(now, c.Cost)
+	}
+	return recorded
+}
+
+// logWait returns how long from now until cost fits, with nothing else
+// arriving: the oldest used-(limit-cost) hits must expire.
+func (s *state) logWait(now, cost int64) time.Duration {
+	if cost > s.limit {
+		return never
+	}
+	need := s.cur - (s.limit - cost)
+	if need <= 0 {
+		return 0
+	}
+	var acc int64
+	a, b := s.segments()
+	for _, seg := range [2][]run{a, b} {
+		for _, r := range seg {
+			acc = satAdd(acc, r.n)
+			if acc >= need {
+				return time.Duration(r.at + s.window - now)
+			}
+		}
+	}
+	return never // unreachable: need <= cur
+}
+
+// logPrune drops the runs expired at now.
+func (s *state) logPrune(now int64) {
+	for len(s.buf) > 0 {
+		r := s.runAt(0)
+		if !s.expired(r.at, now) {
+			return
+		}
+		s.cur -= r.n
+		s.popOldest()
+	}
+}
+
+// popOldest drops the oldest run (the caller adjusts cur).
+func (s *state) popOldest() {
+	s.head++
+	if int(s.head) == cap(s.buf) {
+		s.head = 0
+	}
+	s.buf = s.buf[:len(s.buf)-1]
+	if len(s.buf) == 0 {
+		s.head = 0
+	}
+}
+
+// logAdd records n hits at now, rounded up to the resolution when the limit
+// is above maxRuns, and never earlier than the newest run.
+func (s *state) logAdd(now, n int64, maxRuns int) {
+	at := now
+	if s.limit > int64(maxRuns) {
+		res := s.window / int64(maxRuns)
+		if s.window%int64(maxRuns) != 0 {
+			res++
+		}
+		if q := floorDiv(at, res) * res; q != at {
+			at = q + res
+		}
+	}
+	s.cur = satAdd(s.cur, n)
+	if len(s.buf) > 0 {
+		if last := s.runAt(len(s.buf) - 1); at <= last.at {
+			last.n = satAdd(last.n, n)
+			return
+		}
+	}
+	if len(s.buf) == cap(s.buf) {
+		// Grow, up to the most runs this limit needs (the allocation is
+		// rounded up to its size class).
+		bound := int(min(s.limit, int64(maxRuns))) + 1
+		want := max(min(max(2*len(s.buf), 4), bound), len(s.buf)+1)
+		a, b := s.segments()
+		grown := slices.Grow([]run(nil), want)
+		s.buf = append(append(grown, a...), b...)
+		s.head = 0
+	}
+	s.buf = s.buf[:len(s.buf)+1]
+	*s.runAt(len(s.buf) - 1) = run{at, n}
+}
+
+// logRefund removes up to n of the newest hits and returns how many.
+func (s *state) logRefund(n int64) int64 {
+	var done int64
+	for n > 0 && len(s.buf) > 0 {
+		last := s.runAt(len(s.buf) - 1)
+		if last.n > n {
+			last.n -= n
+			s.cur -= n
+			return done + n
+		}
+		n -= last.n
+		done += last.n
+		s.cur -= last.n
+		s.buf = s.buf[:len(s.buf)-1]
+	}
+	if len(s.buf) == 0 {
+		s.head = 0
+	}
+	return done
+}
+
+// logTrim drops the oldest hits until at most keep remain.
+func (s *state) logTrim(keep int64) {
+	for s.cur > keep && len(s.buf) > 0 {
+		first := s.runAt(0)
+		if excess := s.cur - keep; first.n > excess {
+			first.n -= excess
+			s.cur = keep
+			return
+		}
+		s.cur -= first.n
+		s.popOldest()
+	}
+}
+
+// --- Sliding window counter ------------------------------------------------
+//
+// Two buckets aligned to multiples of window: prev and cur hits. At elapsed
+// e = now - (start of the current bucket),
+//
+//	estimate = ceil(prev * (window-e) / window) + cur
+//
+// and a check is allowed when estimate + cost <= limit. The weighted part is
+// rounded up, always, so the estimate is never below the continuous formula
+// and is an integer (remaining and retryAfter are exact in integers; the
+// products use 128-bit arithmetic, so no limit or window overflows).
+//
+// Error bound. Let p be the hits allowed in the tail of bucket k-1 that an
+// interval of length window, ending at fraction f of bucket k, covers. Hits in
+// bucket k up to fraction f are allowed only while
+// ceil(prev*(1-f)) + cur <= limit, with prev >= p, so they number at most
+// limit - p(1-f). The interval holds at most p + limit - p(1-f) = limit + p*f,
+// and p*f < limit since f < 1 and p <= limit: fewer than 2*limit hits in any
+// interval of length window, and the greedy adversary (limit hits at the last
+// ns of a bucket, then as many as allowed in the next) reaches 2*limit-1. The
+// estimate can also deny hits the exact log would allow (hits early in bucket
+// k-1 still weigh in bucket k). state_model_test.go measures both.
+//
+// Penalty hits are recorded in cur, capped at limit (more would change no
+// decision in this bucket). A refund takes from cur, then from prev.
+
+func (s *state) windowDecide(now int64, c *Check, d *Decision) (recorded bool) {
+	s.windowAdvance(now)
+	est := s.windowEstimate(now)
+	switch {
+	case c.Refund:
+		d.Allowed = true
+		n := min(c.Cost, s.cur)
+		s.cur -= n
+		m := min(c.Cost-n, s.prev)
+		s.prev -= m
+		recorded = n+m > 0
+	case c.Cost == 0:
+		d.Allowed = est <= s.limit
+	case c.Cost > s.limit:
+		d.Allowed = false
+	default:
+		d.Allowed = est <= s.limit && c.Cost <= s.limit-est
+		if d.Allowed {
+			s.cur += c.Cost // est + cost <= limit, so no overflow
+			recorded = true
+		} else if c.Penalty {
+			if n := min(satAdd(s.cur, c.Cost), s.limit); n > s.cur {
+				s.cur = n
+				recorded = true
+			}
+		}
+	}
+	est = s.windowEstimate(now)
+	d.Remaining = max(0, s.limit-est)
+	switch {
+	case s.cur > 0:
+		d.ResetAfter = time.Duration(s.at + 2*s.window - now)
+	case s.prev > 0:
+		d.ResetAfter = time.Duration(s.at + s.window - now)
+	}
+	if !d.Allowed {
+		d.RetryAfter = s.windowWait(now, c.Cost)
+	}
+	return recorded
+}
+
+// windowAdvance moves the buckets to the one that holds now. A time before
+// the current bucket (the clock went back) leaves them where they are.
+func (s *state) windowAdvance(now int64) {
+	start := floorDiv(now, s.window) * s.window
+	switch {
+	case start <= s.at:
+	case start-s.at == s.window:
+		s.prev, s.cur, s.at = s.cur, 0, start
+	default:
+		s.prev, s.cur, s.at = 0, 0, start
+	}
+}
+
+// windowEstimate returns the estimate at now; the buckets must be advanced
+// to now.
+func (s *state) windowEstimate(now int64) int64 {
+	e := min(max(now-s.at, 0), s.window)
+	return satAdd(mulDivCeil(s.prev, s.window-e, s.window), s.cur)
+}
+
+// windowWait returns how long from now until cost fits, with nothing else
+// arriving: in the current bucket as prev decays, else in the next one,
+// where cur becomes prev, else at the start of the one after (empty).
+func (s *state) windowWait(now, cost int64) time.Duration {
+	if cost > s.limit {
+		return never
+	}
+	// ceil(p*(window-e)/window) <= room  <=>  e >= window - floor(room*window/p).
+	fitsFrom := func(p, room int64) int64 {
+		if p <= room {
+			return 0
+		}
+		return s.window - mulDivFloor(room, s.window, p) // room < p: no overflow
+	}
+	if room := s.limit - cost - s.cur; room >= 0 {
+		if e := fitsFrom(s.prev, room); e < s.window {
+			return time.Duration(max(s.at+e-now, 0))
+		}
+	}
+	e := fitsFrom(s.cur, s.limit-cost) // <= window: at worst the bucket after next
+	return time.Duration(s.at + s.window + e - now)
+}
+
+// --- Token bucket -----------------------------------------------------------
+//
+// Burst up to limit, refilled continuously at limit per window:
+// tokens = min(limit, tokens + elapsed*limit/window), with tokens a float64 and
+// the refill time an int64 (unix ns never goes through a float). A cost fits
+// when tokens + eps >= cost, where eps = limit*2^-40 absorbs float rounding
+// (three refills of a third make one token; float64 errors are near
+// limit*2^-52) and is far below one hit: it lets capacity return at most
+// window*2^-40 early (under 1ns for windows under 18 minutes, 29µs for a year).
+// retryAfter and resetAfter are the smallest whole ns at which that same test
+// passes, so a check at now+retryAfter is allowed and one at
+// now+retryAfter-1ns is not. remaining = floor(tokens + eps).
+//
+// Error bound: an interval of length window holds at most the burst (limit)
+// plus what refills during it (limit): at most 2*limit allowed hits.
+//
+// A penalty takes the cost anyway, down to 0 tokens; a refund gives the cost
+// back, up to limit tokens.
+
+func (s *state) bucketDecide(now int64, c *Check, d *Decision) (recorded bool) {
+	s.bucketRefill(now)
+	eps := s.bucketEps()
+	switch {
+	case c.Refund:
+		d.Allowed = true
+		if t := min(float64(s.limit), s.tokens+float64(c.Cost)); t != s.tokens {
+			s.tokens = t
+			recorded = true
+		}
+	case c.Cost == 0:
+		d.Allowed = true // used <= limit always holds
+	case c.Cost > s.limit:
+		d.Allowed = false
+	default:
+		d.Allowed = s.tokens+eps >= float64(c.Cost)
+		if d.Allowed || c.Penalty {
+			if t := max(0, s.tokens-float64(c.Cost)); t != s.tokens {
+				s.tokens = t
+				recorded = true
+			}
+		}
+	}
+	d.Remaining = s.bucketRemaining(s.tokens)
+	if el := s.bucketWait(float64(s.limit)); el > 0 {
+		d.ResetAfter = time.Duration(s.at + el - now)
+	}
+	if !d.Allowed {
+		if c.Cost > s.limit {
+			d.RetryAfter = never
+		} else {
+			d.RetryAfter = time.Duration(max(s.at+s.bucketWait(float64(c.Cost))-now, 0))
+		}
+	}
+	return recorded
+}
+
+func (s *state) bucketEps() float64 { return float64(s.limit) * 0x1p-40 }
+
+// bucketAt returns the tokens el ns after the last refill.
+func (s *state) bucketAt(el int64) float64 {
+	switch {
+	case el <= 0:
+		return s.tokens
+	case el >= s.window:
+		return float64(s.limit)
+	}
+	return min(float64(s.limit), s.tokens+float64(el)*float64(s.limit)/float64(s.window))
+}
+
+// bucketRefill brings the tokens to now. A time before the last refill
+// (the clock went back) changes nothing.
+func (s *state) bucketRefill(now int64) {
+	if el := now - s.at; el > 0 {
+		s.tokens = s.bucketAt(el)
+		s.at = now
+	}
+}
+
+// bucketRemaining returns how many cost-1 hits tokens allow.
+func (s *state) bucketRemaining(tokens float64) int64 {
+	r := math.Floor(tokens + s.bucketEps())
+	if r >= float64(s.limit) {
+		return s.limit
+	}
+	return max(0, int64(r))
+}
+
+// bucketWait returns the smallest el >= 0 such that need fits el ns after the
+// last refill (at most window, when the bucket is full; need <= limit).
+func (s *state) bucketWait(need float64) int64 {
+	eps := s.bucketEps()
+	fits := func(el int64) bool { return s.bucketAt(el)+eps >= need }
+	if fits(0) {
+		return 0
+	}
+	// Start from the closed form and correct it for rounding: gallop to a
+	// bracket !fits(lo), fits(hi), then bisect.
+	guess := math.Ceil((need - eps - s.tokens) * float64(s.window) / float64(s.limit))
+	hi := s.window
+	if guess < float64(s.window) {
+		hi = max(int64(guess), 1)
+	}
+	var lo int64
+	if fits(hi) {
+		for step := int64(1); ; step *= 2 {
+			lo = hi - step
+			if lo <= 0 {
+				lo = 0
+				break
+			}
+			if !fits(lo) {
+				break
+			}
+			hi = lo
+		}
+	} else {
+		lo = hi
+		for step := int64(1); ; step *= 2 {
+			hi = lo + step
+			if hi >= s.window || hi < lo {
+				hi = s.window
+				break
+			}
+			if fits(hi) {
+				break
+			}
+			lo = hi
+		}
+	}
+	for hi-lo > 1 {
+		mid := lo + (hi-lo)/2
+		if fits(mid) {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi
+}
+
+// --- Encoding ---------------------------------------------------------------
+//
+// Version 1:
+//
+//	byte     version (1)
+//	byte     algorithm
+//	uvarint  limit (> 0)
+//	uvarint  window in ns (> 0)
+//	SlidingLog:    uvarint count, then count times: timestamp (the first as a
+//	               varint, the others as a uvarint delta > 0 from the previous
+//	               one) and uvarint n (> 0)
+//	SlidingWindow: varint start of the current bucket, uvarint prev,
+//	               uvarint cur
+//	TokenBucket:   varint time of the last refill, 8 bytes little-endian
+//	               float64 tokens in [0, limit]
+//
+// A full log of limit 100 with one hit per ms takes about 9 + 100*3 bytes.
+
+const stateVersion = 1
+
+// appendBinary appends the encoding of s to b.
+func (s *state) appendBinary(b []byte) []byte {
+	b = append(b, stateVersion, byte(s.algo))
+	b = binary.AppendUvarint(b, uint64(s.limit))
+	b = binary.AppendUvarint(b, uint64(s.window))
+	switch s.algo {
+	case SlidingLog:
+		b = binary.AppendUvarint(b, uint64(len(s.buf)))
+		x, y := s.segments()
+		var prev int64
+		for i, seg := range [2][]run{x, y} {
+			for j, e := range seg {
+				if i == 0 && j == 0 {
+					b = binary.AppendVarint(b, e.at)
+				} else {
+					b = binary.AppendUvarint(b, uint64(e.at-prev))
+				}
+				prev = e.at
+				b = binary.AppendUvarint(b, uint64(e.n))
+			}
+		}
+	case SlidingWindow:
+		b = binary.AppendVarint(b, s.at)
+		b = binary.AppendUvarint(b, uint64(s.prev))
+		b = binary.AppendUvarint(b, uint64(s.cur))
+	case TokenBucket:
+		b = binary.AppendVarint(b, s.at)
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(s.tokens))
+	}
+	return b
+}
+
+// decoder reads the encoding; its first error sticks.
+type decoder struct {
+	b   []byte
+	err error
+}
+
+func (d *decoder) uvarint(what string) int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(d.b)
+	switch {
+	case n == 0:
+		d.err = fmt.Errorf("%s: truncated", what)
+		return 0
+	case n < 0 || v > math.MaxInt64:
+		d.err = fmt.Errorf("%s: overflows int64", what)
+		return 0
+	}
+	d.b = d.b[n:]
+	return int64(v)
+}
+
+func (d *decoder) varint(what string) int64 {
+	if d.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(d.b)
+	switch {
+	case n == 0:
+		d.err = fmt.Errorf("%s: truncated", what)
+		return 0
+	case n < 0:
+		d.err = fmt.Errorf("%s: overflows int64", what)
+		return 0
+	}
+	d.b = d.b[n:]
+	return v
+}
+
+func (d *decoder) fail(format string, args ...any) {
+	if d.err == nil {
+		d.err = fmt.Errorf(format, args...)
+	}
+}
+
+// decode replaces s with the state encoded in b. It returns an error, and
+// leaves s as it was, for any input that appendBinary did not produce.
+func (s *state) decode(b []byte) error {
+	if len(b) < 2 {
+		return fmt.Errorf("actor: decode state: %d bytes; want at least 2", len(b))
+	}
+	if b[0] != stateVersion {
+		return fmt.Errorf("actor: decode state: unknown encoding version %d (want %d)", b[0], stateVersion)
+	}
+	t := state{algo: Algorithm(b[1])}
+	if t.algo >= numAlgorithms {
+		return fmt.Errorf("actor: decode state: unknown algorithm %d", b[1])
+	}
+	d := decoder{b: b[2:]}
+	t.limit = d.uvarint("limit")
+	t.window = d.uvarint("window")
+	if d.err == nil && t.limit <= 0 {
+		d.fail("limit %d is not positive", t.limit)
+	}
+	if d.err == nil && t.window <= 0 {
+		d.fail("window %d is not positive", t.window)
+	}
+	switch t.algo {
+	case SlidingLog:
+		count := d.uvarint("log length")
+		// Each run takes at least 2 bytes: refuse to allocate for runs that
+		// are not there.
+		if d.err == nil && count > int64(len(d.b)/2) {
+			d.fail("log of %d runs in %d bytes", count, len(d.b))
+		}
+		if d.err == nil && count > maxMaxRuns {
+			d.fail("log of %d runs; at most %d", count, maxMaxRuns)
+		}
+		if d.err != nil || count == 0 {
+			break
+		}
+		// Capacity rounded to the allocation's size class, as when the log
+		// grows in logAdd (the ring wraps at cap(buf)).
+		t.buf = slices.Grow([]run(nil), int(count))
+		var at int64
+		for i := range count {
+			if i == 0 {
+				at = d.varint("timestamp")
+			} else {
+				delta := d.uvarint("timestamp delta")
+				if d.err == nil && delta == 0 {
+					d.fail("run %d: timestamp equal to the previous one", i)
+				}
+				if d.err == nil && at > math.MaxInt64-delta {
+					d.fail("run %d: timestamp overflows int64", i)
+				}
+				at += delta
+			}
+			n := d.uvarint("count")
+			if d.err == nil && n <= 0 {
+				d.fail("run %d: count %d is not positive", i, n)
+			}
+			if d.err == nil && t.cur > math.MaxInt64-n {
+				d.fail("run %d: total count overflows int64", i)
+			}
+			if d.err != nil {
+				break
+			}
+			t.cur += n
+			t.buf = append(t.buf, run{at, n})
+		}
+	case SlidingWindow:
+		t.at = d.varint("bucket start")
+		t.prev = d.uvarint("previous bucket")
+		t.cur = d.uvarint("current bucket")
+	case TokenBucket:
+		t.at = d.varint("refill time")
+		if d.err == nil && len(d.b) < 8 {
+			d.fail("tokens: truncated")
+		}
+		if d.err == nil {
+			t.tokens = math.Float64frombits(binary.LittleEndian.Uint64(d.b))
+			d.b = d.b[8:]
+			if !(t.tokens >= 0 && t.tokens <= float64(t.limit)) { // also NaN
+				d.fail("tokens %v outside [0, %d]", t.tokens, t.limit)
+			}
+		}
+	}
+	if d.err == nil && len(d.b) > 0 {
+		d.fail("%d trailing bytes", len(d.b))
+	}
+	if d.err != nil {
+		return fmt.Errorf("actor: decode state: %s: %v", t.algo, d.err)
+	}
+	*s = t
+	return nil
+}
+
+// --- Arithmetic ---------------------------------------------------------------
+
+// floorDiv returns floor(a/b) for b > 0.
+func floorDiv(a, b int64) int64 {
+	q := a / b
+	if a%b != 0 && a < 0 {
+		q--
+	}
+	return q
+}
+
+// satAdd returns a+b for a, b >= 0, saturated at math.MaxInt64.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
+}
+
+// mulDivCeil returns ceil(a*b/c) for a >= 0, 0 <= b <= c, c > 0, without
+// overflow (the result is at most a).
+func mulDivCeil(a, b, c int64) int64 {
+	if a <= 0 || b <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	q, r := bits.Div64(hi, lo, uint64(c)) // hi < c since a < 2^63 and b <= c
+	if r != 0 {
+		q++
+	}
+	return int64(q)
+}
+
+// mulDivFloor returns floor(a*b/c) for a, b >= 0 and c > 0, without
+// overflow; a result above math.MaxInt64 saturates.
+func mulDivFloor(a, b, c int64) int64 {
+	if a <= 0 || b <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	if hi >= uint64(c) {
+		return math.MaxInt64
+	}
+	q, _ := bits.Div64(hi, lo, uint64(c))
+	return int64(min(q, math.MaxInt64))
+}

@@ -1,0 +1,124 @@
+package persist
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// benchKeys is the number of distinct keys the benchmark writes to.
+const benchKeys = 100_000
+
+// benchValueLen is the size of a value: a few runs of a sliding log.
+const benchValueLen = 64
+
+// windows are the windows of the benchmark's limits: a record's deadline is
+// the time of the write plus one of them, so the deadline index grows at a
+// few points, as it does in service.
+var windows = []int64{int64(time.Second), int64(time.Minute), int64(time.Hour)}
+
+// BenchmarkSubmit measures records/s through Submit, each goroutine waiting
+// for its batch to commit before the next, in ModeCommit and ModeFsync, with
+// batches of 1, 10 and 100 records over 100k random keys already stored.
+// Many more goroutines than CPUs submit at once (SetParallelism), as actors
+// would, so that transactions group the batches of many of them.
+func BenchmarkSubmit(b *testing.B) {
+	for _, mode := range []Mode{ModeCommit, ModeFsync} {
+		for _, batch := range []int{1, 10, 100} {
+			b.Run(fmt.Sprintf("mode=%s/batch=%d", mode, batch), func(b *testing.B) {
+				benchSubmit(b, mode, batch)
+			})
+		}
+	}
+}
+
+func benchSubmit(b *testing.B, mode Mode, batch int) {
+	dir := b.TempDir()
+	if d := os.Getenv("SLUICE_BENCH_DIR"); d != "" {
+		dir = d // to measure another file system than the temporary one
+	}
+	var (
+		txs     atomic.Int64
+		txRecs  atomic.Int64
+		txNanos atomic.Int64
+	)
+	s, err := Open(Options{
+		Path: filepath.Join(dir, fmt.Sprintf("bench-%s-%d.db", mode, batch)),
+		Mode: mode,
+		OnCommit: func(records int, d time.Duration) {
+			txs.Add(1)
+			txRecs.Add(int64(records))
+			txNanos.Add(int64(d))
+		},
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.Remove(s.Path()); err != nil && !os.IsNotExist(err) {
+			b.Fatal(err)
+		}
+	}()
+	if os.Getenv("SLUICE_BENCH_UNSORTED") != "" {
+		s.w.sortRecords = false // the writer is idle: it reads it after the first send
+	}
+
+	// Store every key once, so that the benchmark updates existing records.
+	keys := make([]string, benchKeys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("tenant-%03d/user-%08d", i%997, i)
+	}
+	base := time.Now().UnixNano()
+	var recs []Record
+	for i, key := range keys {
+		recs = append(recs, Record{Key: key, Deadline: base + windows[i%len(windows)], Value: make([]byte, benchValueLen)})
+		if len(recs) == 10_000 {
+			submit(b, s, recs...)
+			recs = nil
+		}
+	}
+	txs.Store(0)
+	txRecs.Store(0)
+	txNanos.Store(0)
+
+	b.SetParallelism(32)
+	b.ReportAllocs()
+	b.ResetTimer()
+	start := time.Now()
+	b.RunParallel(func(pb *testing.PB) {
+		rng := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+		recs := make([]Record, batch)
+		values := make([]byte, batch*benchValueLen)
+		for pb.Next() {
+			// The store owns recs until the commit is done; we wait for it,
+			// so the same slices serve again.
+			for i := range recs {
+				recs[i] = Record{
+					Key:      keys[rng.IntN(benchKeys)],
+					Deadline: time.Now().UnixNano() + windows[rng.IntN(len(windows))],
+					Value:    values[i*benchValueLen : (i+1)*benchValueLen],
+				}
+			}
+			c := s.Submit(recs, nil)
+			<-c.Done()
+			if err := c.Err(); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	elapsed := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(b.N*batch)/elapsed.Seconds(), "records/s")
+	if n := txs.Load(); n > 0 {
+		b.ReportMetric(float64(txRecs.Load())/float64(n), "records/tx")
+		b.ReportMetric(float64(txNanos.Load())/float64(n)/1e6, "ms/tx")
+	}
+}

@@ -1,0 +1,155 @@
+package persist
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Mode says when a submitted write is acknowledged, and therefore what an
+// acknowledged write survives. The zero value is ModeCommit.
+type Mode uint8
+
+const (
+	// ModeCommit calls done once the transaction holding the records has been
+	// written to the file with write(2), without fsync (bbolt NoSync). The data
+	// is then in the kernel's page cache: it survives kill -9 of the process,
+	// but a power loss or kernel crash may lose what the OS had not flushed yet
+	// and, because bbolt does not checksum data pages, may leave the file
+	// unreadable (Open then refuses it with ErrFormat). It is the default.
+	ModeCommit Mode = iota
+	// ModeFsync calls done only after the transaction has been written and
+	// fdatasync'ed (bbolt's own two-step sync: data pages, then the meta page).
+	// An acknowledged write survives power loss.
+	ModeFsync
+	// ModeAsync is for engines that acknowledge a decision without waiting for
+	// its write. The store behaves exactly as in ModeCommit (the writer
+	// commits continuously, a transaction starting as soon as the previous one
+	// ends, and done is still called after commit); the mode only tells the
+	// engine not to wait. On kill -9 it loses at most what was queued
+	// (Options.MaxQueue batches) plus the one transaction in flight.
+	ModeAsync
+
+	numModes
+)
+
+// modeNames is indexed by Mode.
+var modeNames = [numModes]string{ModeCommit: "commit", ModeFsync: "fsync", ModeAsync: "async"}
+
+// String returns the mode's name as users type it ("commit", "fsync",
+// "async").
+func (m Mode) String() string {
+	if m < numModes {
+		return modeNames[m]
+	}
+	return fmt.Sprintf("mode(%d)", uint8(m))
+}
+
+// ParseMode returns the mode named s: "commit", "fsync" or "async".
+func ParseMode(s string) (Mode, error) {
+	for m, name := range modeNames {
+		if s == name {
+			return Mode(m), nil
+		}
+	}
+	return 0, fmt.Errorf("persist: unknown durability mode %q (want commit, fsync or async)", s)
+}
+
+// Defaults of the Options fields that are left zero.
+const (
+	DefaultOpenTimeout  = time.Second
+	DefaultMaxQueue     = 4096
+	DefaultMaxTxRecords = 50000
+)
+
+// Options configures a Store. The zero value of every field but Path selects
+// its default; Options is not modified by the Store and is not read again
+// after Open returns.
+type Options struct {
+	// Path is the data file. Missing parent directories are created with
+	// mode 0o750; the file itself is created with mode 0o600. Required.
+	Path string
+
+	// Mode says when a submitted write is acknowledged. Default ModeCommit.
+	Mode Mode
+
+	// OpenTimeout is how long Open waits for the exclusive lock on the file
+	// held by another process (or another Store in this process) before it
+	// fails with ErrLocked. Default 1s (DefaultOpenTimeout).
+	OpenTimeout time.Duration
+
+	// MaxQueue is how many submitted batches (and Flush/Sweep requests) may
+	// wait for the writer before Submit blocks. It bounds the memory of the
+	// queue and, in ModeAsync, the loss window on kill -9. Default 4096
+	// (DefaultMaxQueue).
+	MaxQueue int
+
+	// MaxTxRecords is a soft upper bound, in records, of one transaction: the
+	// writer stops draining the queue once it has this many (a single batch is
+	// never split, so a transaction may exceed it by one batch). Default 50000
+	// (DefaultMaxTxRecords).
+	MaxTxRecords int
+
+	// Logger receives the store's logs, with attribute component=persist.
+	// Nil discards them.
+	Logger *slog.Logger
+
+	// OnCommit, if set, is called on the writer goroutine after every
+	// transaction the writer ran, committed or failed, with the number of
+	// records it held (as submitted, before merging records of the same key)
+	// and its wall time from begin to the end of commit (including fsync in
+	// ModeFsync). Meant for metrics: it must return quickly.
+	OnCommit func(records int, d time.Duration)
+}
+
+// DefaultOptions returns Options for the data file at path with every other
+// field set to its default.
+func DefaultOptions(path string) Options {
+	return Options{
+		Path:         path,
+		Mode:         ModeCommit,
+		OpenTimeout:  DefaultOpenTimeout,
+		MaxQueue:     DefaultMaxQueue,
+		MaxTxRecords: DefaultMaxTxRecords,
+	}
+}
+
+// Validate reports every invalid field of o, joined in one error. Zero values
+// are valid (they select the defaults), except for Path.
+func (o Options) Validate() error {
+	var errs []error
+	if o.Path == "" {
+		errs = append(errs, errors.New("persist: options: Path is empty (set the data file path)"))
+	}
+	if o.Mode >= numModes {
+		errs = append(errs, fmt.Errorf("persist: options: unknown Mode %d (want ModeCommit, ModeFsync or ModeAsync)", uint8(o.Mode)))
+	}
+	if o.OpenTimeout < 0 {
+		errs = append(errs, fmt.Errorf("persist: options: OpenTimeout %v is negative (use 0 for the default %v)", o.OpenTimeout, DefaultOpenTimeout))
+	}
+	if o.MaxQueue < 0 {
+		errs = append(errs, fmt.Errorf("persist: options: MaxQueue %d is negative (use 0 for the default %d)", o.MaxQueue, DefaultMaxQueue))
+	}
+	if o.MaxTxRecords < 0 {
+		errs = append(errs, fmt.Errorf("persist: options: MaxTxRecords %d is negative (use 0 for the default %d)", o.MaxTxRecords, DefaultMaxTxRecords))
+	}
+	return errors.Join(errs...)
+}
+
+// withDefaults returns o with every zero field set to its default.
+func (o Options) withDefaults() Options {
+	if o.OpenTimeout == 0 {
+		o.OpenTimeout = DefaultOpenTimeout
+	}
+	if o.MaxQueue == 0 {
+		o.MaxQueue = DefaultMaxQueue
+	}
+	if o.MaxTxRecords == 0 {
+		o.MaxTxRecords = DefaultMaxTxRecords
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}

@@ -1,0 +1,618 @@
+package persist
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// Errors returned by the store wrap these, so that errors.Is matches them;
+// the returned error's message names the file and says what to do.
+var (
+	// ErrClosed is returned (through Commit.Err, Flush, Get, Scan) once Close
+	// has been called.
+	ErrClosed = errors.New("persist: store closed")
+
+	// ErrLocked is returned by Open when the data file stays locked by another
+	// process, or another open Store, for longer than Options.OpenTimeout.
+	ErrLocked = errors.New("persist: data file locked by another process")
+
+	// ErrFormat is returned by Open when the file is not a Sluice data file
+	// bbolt can read: not a bbolt file, corrupt or truncated, without the meta
+	// bucket, or with a format version this build does not know. The file is
+	// left untouched.
+	ErrFormat = errors.New("persist: not a readable Sluice data file")
+)
+
+// storeError is an error whose message is complete (prefix, path, advice)
+// and that matches one sentinel with errors.Is.
+type storeError struct {
+	msg  string
+	kind error
+}
+
+func (e *storeError) Error() string { return e.msg }
+func (e *storeError) Unwrap() error { return e.kind }
+
+func newError(kind error, format string, args ...any) error {
+	return &storeError{msg: fmt.Sprintf(format, args...), kind: kind}
+}
+
+// On-disk layout, format version 1; see doc.go.
+var (
+	bucketMeta   = []byte("meta")
+	bucketKeys   = []byte("keys")
+	bucketExpiry = []byte("expiry")
+	keyFormat    = []byte("format")
+)
+
+const formatVersion uint32 = 1
+
+// Limits of a Record, from bbolt's limits and the layout (the expiry index
+// key is the 8-byte deadline followed by the key).
+const (
+	// MaxKeyLen is the longest Record.Key, in bytes.
+	MaxKeyLen = bolt.MaxKeySize - 8
+	// MaxValueLen is the longest Record.Value, in bytes.
+	MaxValueLen = bolt.MaxValueSize - 8
+)
+
+// Record is the stored state of one key, or its deletion.
+type Record struct {
+	// Key is the key, 1 to MaxKeyLen bytes.
+	Key string
+	// Deadline is the time, in unix nanoseconds, at which the key's state
+	// becomes empty and the record may be deleted by Sweep. It must be > 0
+	// when Value is not nil; it is ignored for a deletion.
+	Deadline int64
+	// Value is the encoded state, opaque to the store. Nil deletes the key
+	// (an empty non-nil slice stores an empty value).
+	Value []byte
+}
+
+// Store is a bbolt data file with one writer goroutine doing group commit.
+// Its methods are safe for concurrent use.
+type Store struct {
+	opts Options // with defaults applied
+	db   *bolt.DB
+	log  *slog.Logger
+
+	// mu guards closed. Submitters hold it for reading while they send to
+	// queue, so that Close (which takes it for writing) closes queue only
+	// when no send can happen any more.
+	mu     sync.RWMutex
+	closed bool
+	queue  chan *Commit
+
+	errClosed error // ErrClosed with the path, built once
+
+	next    atomic.Int64  // NextDeadline
+	changed chan struct{} // DeadlineChanged, capacity 1
+
+	w          writer        // used by the writer goroutine only
+	writerDone chan struct{} // closed when the writer goroutine returns
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open opens the data file at o.Path, creating it (and its parent
+// directories) if it does not exist, and starts the writer goroutine.
+//
+// An existing file is read once from end to end before it is opened for
+// writing; if it is not a bbolt file, is corrupt or truncated, is a bbolt file
+// without the meta bucket, or has an unknown format version, Open returns an
+// error matching ErrFormat and leaves the file untouched. If another process
+// or Store holds the file, Open waits up to o.OpenTimeout and returns an error
+// matching ErrLocked.
+func Open(o Options) (*Store, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	o = o.withDefaults()
+	path := o.Path
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("persist: open %s: create its directory: %v (check the data dir path and its permissions)", path, err)
+	}
+	existed := false
+	switch info, err := os.Stat(path); {
+	case err == nil && info.IsDir():
+		return nil, fmt.Errorf("persist: open %s: is a directory (the data file path must name a file)", path)
+	case err == nil:
+		existed = true
+		if info.Size() > 0 {
+			if err := verifyFile(path, info.Size(), o.OpenTimeout); err != nil {
+				return nil, err
+			}
+		}
+	case !errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("persist: open %s: %v (check the data dir path and its permissions)", path, err)
+	}
+
+	// NoSync: in ModeCommit and ModeAsync a commit is write(2) without fsync.
+	// NoFreelistSync: the freelist is not written by every commit (fewer pages
+	// per transaction); Open rebuilds it by walking the file instead.
+	// FreelistMapType: O(1) page allocation however fragmented the file.
+	db, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout:        o.OpenTimeout,
+		NoSync:         o.Mode != ModeFsync,
+		NoFreelistSync: true,
+		FreelistType:   bolt.FreelistMapType,
+	})
+	if err != nil {
+		return nil, openError(path, o.OpenTimeout, err)
+	}
+	next, err := initFile(db, path)
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	if !existed {
+		// Make the new file's directory entry durable, so that a power loss
+		// cannot lose the file itself after commits were fsynced to it.
+		if err := syncDir(dir); err != nil {
+			_ = db.Close()
+			return nil, fmt.Errorf("persist: open %s: sync its directory: %v", path, err)
+		}
+	}
+
+	s := &Store{
+		opts:       o,
+		db:         db,
+		log:        o.Logger.With("component", "persist", "path", path),
+		queue:      make(chan *Commit, o.MaxQueue),
+		errClosed:  newError(ErrClosed, "persist: %s: store closed", path),
+		changed:    make(chan struct{}, 1),
+		writerDone: make(chan struct{}),
+	}
+	s.next.Store(next)
+	s.w.init(s)
+	s.log.Info("opened data file", "mode", o.Mode.String(), "next_deadline", next)
+	go s.w.run()
+	return s, nil
+}
+
+// openError maps an error of bolt.Open to the store's errors.
+func openError(path string, timeout time.Duration, err error) error {
+	var pe *fs.PathError
+	switch {
+	case errors.Is(err, berrors.ErrTimeout):
+		return newError(ErrLocked, "persist: open %s: locked by another process for more than %v (is another sluice running on this data dir?)", path, timeout)
+	case errors.As(err, &pe):
+		return fmt.Errorf("persist: open %s: %v (check the data file's permissions)", path, pe.Err)
+	default:
+		// bbolt could not read its meta pages: ErrInvalid, ErrVersionMismatch,
+		// ErrChecksum, a file too small, a page size it cannot use...
+		return formatError(path, "bbolt cannot read it: %v", err)
+	}
+}
+
+func formatError(path, format string, args ...any) error {
+	return newError(ErrFormat, "persist: open %s: not a readable Sluice data file: %s (the file was not modified; move it aside or point sluice at another data dir)",
+		path, fmt.Sprintf(format, args...))
+}
+
+// verifyFile opens the existing file read-only and reads all of it: the
+// format, every record and every index entry. A corrupt page makes bbolt
+// panic (or fault on a truncated mapping); here that is caught and reported
+// as ErrFormat, where the read-write open would crash the process (bbolt
+// rebuilds the freelist on a goroutine that panics on corruption).
+func verifyFile(path string, size int64, timeout time.Duration) error {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: timeout})
+	if err != nil {
+		return openError(path, timeout, err)
+	}
+	defer func() { _ = db.Close() }()
+	return db.View(func(tx *bolt.Tx) (err error) {
+		if tx.Size() > size {
+			return formatError(path, "truncated: %d bytes, bbolt expects %d", size, tx.Size())
+		}
+		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+		defer func() {
+			if p := recover(); p != nil {
+				err = formatError(path, "corrupt: %v", p)
+			}
+		}()
+		if err := checkFormat(tx, path); err != nil {
+			if errors.Is(err, errEmpty) {
+				return nil
+			}
+			return err
+		}
+		return walk(tx, path)
+	})
+}
+
+// errEmpty says that a bbolt file has no bucket at all: a file whose creation
+// was interrupted before its meta bucket was committed. Open initialises it.
+var errEmpty = errors.New("empty bbolt file")
+
+// checkFormat checks the meta bucket and the buckets of format version 1.
+func checkFormat(tx *bolt.Tx, path string) error {
+	meta := tx.Bucket(bucketMeta)
+	if meta == nil {
+		if k, _ := tx.Cursor().First(); k == nil {
+			return errEmpty
+		}
+		return formatError(path, "bbolt file without a %q bucket", bucketMeta)
+	}
+	v := meta.Get(keyFormat)
+	if len(v) != 4 {
+		return formatError(path, "no format version in the %q bucket", bucketMeta)
+	}
+	if got := binary.BigEndian.Uint32(v); got != formatVersion {
+		return formatError(path, "format version %d; this build reads version %d only (run the sluice release that wrote it)", got, formatVersion)
+	}
+	for _, name := range [][]byte{bucketKeys, bucketExpiry} {
+		if tx.Bucket(name) == nil {
+			return formatError(path, "no %q bucket", name)
+		}
+	}
+	return nil
+}
+
+// walk reads every record and index entry and checks their shape.
+func walk(tx *bolt.Tx, path string) error {
+	c := tx.Bucket(bucketKeys).Cursor()
+	for k, v := c.First(); k != nil; k, v = c.Next() {
+		if len(v) < 8 {
+			return formatError(path, "record %q is %d bytes, shorter than its deadline", k, len(v))
+		}
+	}
+	c = tx.Bucket(bucketExpiry).Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		if len(k) < 9 {
+			return formatError(path, "expiry index entry %x is too short", k)
+		}
+	}
+	return nil
+}
+
+// initFile checks the format of the open file, initialises a new one, and
+// returns the earliest deadline.
+func initFile(db *bolt.DB, path string) (next int64, err error) {
+	err = db.View(func(tx *bolt.Tx) error {
+		if err := checkFormat(tx, path); err != nil {
+			return err
+		}
+		next = firstDeadline(tx.Bucket(bucketExpiry))
+		return nil
+	})
+	if !errors.Is(err, errEmpty) {
+		return next, err
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		if k, _ := tx.Cursor().First(); k != nil {
+			return formatError(path, "bbolt file without a %q bucket", bucketMeta)
+		}
+		meta, err := tx.CreateBucket(bucketMeta)
+		if err != nil {
+			return err
+		}
+		if err := meta.Put(keyFormat, binary.BigEndian.AppendUint32(nil, formatVersion)); err != nil {
+			return err
+		}
+		if _, err := tx.CreateBucket(bucketKeys); err != nil {
+			return err
+		}
+		_, err = tx.CreateBucket(bucketExpiry)
+		return err
+	})
+	if err != nil && !errors.Is(err, ErrFormat) {
+		err = fmt.Errorf("persist: open %s: initialise new data file: %v", path, err)
+	}
+	return 0, err
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// firstDeadline returns the deadline of the first index entry, 0 if none.
+func firstDeadline(exp *bolt.Bucket) int64 {
+	k, _ := exp.Cursor().First()
+	if len(k) < 8 {
+		return 0
+	}
+	return int64(binary.BigEndian.Uint64(k))
+}
+
+// Path returns the data file's path.
+func (s *Store) Path() string { return s.opts.Path }
+
+// Mode returns the durability mode the store was opened with.
+func (s *Store) Mode() Mode { return s.opts.Mode }
+
+// Get reads the records of keys in one read transaction and calls fn, on the
+// calling goroutine, for each key found (i is its index in keys). value is
+// valid only during fn and must not be modified: copy it to keep it.
+//
+// Get sees what is committed, not what is queued: a record submitted but not
+// yet done may be invisible. It returns records whose deadline has passed but
+// that no Sweep has deleted yet; the caller decides what an expired record
+// means. Get is safe to call from many goroutines, concurrently with the
+// writer. fn must not wait for a Commit (see Scan).
+func (s *Store) Get(keys []string, fn func(i int, deadline int64, value []byte)) error {
+	var buf []byte
+	err := s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketKeys)
+		for i, k := range keys {
+			buf = append(buf[:0], k...)
+			v := b.Get(buf)
+			if v == nil {
+				continue
+			}
+			if len(v) < 8 {
+				return fmt.Errorf("persist: read %s: record %q is %d bytes, shorter than its deadline (the data file is corrupt)", s.opts.Path, k, len(v))
+			}
+			fn(i, int64(binary.BigEndian.Uint64(v)), v[8:len(v):len(v)])
+		}
+		return nil
+	})
+	return s.readError(err)
+}
+
+// Scan calls fn, in key order, for the keys that start with prefix and sort
+// after after ("" starts at the first key with the prefix), at most limit of
+// them (limit <= 0: no bound), in one read transaction; fn returns false to
+// stop. value is valid only during fn and must not be modified.
+//
+// Like Get, Scan sees committed records only, including expired ones not yet
+// swept. The read transaction stays open while fn runs and, while it is open,
+// the writer cannot grow the file's memory mapping: fn should be quick and
+// must never wait for a Commit, Flush or Close (that can deadlock).
+func (s *Store) Scan(prefix, after string, limit int, fn func(key string, deadline int64, value []byte) bool) error {
+	start := prefix
+	if after > prefix {
+		start = after
+	}
+	p := []byte(prefix)
+	err := s.db.View(func(tx *bolt.Tx) error {
+		c := tx.Bucket(bucketKeys).Cursor()
+		k, v := c.Seek([]byte(start))
+		if after != "" && string(k) == after {
+			k, v = c.Next()
+		}
+		for n := 0; k != nil && bytes.HasPrefix(k, p) && (limit <= 0 || n < limit); n++ {
+			if len(v) < 8 {
+				return fmt.Errorf("persist: scan %s: record %q is %d bytes, shorter than its deadline (the data file is corrupt)", s.opts.Path, k, len(v))
+			}
+			if !fn(string(k), int64(binary.BigEndian.Uint64(v)), v[8:len(v):len(v)]) {
+				return nil
+			}
+			k, v = c.Next()
+		}
+		return nil
+	})
+	return s.readError(err)
+}
+
+// readError maps the error of a read transaction: its callback's errors
+// are complete already; bbolt's only own error there is a closed database.
+func (s *Store) readError(err error) error {
+	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+		return s.errClosed
+	}
+	return err
+}
+
+// NextDeadline returns the earliest deadline of any stored record, in unix
+// nanoseconds, or 0 when the store holds no record. It is an atomic load,
+// updated after every committed transaction (before its done callbacks run)
+// and at Open. Records that are queued but not committed do not count.
+func (s *Store) NextDeadline() int64 { return s.next.Load() }
+
+// DeadlineChanged returns a channel (capacity 1, sent to without blocking)
+// that receives whenever a committed transaction made NextDeadline earlier
+// than it was, or non-zero when it was 0. A transaction that makes it later
+// (a Sweep, a deletion) does not signal. A receiver should reload
+// NextDeadline after each receive; signals coalesce.
+func (s *Store) DeadlineChanged() <-chan struct{} { return s.changed }
+
+// Submit queues recs for the next transaction and returns at once, unless
+// MaxQueue batches are already queued: then it blocks until the writer makes
+// room (Close also waits for it, so a batch that got into Submit before Close
+// is committed, not refused).
+//
+// done (may be nil) is called on the writer goroutine after the transaction
+// holding recs has committed (err == nil) or failed; callbacks run in
+// submission order, each after the previous one returned. done must not block
+// and must not call Submit, Sweep, Flush or Close: the writer waits for it.
+// The returned Commit reports the same outcome; its Done channel closes after
+// done has returned.
+//
+// recs and every Value slice belong to the store until done is called: the
+// caller must not modify them before. Records of the same key are applied in
+// order, so the last one submitted wins, within a batch and across batches.
+// A batch is all or nothing: it is committed in a single transaction.
+//
+// If recs holds an invalid record (empty or too long key, Value not nil with
+// Deadline <= 0, value too long), nothing of the batch is queued. After Close,
+// and for an invalid batch, Submit calls done synchronously, before it
+// returns, and returns a Commit that is already done with the error (matching
+// ErrClosed after Close).
+func (s *Store) Submit(recs []Record, done func(error)) *Commit {
+	c := &Commit{recs: recs, done: done}
+	if err := s.checkRecords(recs); err != nil {
+		c.finish(err)
+		return c
+	}
+	s.enqueue(c)
+	return c
+}
+
+func (s *Store) checkRecords(recs []Record) error {
+	for i := range recs {
+		r := &recs[i]
+		switch {
+		case r.Key == "":
+			return fmt.Errorf("persist: submit to %s: record %d has an empty key (nothing of the batch was written)", s.opts.Path, i)
+		case len(r.Key) > MaxKeyLen:
+			return fmt.Errorf("persist: submit to %s: record %d: key of %d bytes is longer than %d (nothing of the batch was written)", s.opts.Path, i, len(r.Key), MaxKeyLen)
+		case r.Value != nil && r.Deadline <= 0:
+			return fmt.Errorf("persist: submit to %s: record %d (key %q) has a value and deadline %d; a stored record needs a deadline > 0 (nothing of the batch was written)", s.opts.Path, i, r.Key, r.Deadline)
+		case len(r.Value) > MaxValueLen:
+			return fmt.Errorf("persist: submit to %s: record %d (key %q): value of %d bytes is longer than %d (nothing of the batch was written)", s.opts.Path, i, r.Key, len(r.Value), MaxValueLen)
+		}
+	}
+	return nil
+}
+
+// enqueue hands c to the writer, or finishes it with ErrClosed.
+func (s *Store) enqueue(c *Commit) {
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		c.finish(s.errClosed)
+		return
+	}
+	s.queue <- c
+	s.mu.RUnlock()
+}
+
+// Sweep queues a pass that deletes every record whose deadline is <= now
+// (unix nanoseconds), with its index entry. The writer runs it in the next
+// transaction, with whatever else is queued, walking the deadline index from
+// its start: no record is decoded and no key outside the expired range is
+// touched. A record is deleted only if its stored deadline still equals the
+// index entry's. A pass deletes at most 10000 records per transaction and
+// continues in the following ones (interleaved with submitted batches) until
+// nothing expired as of now remains.
+//
+// The returned Commit is done when the pass is complete (or failed; or
+// abandoned with ErrClosed by Close, which does not finish a long pass), so a
+// sweeper can wait for it and then read NextDeadline. Sweeps queued while a
+// pass runs join it.
+func (s *Store) Sweep(now int64) *Commit {
+	c := &Commit{kind: kindSweep, now: now}
+	s.enqueue(c)
+	return c
+}
+
+// Flush waits until everything submitted before the call is committed (and
+// fsynced in ModeFsync). It returns an error if a transaction failed since
+// the previous Flush returned (or since Open), even if it held only records
+// submitted after this call began; ErrClosed after Close.
+func (s *Store) Flush() error {
+	c := &Commit{kind: kindFlush}
+	s.enqueue(c)
+	<-c.Done()
+	return c.Err()
+}
+
+// Close stops accepting work (Submit, Sweep and Flush then fail with
+// ErrClosed), commits everything already queued, abandons the rest of a
+// Sweep pass, syncs the file to disk whatever the mode, closes it, and waits
+// for the writer goroutine. It returns the first error: a transaction that
+// failed since the last Flush, the sync, or the close. Close is idempotent;
+// later calls return the same error.
+func (s *Store) Close() error {
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		s.closed = true
+		s.mu.Unlock()
+		close(s.queue)
+		<-s.writerDone
+
+		err := s.w.unreported
+		if serr := s.db.Sync(); serr != nil && err == nil {
+			err = fmt.Errorf("persist: close %s: sync: %v (the last transactions may not be on disk)", s.opts.Path, serr)
+		}
+		if cerr := s.db.Close(); cerr != nil && err == nil {
+			err = fmt.Errorf("persist: close %s: %v", s.opts.Path, cerr)
+		}
+		s.closeErr = err
+		s.log.Info("closed data file", "err", err)
+	})
+	return s.closeErr
+}
+
+type commitKind uint8
+
+const (
+	kindBatch commitKind = iota
+	kindFlush
+	kindSweep
+)
+
+// Commit is the outcome of a Submit (or a Sweep): it is done once the
+// transaction holding the batch has committed or failed.
+type Commit struct {
+	// Set before the Commit is queued, read by the writer.
+	recs []Record
+	done func(error)
+	kind commitKind
+	now  int64 // kindSweep
+
+	mu       sync.Mutex
+	ch       chan struct{} // made on the first Done call
+	finished bool
+	err      error
+}
+
+// closedChan is returned by Done for a Commit that finished before anyone
+// asked for its channel.
+var closedChan = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
+
+// Done returns a channel that is closed once the commit is done: committed,
+// failed, or refused.
+func (c *Commit) Done() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ch == nil {
+		if c.finished {
+			return closedChan
+		}
+		c.ch = make(chan struct{})
+	}
+	return c.ch
+}
+
+// Err returns nil if the commit succeeded, or why it failed. It is valid
+// once Done is closed; before, it returns nil.
+func (c *Commit) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// finish calls the done callback, then records err and closes the channel.
+func (c *Commit) finish(err error) {
+	if c.done != nil {
+		c.done(err)
+	}
+	c.mu.Lock()
+	c.err = err
+	c.finished = true
+	c.recs = nil
+	ch := c.ch
+	c.mu.Unlock()
+	if ch != nil {
+		close(ch)
+	}
+}
