@@ -1,0 +1,397 @@
+package api
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/sluice-io/sluice/actor"
+	"github.com/sluice-io/sluice/api/limits"
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+)
+
+// Page sizes of ListKeys and ListOverrides.
+const (
+	defaultPageSize = 100
+	maxPageSize     = 1000
+)
+
+// maxNoteLen is the longest Override.note, in bytes.
+const maxNoteLen = 1024
+
+// adminService serves sluice.v1.AdminService. The admin token, when one is
+// configured, is checked before any of its methods runs (see authorize).
+//
+// Until the cluster exists, the node that receives a call is the owner of
+// every key, so each call is answered locally.
+type adminService struct {
+	sluicepb.UnimplementedAdminServiceServer
+	s *Server
+}
+
+// GetKey returns the live state of one key.
+func (a *adminService) GetKey(ctx context.Context, req *sluicepb.GetKeyRequest) (*sluicepb.GetKeyResponse, error) {
+	s := a.s
+	if err := s.checkKey("key", req.Key); err != nil {
+		return nil, toStatus(err)
+	}
+	v, err := s.engine.Inspect(ctx, string(req.Key))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &sluicepb.GetKeyResponse{State: s.keyState(&v)}, nil
+}
+
+// keyState is v as the API shows it.
+func (s *Server) keyState(v *actor.KeyState) *sluicepb.KeyState {
+	ks := &sluicepb.KeyState{
+		Key:    []byte(v.Key),
+		Found:  v.Found,
+		Node:   s.cfg.NodeName,
+		ReadAt: timestamppb.New(v.ReadAt),
+	}
+	if !v.Found {
+		return ks
+	}
+	ks.Algorithm = toProtoAlgorithm(v.Algorithm)
+	ks.Limit = v.Limit
+	ks.Window = durationpb.New(v.Window)
+	ks.Used, ks.Remaining = v.Used, v.Remaining
+	ks.RetryAfter, ks.ResetAfter = durationpb.New(v.RetryAfter), durationpb.New(v.ResetAfter)
+	ks.InMemory = v.InMemory
+	if !v.ExpiresAt.IsZero() {
+		ks.ExpiresAt = timestamppb.New(v.ExpiresAt)
+	}
+	switch v.Algorithm {
+	case actor.SlidingWindow:
+		ks.Counters = &sluicepb.KeyState_SlidingWindow{SlidingWindow: &sluicepb.SlidingWindowState{
+			BucketStart: timestamppb.New(v.BucketStart),
+			Previous:    v.Previous,
+			Current:     v.Current,
+		}}
+	case actor.TokenBucket:
+		ks.Counters = &sluicepb.KeyState_TokenBucket{TokenBucket: &sluicepb.TokenBucketState{
+			Tokens:  v.Tokens,
+			Updated: timestamppb.New(v.Updated),
+		}}
+	default:
+		log := &sluicepb.SlidingLogState{Runs: make([]*sluicepb.LogRun, len(v.Runs))}
+		for i, r := range v.Runs {
+			log.Runs[i] = &sluicepb.LogRun{Time: timestamppb.New(r.At), Count: r.Count}
+		}
+		ks.Counters = &sluicepb.KeyState_SlidingLog{SlidingLog: log}
+	}
+	return ks
+}
+
+// ListKeys lists the keys that hold state, a page at a time. The page token
+// is the page's last key, base64url-encoded.
+func (a *adminService) ListKeys(ctx context.Context, req *sluicepb.ListKeysRequest) (*sluicepb.ListKeysResponse, error) {
+	s := a.s
+	size, err := pageSize(req.PageSize)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	prefix := string(req.Prefix)
+	after, err := decodeToken("page_token", req.PageToken)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if req.PageToken != "" && !strings.HasPrefix(after, prefix) {
+		return nil, toStatus(badInput("page_token: it belongs to a listing with another prefix; send the same prefix as for the first page"))
+	}
+	// One more than the page, to know whether another page follows.
+	keys, err := s.engine.List(ctx, prefix, after, size+1)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &sluicepb.ListKeysResponse{}
+	if len(keys) > size {
+		keys = keys[:size]
+		resp.NextPageToken = encodeToken(keys[size-1].Key)
+	}
+	resp.Keys = make([]*sluicepb.KeySummary, len(keys))
+	for i, k := range keys {
+		ks := &sluicepb.KeySummary{Key: []byte(k.Key), InMemory: k.InMemory, Node: s.cfg.NodeName}
+		if !k.ExpiresAt.IsZero() {
+			ks.ExpiresAt = timestamppb.New(k.ExpiresAt)
+		}
+		resp.Keys[i] = ks
+	}
+	return resp, nil
+}
+
+// ResetKey forgets the hits of one key.
+func (a *adminService) ResetKey(ctx context.Context, req *sluicepb.ResetKeyRequest) (*sluicepb.ResetKeyResponse, error) {
+	s := a.s
+	if err := s.checkKey("key", req.Key); err != nil {
+		return nil, toStatus(err)
+	}
+	existed, err := s.engine.Reset(ctx, string(req.Key))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	s.log.Info("admin: key reset", "key", printableKey(req.Key), "existed", existed)
+	return &sluicepb.ResetKeyResponse{Existed: existed}, nil
+}
+
+// SetOverride validates, stores and applies an override. It answers once
+// the override is on disk (when the node has a data file) and applied: the
+// next check of a key it matches sees it.
+func (a *adminService) SetOverride(ctx context.Context, req *sluicepb.SetOverrideRequest) (*sluicepb.SetOverrideResponse, error) {
+	s := a.s
+	now := s.clock.Now()
+	o, err := s.overrideFromProto(req.Override, now)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	o.SetAt = now
+	var save func() error
+	if s.store != nil {
+		value, err := encodeOverride(o)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		save = func() error {
+			// Expired ones first: the one replaced may be one of them.
+			s.deleteExpiredOverrides(now)
+			return s.store.PutMeta(overridesBucket, overrideRecordKey(o.Key, o.Prefix), value)
+		}
+	}
+	if err := s.overrides.set(o, now, save); err != nil {
+		return nil, toStatus(err)
+	}
+	s.log.Info("admin: override set", "key", printableKey([]byte(o.Key)), "prefix", o.Prefix,
+		"limit", o.Limit, "window", o.Window, "algorithm", algorithmAttr(o), "expires_at", o.ExpiresAt, "note", o.Note)
+	return &sluicepb.SetOverrideResponse{Override: toProtoOverride(o)}, nil
+}
+
+func algorithmAttr(o *Override) string {
+	if !o.HasAlgorithm {
+		return ""
+	}
+	return o.Algorithm.String()
+}
+
+// deleteExpiredOverrides deletes from the data file the overrides that
+// expired at now. It runs under the override table's writers' lock (as a
+// save function), so that it cannot delete a record another call has just
+// written. A failure is logged, not returned: the override is expired
+// either way, and the next write tries again.
+func (s *Server) deleteExpiredOverrides(now time.Time) {
+	for _, o := range s.overrides.list() {
+		if live(o, now) {
+			continue
+		}
+		if _, err := s.store.DeleteMeta(overridesBucket, overrideRecordKey(o.Key, o.Prefix)); err != nil {
+			s.log.Warn("admin: delete expired override from the data file", "key", printableKey([]byte(o.Key)), "prefix", o.Prefix, "err", err)
+			return
+		}
+	}
+}
+
+// overrideFromProto validates po as a SetOverride request carries it, at
+// now, and returns it as the table holds it (without SetAt).
+func (s *Server) overrideFromProto(po *sluicepb.Override, now time.Time) (*Override, error) {
+	if po == nil {
+		return nil, badInput("override: required")
+	}
+	lim := s.engineLimits()
+	o := &Override{Key: string(po.Key), Prefix: po.Prefix, Limit: po.Limit, Note: po.Note}
+	switch {
+	case len(po.Key) == 0 && !po.Prefix:
+		return nil, badInput("override.key: empty; an exact-key override needs a key (set prefix for an override of every key)")
+	case len(po.Key) > lim.MaxKeyLen:
+		return nil, badInput("override.key: %d bytes long; the maximum is %d", len(po.Key), lim.MaxKeyLen)
+	case po.Limit < 0:
+		return nil, badInput("override.limit: %d; it must be a positive count, or 0 to keep the limit of the check", po.Limit)
+	case len(po.Note) > maxNoteLen:
+		return nil, badInput("override.note: %d bytes long; the maximum is %d", len(po.Note), maxNoteLen)
+	}
+	if po.Window != nil {
+		if err := po.Window.CheckValid(); err != nil {
+			return nil, badInput("override.window: %v", err)
+		}
+		o.Window = po.Window.AsDuration()
+		// A zero window is an unset one (proto3 reads an unset Duration as 0).
+		if o.Window != 0 && (o.Window < lim.MinWindow || o.Window > lim.MaxWindow) {
+			return nil, badInput("override.window: %v; it must be from %v to %v, or unset to keep the window of the check", o.Window, lim.MinWindow, lim.MaxWindow)
+		}
+	}
+	if po.Algorithm != sluicepb.Algorithm_ALGORITHM_UNSPECIFIED {
+		algo, err := fromProtoAlgorithm(po.Algorithm)
+		if err != nil {
+			return nil, badInput("override.%v", err)
+		}
+		o.Algorithm, o.HasAlgorithm = algo, true
+	}
+	if o.Limit == 0 && o.Window == 0 && !o.HasAlgorithm {
+		return nil, badInput("override: it changes nothing; set at least one of limit, window and algorithm")
+	}
+	if po.ExpiresAt != nil {
+		if err := po.ExpiresAt.CheckValid(); err != nil {
+			return nil, badInput("override.expires_at: %v", err)
+		}
+		o.ExpiresAt = po.ExpiresAt.AsTime()
+		if !now.Before(o.ExpiresAt) {
+			return nil, badInput("override.expires_at: %v is not in the future (now is %v on node %s); leave it unset for an override that never expires",
+				o.ExpiresAt.UTC().Format(time.RFC3339Nano), now.UTC().Format(time.RFC3339Nano), s.cfg.NodeName)
+		}
+	}
+	return o, nil
+}
+
+// ListOverrides lists the live overrides, a page at a time. The page token
+// is the record key of the page's last override, base64url-encoded (see
+// overrideRecordKey).
+func (a *adminService) ListOverrides(ctx context.Context, req *sluicepb.ListOverridesRequest) (*sluicepb.ListOverridesResponse, error) {
+	s := a.s
+	size, err := pageSize(req.PageSize)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	prefix := string(req.Prefix)
+	var afterKey string
+	var afterPrefix bool
+	if req.PageToken != "" {
+		rk, err := decodeToken("page_token", req.PageToken)
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		var ok bool
+		if afterKey, afterPrefix, ok = parseOverrideRecordKey(rk); !ok {
+			return nil, toStatus(badInput("page_token: %q is not a page token this server issued (pass next_page_token as it came, or empty for the first page)", truncate(req.PageToken, 64)))
+		}
+		if !strings.HasPrefix(afterKey, prefix) {
+			return nil, toStatus(badInput("page_token: it belongs to a listing with another prefix; send the same prefix as for the first page"))
+		}
+	}
+	now := s.clock.Now()
+	resp := &sluicepb.ListOverridesResponse{}
+	for _, o := range s.overrides.list() {
+		if !live(o, now) || !strings.HasPrefix(o.Key, prefix) ||
+			(req.PageToken != "" && !overrideLess(afterKey, afterPrefix, o.Key, o.Prefix)) {
+			continue
+		}
+		if len(resp.Overrides) == size {
+			last := resp.Overrides[size-1]
+			resp.NextPageToken = encodeToken(overrideRecordKey(string(last.Key), last.Prefix))
+			break
+		}
+		resp.Overrides = append(resp.Overrides, toProtoOverride(o))
+	}
+	return resp, nil
+}
+
+// DeleteOverride removes one override, from the data file first.
+func (a *adminService) DeleteOverride(ctx context.Context, req *sluicepb.DeleteOverrideRequest) (*sluicepb.DeleteOverrideResponse, error) {
+	s := a.s
+	lim := s.engineLimits()
+	switch {
+	case len(req.Key) == 0 && !req.Prefix:
+		return nil, toStatus(badInput("key: empty; an exact-key override has a key (set prefix to delete the override of every key)"))
+	case len(req.Key) > lim.MaxKeyLen:
+		return nil, toStatus(badInput("key: %d bytes long; the maximum is %d", len(req.Key), lim.MaxKeyLen))
+	}
+	now := s.clock.Now()
+	var save func() error
+	if s.store != nil {
+		save = func() error {
+			s.deleteExpiredOverrides(now)
+			_, err := s.store.DeleteMeta(overridesBucket, overrideRecordKey(string(req.Key), req.Prefix))
+			return err
+		}
+	}
+	existed, err := s.overrides.remove(string(req.Key), req.Prefix, now, save)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	s.log.Info("admin: override deleted", "key", printableKey(req.Key), "prefix", req.Prefix, "existed", existed)
+	return &sluicepb.DeleteOverrideResponse{Existed: existed}, nil
+}
+
+// EnvoyKey computes the key under which the Envoy adapter counts a
+// descriptor.
+func (a *adminService) EnvoyKey(ctx context.Context, req *sluicepb.EnvoyKeyRequest) (*sluicepb.EnvoyKeyResponse, error) {
+	switch {
+	case req.Domain == "":
+		return nil, toStatus(badInput("domain: empty; send the rate-limit domain of the Envoy filter"))
+	case len(req.Entries) == 0:
+		return nil, toStatus(badInput("entries: none; a descriptor has at least one entry"))
+	}
+	entries := make([]limits.Entry, len(req.Entries))
+	for i, e := range req.Entries {
+		if e == nil {
+			return nil, toStatus(badInput("entries[%d]: missing", i))
+		}
+		entries[i] = limits.Entry{Key: e.Key, Value: e.Value}
+	}
+	key := envoyKey(req.Domain, entries)
+	return &sluicepb.EnvoyKeyResponse{Key: []byte(key), Printable: printableKey([]byte(key))}, nil
+}
+
+// printableKey shows a key for people: printable ASCII as it is, a
+// backslash as \\, every other byte as \xNN.
+func printableKey(key []byte) string {
+	const hex = "0123456789abcdef"
+	var b strings.Builder
+	b.Grow(len(key))
+	for _, c := range key {
+		switch {
+		case c == '\\':
+			b.WriteString(`\\`)
+		case c >= 0x20 && c <= 0x7e:
+			b.WriteByte(c)
+		default:
+			b.WriteString(`\x`)
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&0xf])
+		}
+	}
+	return b.String()
+}
+
+// pageSize applies the page size rules of the list calls.
+func pageSize(n int32) (int, error) {
+	switch {
+	case n < 0:
+		return 0, badInput("page_size: %d; it must be 0 (the default, %d) or more (at most %d are returned)", n, defaultPageSize, maxPageSize)
+	case n == 0:
+		return defaultPageSize, nil
+	case n > maxPageSize:
+		return maxPageSize, nil
+	}
+	return int(n), nil
+}
+
+// checkKey reports a key that no check could carry.
+func (s *Server) checkKey(field string, key []byte) error {
+	switch max := s.engineLimits().MaxKeyLen; {
+	case len(key) == 0:
+		return badInput("%s: empty; send the key exactly as checks send it", field)
+	case len(key) > max:
+		return badInput("%s: %d bytes long; the maximum is %d", field, len(key), max)
+	}
+	return nil
+}
+
+// engineLimits is the engine's configured limits with their defaults.
+func (s *Server) engineLimits() actor.Limits {
+	l := s.cfg.Engine.Limits
+	if l.MaxKeyLen <= 0 {
+		l.MaxKeyLen = actor.DefaultMaxKeyLen
+	}
+	if l.MinWindow <= 0 {
+		l.MinWindow = actor.DefaultMinWindow
+	}
+	if l.MaxWindow <= 0 {
+		l.MaxWindow = actor.DefaultMaxWindow
+	}
+	if l.MaxBatch <= 0 {
+		l.MaxBatch = actor.DefaultMaxBatch
+	}
+	return l
+}

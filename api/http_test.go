@@ -1,0 +1,73 @@
+package api
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+)
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(body)
+}
+
+// TestHealthReadyMetrics: grpc health and /readyz report serving, /metrics
+// counts decisions, and both flip to not serving on shutdown.
+func TestHealthReadyMetrics(t *testing.T) {
+	ts := newTestServer(t, nil)
+	base := "http://" + ts.srv.HTTPAddr()
+	if code, _ := httpGet(t, base+"/healthz"); code != 200 {
+		t.Fatalf("/healthz = %d; want 200", code)
+	}
+	if code, _ := httpGet(t, base+"/readyz"); code != 200 {
+		t.Fatalf("/readyz = %d; want 200", code)
+	}
+	hc := healthpb.NewHealthClient(ts.conn)
+	if resp, err := hc.Check(ts.ctx(), &healthpb.HealthCheckRequest{}); err != nil || resp.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health Check = %v, %v; want SERVING", resp, err)
+	}
+	client := sluicepb.NewRateLimitServiceClient(ts.conn)
+	for i := 0; i < 3; i++ {
+		if _, err := client.Check(ts.ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck("m", 2, time.Minute, 1)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, body := httpGet(t, base+"/metrics")
+	for _, want := range []string{
+		`sluice_decisions_total{api="native",result="allowed"} 2`,
+		`sluice_decisions_total{api="native",result="denied"} 1`,
+		`sluice_keys_in_memory 1`,
+		`sluice_storage_commit_records_count`,
+		`sluice_request_duration_seconds_count{api="native"} 3`,
+	} {
+		if !strings.Contains(body, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	// A message over the maximum size is refused, and the node keeps serving.
+	huge := &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(strings.Repeat("k", 5<<20), 2, time.Minute, 1)}}
+	if _, err := client.Check(ts.ctx(), huge); status.Code(err) != codes.ResourceExhausted {
+		t.Fatalf("Check(5 MiB message) = %v; want ResourceExhausted", err)
+	}
+	srv, conn := ts.srv, ts.conn
+	ts.srv = nil
+	srv.Shutdown(ts.ctx())
+	conn.Close()
+	if _, err := http.Get(base + "/readyz"); err == nil {
+		t.Fatal("/readyz still answers after shutdown")
+	}
+}

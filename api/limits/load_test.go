@@ -1,0 +1,152 @@
+package limits
+
+import (
+	"errors"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+)
+
+// writeFile writes a test file, creating its directory.
+func writeFile(t testing.TB, path, data string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func rule(domain, key string, n int) string {
+	return "domain: " + domain + "\ndescriptors:\n  - key: " + key + "\n    rate_limit:\n      unit: second\n      requests_per_unit: " + strconv.Itoa(n) + "\n"
+}
+
+// A directory holds one domain per file; Load reads the *.yaml and *.yml
+// files in it and nothing else.
+func TestLoadDirectory(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "edge.yaml"), rule("edge", "remote_address", 10))
+	writeFile(t, filepath.Join(dir, "api.yml"), rule("api", "user", 20))
+	writeFile(t, filepath.Join(dir, "billing.YAML"), rule("billing", "account", 30))
+	writeFile(t, filepath.Join(dir, "README.md"), "not yaml: [")
+	writeFile(t, filepath.Join(dir, ".hidden.yaml"), "not: [valid")
+	writeFile(t, filepath.Join(dir, "sub", "nested.yaml"), rule("nested", "k", 1))
+	if err := os.Mkdir(filepath.Join(dir, "dir.yaml"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+
+	c, err := Load(dir)
+	if err != nil {
+		t.Fatalf("Load(%s): %v", dir, err)
+	}
+	if got, want := c.Domains(), []string{"api", "billing", "edge"}; !slices.Equal(got, want) {
+		t.Errorf("Domains = %v; want %v", got, want)
+	}
+	wantFiles := []string{filepath.Join(dir, "api.yml"), filepath.Join(dir, "billing.YAML"), filepath.Join(dir, "edge.yaml")}
+	if got := c.Files(); !slices.Equal(got, wantFiles) {
+		t.Errorf("Files = %v; want %v", got, wantFiles)
+	}
+	runLookups(t, c, []lookupCase{
+		{"edge", d("remote_address=1.2.3.4"), "10/second"},
+		{"api", d("user=bob"), "20/second"},
+		{"billing", d("account=7"), "30/second"},
+		{"api", d("remote_address=1.2.3.4"), "none"},
+	})
+	r, _ := c.Lookup("api", d("user=bob"))
+	if r.File != filepath.Join(dir, "api.yml") || r.Line != 3 {
+		t.Errorf("rule at %s:%d; want %s:3", r.File, r.Line, filepath.Join(dir, "api.yml"))
+	}
+}
+
+func TestLoadFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "limits.conf") // any name will do for a file
+	writeFile(t, path, rule("edge", "remote_address", 10))
+	c, err := Load(path)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	runLookups(t, c, []lookupCase{{"edge", d("remote_address=x"), "10/second"}})
+}
+
+func TestLoadErrors(t *testing.T) {
+	t.Run("duplicate domain", func(t *testing.T) {
+		dir := t.TempDir()
+		writeFile(t, filepath.Join(dir, "a.yaml"), rule("edge", "k", 1))
+		writeFile(t, filepath.Join(dir, "b.yaml"), "# the same domain again\n"+rule("edge", "j", 2))
+		_, err := Load(dir)
+		want := "limits: " + filepath.Join(dir, "b.yaml") + ":2: domain \"edge\" is already defined in " +
+			filepath.Join(dir, "a.yaml") + ":1; each domain must be in exactly one file, so merge the two files"
+		if err == nil || err.Error() != want {
+			t.Errorf("Load = %v; want %s", err, want)
+		}
+	})
+	t.Run("problems in several files", func(t *testing.T) {
+		dir := t.TempDir()
+		writeFile(t, filepath.Join(dir, "a.yaml"), "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n")
+		writeFile(t, filepath.Join(dir, "b.yaml"), "domain: b\ndescriptors:\n  - value: v\n")
+		_, err := Load(dir)
+		want := "limits: " + filepath.Join(dir, "a.yaml") + ":4: unknown unit \"fortnight\" (want second, minute, hour, day, week, month or year)\n" +
+			"limits: " + filepath.Join(dir, "b.yaml") + ":3: the descriptor has no key; add key: <descriptor key>, the key Envoy sends in its descriptor entry"
+		if err == nil || err.Error() != want {
+			t.Errorf("Load = %v\nwant %s", err, want)
+		}
+	})
+	t.Run("missing", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "nope")
+		_, err := Load(path)
+		if !errors.Is(err, fs.ErrNotExist) {
+			t.Errorf("Load(missing) = %v; want an error matching fs.ErrNotExist", err)
+		}
+		if want := "limits: " + path + ": cannot read the limits path: no such file or directory"; err == nil || err.Error() != want {
+			t.Errorf("Load(missing) = %v; want %s", err, want)
+		}
+	})
+	t.Run("empty directory", func(t *testing.T) {
+		dir := t.TempDir()
+		writeFile(t, filepath.Join(dir, "notes.txt"), "hello")
+		_, err := Load(dir)
+		if want := "limits: " + dir + ": the directory has no *.yaml or *.yml file; add one file per domain"; err == nil || err.Error() != want {
+			t.Errorf("Load(empty) = %v; want %s", err, want)
+		}
+	})
+}
+
+// configMap lays out dir as Kubernetes mounts a ConfigMap: the files are
+// symlinks through ..data, a symlink to a timestamped directory. Each call
+// writes a new timestamped directory and swaps ..data to it atomically.
+func configMap(t testing.TB, dir, version string, files map[string]string) {
+	t.Helper()
+	ts := "..v" + version
+	for name, data := range files {
+		writeFile(t, filepath.Join(dir, ts, name), data)
+		link := filepath.Join(dir, name)
+		if _, err := os.Lstat(link); errors.Is(err, fs.ErrNotExist) {
+			if err := os.Symlink(filepath.Join("..data", name), link); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	tmp := filepath.Join(dir, "..data_tmp")
+	if err := os.Symlink(ts, tmp); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestLoadConfigMapLayout(t *testing.T) {
+	dir := t.TempDir()
+	configMap(t, dir, "1", map[string]string{"edge.yaml": rule("edge", "remote_address", 10)})
+	c, err := Load(dir)
+	if err != nil {
+		t.Fatalf("Load: %v", err)
+	}
+	if got := c.Domains(); !slices.Equal(got, []string{"edge"}) {
+		t.Errorf("Domains = %v; want [edge] (the ..data and ..v1 entries skipped)", got)
+	}
+}

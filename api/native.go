@@ -1,0 +1,154 @@
+package api
+
+import (
+	"context"
+	"time"
+
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluice-io/sluice/actor"
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+)
+
+// nativeService serves sluice.v1.RateLimitService.
+type nativeService struct {
+	sluicepb.UnimplementedRateLimitServiceServer
+	s *Server
+}
+
+// Check decides a batch of checks.
+func (n *nativeService) Check(ctx context.Context, req *sluicepb.CheckRequest) (*sluicepb.CheckResponse, error) {
+	s := n.s
+	start := time.Now()
+	resp, err := n.check(ctx, req)
+	s.metrics.latency.WithLabelValues("native").Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.metrics.decisions.WithLabelValues("native", "error").Add(float64(max(len(req.GetChecks()), 1)))
+		return nil, toStatus(err)
+	}
+	return resp, nil
+}
+
+func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest) (*sluicepb.CheckResponse, error) {
+	s := n.s
+	if len(req.Checks) == 0 {
+		return nil, badInput("no checks: send at least one check")
+	}
+	if max := s.maxBatch(); len(req.Checks) > max {
+		return nil, badInput("%d checks in one call; the maximum is %d: split the batch", len(req.Checks), max)
+	}
+	now := s.clock.Now()
+	checks := make([]actor.Check, len(req.Checks))
+	for i, pc := range req.Checks {
+		if err := s.nativeCheck(i, pc, now, &checks[i]); err != nil {
+			return nil, err
+		}
+	}
+	out := make([]actor.Decision, len(checks))
+	if err := s.decide(ctx, checks, out, req.AllOrNothing); err != nil {
+		return nil, err
+	}
+	resp := &sluicepb.CheckResponse{Decisions: make([]*sluicepb.Decision, len(out))}
+	allowed := 0
+	for i := range out {
+		d := &out[i]
+		if d.Allowed {
+			allowed++
+		}
+		resp.Decisions[i] = &sluicepb.Decision{
+			Allowed:    d.Allowed,
+			Limit:      d.Limit,
+			Remaining:  d.Remaining,
+			RetryAfter: durationpb.New(d.RetryAfter),
+			ResetAfter: durationpb.New(d.ResetAfter),
+			Node:       s.cfg.NodeName,
+		}
+	}
+	s.metrics.decisions.WithLabelValues("native", "allowed").Add(float64(allowed))
+	s.metrics.decisions.WithLabelValues("native", "denied").Add(float64(len(out) - allowed))
+	return resp, nil
+}
+
+// nativeCheck turns check i of a request into an engine check: the values
+// sent, then an override (which wins), then the limits file for what is
+// still missing.
+func (s *Server) nativeCheck(i int, pc *sluicepb.Check, now time.Time, c *actor.Check) error {
+	c.Key = string(pc.Key)
+	c.Limit = pc.Limit
+	if pc.Window != nil {
+		if err := pc.Window.CheckValid(); err != nil {
+			return badInput("check %d: window: %v", i, err)
+		}
+		c.Window = pc.Window.AsDuration()
+	}
+	algo, err := fromProtoAlgorithm(pc.Algorithm)
+	if err != nil {
+		return badInput("check %d: %v", i, err)
+	}
+	c.Algorithm = algo
+	c.Cost = 1
+	if pc.Cost != nil {
+		c.Cost = *pc.Cost
+	}
+	c.Refund, c.Penalty = pc.Refund, pc.Penalty
+	if c.Limit < 0 {
+		return badInput("check %d: limit: %d; it must be a positive count, or 0 to take it from an override or the limits file", i, c.Limit)
+	}
+	if o := s.overrides.match(c.Key, now); o != nil {
+		o.apply(c)
+	}
+	if c.Limit == 0 || c.Window == 0 {
+		if rule := s.limitsRuleForKey(c.Key); rule != nil {
+			if c.Limit == 0 {
+				c.Limit = rule.Limit
+			}
+			if c.Window == 0 {
+				c.Window = rule.Window
+			}
+		}
+	}
+	if c.Limit == 0 || c.Window == 0 {
+		return badInput("check %d (key %q): no limit and window: send them, set an override, or give the key a limits file entry", i, pc.Key)
+	}
+	return nil
+}
+
+// fromProtoAlgorithm maps the API's algorithm to the engine's.
+func fromProtoAlgorithm(a sluicepb.Algorithm) (actor.Algorithm, error) {
+	switch a {
+	case sluicepb.Algorithm_ALGORITHM_UNSPECIFIED, sluicepb.Algorithm_ALGORITHM_SLIDING_LOG:
+		return actor.SlidingLog, nil
+	case sluicepb.Algorithm_ALGORITHM_SLIDING_WINDOW:
+		return actor.SlidingWindow, nil
+	case sluicepb.Algorithm_ALGORITHM_TOKEN_BUCKET:
+		return actor.TokenBucket, nil
+	}
+	return 0, badInput("algorithm: unknown value %d (want 1 sliding log, 2 sliding window or 3 token bucket)", a)
+}
+
+// toProtoAlgorithm maps the engine's algorithm to the API's.
+func toProtoAlgorithm(a actor.Algorithm) sluicepb.Algorithm {
+	switch a {
+	case actor.SlidingWindow:
+		return sluicepb.Algorithm_ALGORITHM_SLIDING_WINDOW
+	case actor.TokenBucket:
+		return sluicepb.Algorithm_ALGORITHM_TOKEN_BUCKET
+	}
+	return sluicepb.Algorithm_ALGORITHM_SLIDING_LOG
+}
+
+// maxBatch is the most checks one call may carry.
+func (s *Server) maxBatch() int {
+	if m := s.cfg.Engine.Limits.MaxBatch; m > 0 {
+		return m
+	}
+	return actor.DefaultMaxBatch
+}
+
+// decide runs checks through the engine, all or nothing if asked.
+func (s *Server) decide(ctx context.Context, checks []actor.Check, out []actor.Decision, allOrNothing bool) error {
+	if allOrNothing {
+		return s.engine.CheckAll(ctx, checks, out)
+	}
+	return s.engine.Check(ctx, checks, out)
+}

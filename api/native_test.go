@@ -1,0 +1,128 @@
+package api
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+)
+
+func nativeCheck(key string, limit int64, window time.Duration, cost int64) *sluicepb.Check {
+	return &sluicepb.Check{Key: []byte(key), Limit: limit, Window: durationpb.New(window), Cost: proto.Int64(cost)}
+}
+
+// TestNativeExactUnderConcurrency: callers on many connections hitting one
+// key get exactly its limit allowed.
+func TestNativeExactUnderConcurrency(t *testing.T) {
+	ts := newTestServer(t, nil)
+	client := sluicepb.NewRateLimitServiceClient(ts.conn)
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 16; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 25; i++ {
+				resp, err := client.Check(ts.ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck("hot", 100, time.Minute, 1)}})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if resp.Decisions[0].Allowed {
+					allowed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := allowed.Load(); got != 100 {
+		t.Fatalf("400 hits on a limit of 100: %d allowed; want exactly 100", got)
+	}
+}
+
+// TestNativeBadInput: every malformed request gets InvalidArgument with a
+// message, and records nothing.
+func TestNativeBadInput(t *testing.T) {
+	ts := newTestServer(t, nil)
+	client := sluicepb.NewRateLimitServiceClient(ts.conn)
+	good := nativeCheck("good", 10, time.Minute, 1)
+	tests := []struct {
+		name string
+		bad  *sluicepb.Check
+	}{
+		{"empty key", nativeCheck("", 10, time.Minute, 1)},
+		{"long key", nativeCheck(string(make([]byte, 1025)), 10, time.Minute, 1)},
+		{"no limit anywhere", nativeCheck("x", 0, time.Minute, 1)},
+		{"negative limit", nativeCheck("x", -3, time.Minute, 1)},
+		{"no window", &sluicepb.Check{Key: []byte("x"), Limit: 10}},
+		{"window too long", nativeCheck("x", 10, 4000*24*time.Hour, 1)},
+		{"negative cost", nativeCheck("x", 10, time.Minute, -1)},
+		{"cost above limit", nativeCheck("x", 10, time.Minute, 11)},
+		{"unknown algorithm", &sluicepb.Check{Key: []byte("x"), Limit: 10, Window: durationpb.New(time.Minute), Algorithm: 42}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := client.Check(ts.ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{good, tt.bad}})
+			if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || st.Message() == "" {
+				t.Fatalf("Check(good, %v) = %v; want InvalidArgument with a message", tt.bad, err)
+			}
+		})
+	}
+	_, err := client.Check(ts.ctx(), &sluicepb.CheckRequest{})
+	if status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("Check(no checks) = %v; want InvalidArgument", err)
+	}
+	many := make([]*sluicepb.Check, 1001)
+	for i := range many {
+		many[i] = nativeCheck(fmt.Sprint(i), 10, time.Minute, 1)
+	}
+	if _, err := client.Check(ts.ctx(), &sluicepb.CheckRequest{Checks: many}); status.Code(err) != codes.InvalidArgument {
+		t.Fatalf("Check(1001 checks) = %v; want InvalidArgument", err)
+	}
+	resp, err := client.Check(ts.ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck("good", 10, time.Minute, 0)}})
+	if err != nil || resp.Decisions[0].Remaining != 10 {
+		t.Fatalf("peek at good after refused calls = %v, %v; want 10 remaining (nothing recorded)", resp, err)
+	}
+}
+
+// TestNativeAllOrNothingAndRestart: all_or_nothing records nothing when one
+// check fails; recorded hits survive a restart.
+func TestNativeAllOrNothingAndRestart(t *testing.T) {
+	ts := newTestServer(t, nil)
+	client := sluicepb.NewRateLimitServiceClient(ts.conn)
+	req := &sluicepb.CheckRequest{AllOrNothing: true, Checks: []*sluicepb.Check{
+		nativeCheck("a", 5, time.Minute, 3), nativeCheck("b", 5, time.Minute, 3), nativeCheck("b", 5, time.Minute, 3),
+	}}
+	resp, err := client.Check(ts.ctx(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range resp.Decisions {
+		if d.Allowed || d.Node != "test-node" {
+			t.Errorf("decision %d = %v; want denied by test-node (b twice is 6 > 5)", i, d)
+		}
+	}
+	req.Checks = req.Checks[:2]
+	if resp, err = client.Check(ts.ctx(), req); err != nil || !resp.Decisions[0].Allowed || !resp.Decisions[1].Allowed {
+		t.Fatalf("Check(a, b) = %v, %v; want both allowed", resp, err)
+	}
+	ts.restart()
+	client = sluicepb.NewRateLimitServiceClient(ts.conn)
+	resp, err = client.Check(ts.ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck("a", 5, time.Minute, 0), nativeCheck("b", 5, time.Minute, 0)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range resp.Decisions {
+		if d.Remaining != 2 {
+			t.Errorf("after restart, key %d has %d remaining; want 2 (no free window)", i, d.Remaining)
+		}
+	}
+}

@@ -1,0 +1,394 @@
+package api
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/sluice-io/sluice/actor"
+	"github.com/sluice-io/sluice/actor/clock"
+	"github.com/sluice-io/sluice/api/limits"
+	"github.com/sluice-io/sluice/persist"
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+)
+
+// Config configures a node. Build it with DefaultConfig and change what you
+// need; it is not modified after New.
+type Config struct {
+	// NodeName names the node in decisions, logs and the cluster. Default:
+	// the host name.
+	NodeName string
+	// GRPCAddr is where the gRPC API listens (native, Envoy RLS v3, admin,
+	// health, reflection). Default 127.0.0.1:8081.
+	GRPCAddr string
+	// HTTPAddr is where /metrics, /healthz and /readyz listen. Default
+	// 127.0.0.1:8080. Empty disables the HTTP listener.
+	HTTPAddr string
+	// DataDir holds the data file, sluice.db. Default "sluice-data".
+	DataDir string
+	// Durability is "commit" (default: a decision is acknowledged once its
+	// hits are written to the data file; survives kill -9), "fsync" (also
+	// synced to the disk; survives power loss), "async" (acknowledged at
+	// once, written continuously; kill -9 loses the last few milliseconds)
+	// or "memory" (no data file; a restart forgets everything).
+	Durability string
+	// LimitsFile is an envoyproxy/ratelimit YAML file, or a directory of
+	// them, giving limits to descriptors and keys that carry none. Reloaded
+	// when it changes. Empty: no limits file.
+	LimitsFile string
+	// LimitsPollInterval is how often the limits file is checked for
+	// changes. Default 2s.
+	LimitsPollInterval time.Duration
+	// AdminToken, when set, is the bearer token the admin API requires.
+	AdminToken string
+	// TLSCert and TLSKey, when set, serve gRPC and HTTP over TLS.
+	TLSCert, TLSKey string
+	// TLSClientCA, when set, requires client certificates signed by it.
+	TLSClientCA string
+	// RateLimitHeaders makes Envoy responses carry the IETF RateLimit-Policy
+	// and RateLimit header fields and Retry-After for the client.
+	RateLimitHeaders bool
+	// MaxMessageBytes bounds a gRPC request. Default 4 MiB.
+	MaxMessageBytes int
+	// ShutdownTimeout bounds a graceful shutdown before in-flight calls are
+	// cut. Default 10s.
+	ShutdownTimeout time.Duration
+	// Engine configures the actors; its Store, Clock and Logger are set by
+	// New.
+	Engine actor.Config
+	// Clock tells the time; nil is the wall clock.
+	Clock clock.Clock
+	// Logger receives the node's logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the configuration of a single node on an embedded
+// data file in ./sluice-data.
+func DefaultConfig() Config {
+	host, _ := os.Hostname()
+	if host == "" {
+		host = "sluice"
+	}
+	return Config{
+		NodeName:           host,
+		GRPCAddr:           "127.0.0.1:8081",
+		HTTPAddr:           "127.0.0.1:8080",
+		DataDir:            "sluice-data",
+		Durability:         "commit",
+		LimitsPollInterval: 2 * time.Second,
+		MaxMessageBytes:    4 << 20,
+		ShutdownTimeout:    10 * time.Second,
+	}
+}
+
+// Validate reports a configuration that cannot work, saying what to change.
+func (c Config) Validate() error {
+	switch {
+	case c.NodeName == "":
+		return errors.New("api: config: node name is empty; set --node-name")
+	case c.GRPCAddr == "":
+		return errors.New("api: config: gRPC address is empty; set --grpc-addr")
+	case (c.TLSCert == "") != (c.TLSKey == ""):
+		return errors.New("api: config: --tls-cert and --tls-key go together")
+	case c.TLSClientCA != "" && c.TLSCert == "":
+		return errors.New("api: config: --tls-client-ca needs --tls-cert and --tls-key")
+	case c.MaxMessageBytes < 0 || c.ShutdownTimeout < 0 || c.LimitsPollInterval < 0:
+		return errors.New("api: config: sizes and durations must not be negative")
+	}
+	if c.Durability != "memory" {
+		if _, err := persist.ParseMode(c.Durability); err != nil {
+			return fmt.Errorf("api: config: durability %q: want commit, fsync, async or memory", c.Durability)
+		}
+		if c.DataDir == "" {
+			return errors.New("api: config: data dir is empty; set --data-dir or --durability memory")
+		}
+	}
+	return c.Engine.Validate()
+}
+
+// Server is one Sluice node: the engine, its store, and the gRPC and HTTP
+// listeners in front of them.
+type Server struct {
+	cfg       Config
+	log       *slog.Logger
+	clock     clock.Clock
+	store     *persist.Store
+	engine    *actor.Engine
+	limits    *limits.Watcher
+	overrides *overrideTable
+	metrics   *metrics
+	registry  *prometheus.Registry
+
+	grpc   *grpc.Server
+	health *health.Server
+	http   *http.Server
+	tls    *tls.Config
+
+	grpcLis, httpLis net.Listener
+	ready            atomic.Bool
+	wg               sync.WaitGroup
+	shutdownOnce     sync.Once
+	shutdownErr      error
+}
+
+// New opens the data file, starts the engine and builds the listeners'
+// handlers. Nothing listens until Start.
+func New(cfg Config) (s *Server, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.MaxMessageBytes == 0 {
+		cfg.MaxMessageBytes = 4 << 20
+	}
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	s = &Server{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), clock: cfg.Clock}
+	built := s // "return nil, err" sets s to nil before the deferred call runs
+	defer func() {
+		if err != nil {
+			built.closeStorage()
+		}
+	}()
+	s.registry = prometheus.NewRegistry()
+	s.metrics = newMetrics(s.registry)
+
+	var overrides []*Override
+	if cfg.Durability != "memory" {
+		mode, _ := persist.ParseMode(cfg.Durability)
+		s.store, err = persist.Open(persist.Options{
+			Path:     filepath.Join(cfg.DataDir, "sluice.db"),
+			Mode:     mode,
+			Logger:   s.log,
+			OnCommit: s.metrics.commit,
+		})
+		if err != nil {
+			return nil, err
+		}
+		if overrides, err = loadOverrides(s.store); err != nil {
+			return nil, err
+		}
+	}
+	s.overrides = newOverrideTable(overrides)
+
+	if cfg.LimitsFile != "" {
+		s.limits, err = limits.NewWatcher(limits.WatcherOptions{
+			Path:     cfg.LimitsFile,
+			Interval: cfg.LimitsPollInterval,
+			Logger:   s.log.With("component", "limits"),
+			OnReload: func(*limits.Config) { s.metrics.limitsReloads.WithLabelValues("ok").Inc() },
+			OnError:  func(error) { s.metrics.limitsReloads.WithLabelValues("error").Inc() },
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+
+	ecfg := cfg.Engine
+	ecfg.Store, ecfg.Clock = s.store, cfg.Clock
+	ecfg.Logger = s.log.With("component", "actor")
+	ecfg.Observer = s.metrics
+	if s.engine, err = actor.New(ecfg); err != nil {
+		return nil, err
+	}
+
+	if cfg.TLSCert != "" {
+		if s.tls, err = loadTLS(cfg); err != nil {
+			return nil, err
+		}
+	}
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
+		grpc.ChainUnaryInterceptor(s.recoverPanics, s.authorize),
+	}
+	if s.tls != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls)))
+	}
+	s.grpc = grpc.NewServer(opts...)
+	sluicepb.RegisterRateLimitServiceServer(s.grpc, &nativeService{s: s})
+	sluicepb.RegisterAdminServiceServer(s.grpc, &adminService{s: s})
+	rlsv3.RegisterRateLimitServiceServer(s.grpc, &envoyService{s: s})
+	s.health = health.NewServer()
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	healthpb.RegisterHealthServer(s.grpc, s.health)
+	reflection.Register(s.grpc)
+
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !s.ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, TLSConfig: s.tls}
+	return s, nil
+}
+
+func loadTLS(cfg Config) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+	if err != nil {
+		return nil, fmt.Errorf("api: load TLS key pair %s, %s: %w", cfg.TLSCert, cfg.TLSKey, err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if cfg.TLSClientCA != "" {
+		pem, err := os.ReadFile(cfg.TLSClientCA)
+		if err != nil {
+			return nil, fmt.Errorf("api: read client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("api: client CA %s holds no PEM certificate", cfg.TLSClientCA)
+		}
+		tc.ClientCAs, tc.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
+}
+
+// Start listens on the configured addresses (a bind error returns here) and
+// then serves in the background.
+func (s *Server) Start() error {
+	var err error
+	if s.grpcLis, err = net.Listen("tcp", s.cfg.GRPCAddr); err != nil {
+		return fmt.Errorf("api: listen gRPC on %s: %w", s.cfg.GRPCAddr, err)
+	}
+	if s.cfg.HTTPAddr != "" {
+		if s.httpLis, err = net.Listen("tcp", s.cfg.HTTPAddr); err != nil {
+			s.grpcLis.Close()
+			return fmt.Errorf("api: listen HTTP on %s: %w", s.cfg.HTTPAddr, err)
+		}
+	}
+	if s.limits != nil {
+		s.limits.Start()
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		if err := s.grpc.Serve(s.grpcLis); err != nil {
+			s.log.Error("gRPC server stopped", "err", err)
+		}
+	}()
+	if s.httpLis != nil {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			var err error
+			if s.tls != nil {
+				err = s.http.ServeTLS(s.httpLis, "", "")
+			} else {
+				err = s.http.Serve(s.httpLis)
+			}
+			if err != nil && !errors.Is(err, http.ErrServerClosed) {
+				s.log.Error("HTTP server stopped", "err", err)
+			}
+		}()
+	}
+	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	s.ready.Store(true)
+	s.log.Info("serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "durability", s.cfg.Durability)
+	return nil
+}
+
+// GRPCAddr is the address the gRPC listener is bound to (useful with :0).
+func (s *Server) GRPCAddr() string {
+	if s.grpcLis == nil {
+		return ""
+	}
+	return s.grpcLis.Addr().String()
+}
+
+// HTTPAddr is the address the HTTP listener is bound to, "" if none.
+func (s *Server) HTTPAddr() string {
+	if s.httpLis == nil {
+		return ""
+	}
+	return s.httpLis.Addr().String()
+}
+
+// Shutdown stops the node gracefully: it reports not ready, stops accepting
+// calls, lets the calls in flight finish (until ctx or ShutdownTimeout ends,
+// then cuts them), flushes the data file and closes it. It is idempotent.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.shutdownOnce.Do(func() {
+		s.ready.Store(false)
+		s.health.Shutdown()
+		ctx, cancel := context.WithTimeout(ctx, s.cfg.ShutdownTimeout)
+		defer cancel()
+		stopped := make(chan struct{})
+		go func() {
+			s.grpc.GracefulStop()
+			close(stopped)
+		}()
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+			s.log.Warn("graceful stop timed out; cutting calls in flight")
+			s.grpc.Stop()
+			<-stopped
+		}
+		if s.httpLis != nil {
+			if err := s.http.Shutdown(ctx); err != nil {
+				s.http.Close()
+			}
+		}
+		s.wg.Wait()
+		s.shutdownErr = s.closeStorage()
+		s.log.Info("stopped")
+	})
+	return s.shutdownErr
+}
+
+// closeStorage stops the engine and closes the limits watcher and the store.
+func (s *Server) closeStorage() error {
+	var errs []error
+	if s.engine != nil {
+		errs = append(errs, s.engine.Close())
+	}
+	if s.limits != nil {
+		errs = append(errs, s.limits.Close())
+	}
+	if s.store != nil {
+		errs = append(errs, s.store.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Registry is the node's own Prometheus registry.
+func (s *Server) Registry() *prometheus.Registry { return s.registry }
+
+// ReloadLimits reloads the limits file now (it is also polled). With an
+// error, the previous limits stay in force. Without a limits file it does
+// nothing.
+func (s *Server) ReloadLimits() error {
+	if s.limits == nil {
+		return nil
+	}
+	return s.limits.Reload()
+}

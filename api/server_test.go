@@ -1,0 +1,97 @@
+package api
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluice-io/sluice/actor/clock"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// epoch is where the fake clocks of tests start.
+var epoch = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+
+// testServer is one node on 127.0.0.1:0 with a data file in t.TempDir() and
+// a fake clock, and a gRPC client connection to it.
+type testServer struct {
+	t    testing.TB
+	cfg  Config
+	clk  *clock.Fake
+	srv  *Server
+	conn *grpc.ClientConn
+}
+
+// newTestServer starts a node; edit may change its config before start.
+func newTestServer(t testing.TB, edit func(*Config)) *testServer {
+	t.Helper()
+	ts := &testServer{t: t, clk: clock.NewFake(epoch)}
+	ts.cfg = DefaultConfig()
+	ts.cfg.NodeName = "test-node"
+	ts.cfg.GRPCAddr = "127.0.0.1:0"
+	ts.cfg.HTTPAddr = "127.0.0.1:0"
+	ts.cfg.DataDir = t.TempDir()
+	ts.cfg.Clock = ts.clk
+	ts.cfg.Engine.Actors = 4
+	if testing.Verbose() {
+		ts.cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	if edit != nil {
+		edit(&ts.cfg)
+	}
+	ts.start()
+	t.Cleanup(ts.stop)
+	return ts
+}
+
+func (ts *testServer) start() {
+	ts.t.Helper()
+	srv, err := New(ts.cfg)
+	if err != nil {
+		ts.t.Fatalf("New: %v", err)
+	}
+	if err := srv.Start(); err != nil {
+		srv.Shutdown(context.Background())
+		ts.t.Fatalf("Start: %v", err)
+	}
+	ts.srv = srv
+	ts.conn, err = grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+}
+
+func (ts *testServer) stop() {
+	if ts.srv == nil {
+		return
+	}
+	ts.conn.Close()
+	if err := ts.srv.Shutdown(context.Background()); err != nil {
+		ts.t.Errorf("Shutdown: %v", err)
+	}
+	ts.srv = nil
+}
+
+// restart stops the node and starts it again on the same data dir. The
+// listeners get new ports.
+func (ts *testServer) restart() {
+	ts.t.Helper()
+	ts.stop()
+	ts.start()
+}
+
+// ctx is a context with a deadline generous for a loaded machine.
+func (ts *testServer) ctx() context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ts.t.Cleanup(cancel)
+	return ctx
+}

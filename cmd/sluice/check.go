@@ -1,0 +1,138 @@
+package main
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluice-io/sluice/actor"
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+)
+
+// algorithmNames are the algorithms as users type them.
+var algorithmNames = []string{actor.SlidingLog.String(), actor.SlidingWindow.String(), actor.TokenBucket.String()}
+
+// protoAlgorithm maps a name of algorithmNames ("" for unspecified) to the
+// proto enum.
+func protoAlgorithm(name string) sluicepb.Algorithm {
+	if name == "" {
+		return sluicepb.Algorithm_ALGORITHM_UNSPECIFIED
+	}
+	return sluicepb.Algorithm(sluicepb.Algorithm_value["ALGORITHM_"+strings.ToUpper(name)])
+}
+
+// algorithmName is the inverse of protoAlgorithm; "-" for unspecified.
+func algorithmName(a sluicepb.Algorithm) string {
+	if a == sluicepb.Algorithm_ALGORITHM_UNSPECIFIED {
+		return "-"
+	}
+	return strings.ToLower(strings.TrimPrefix(a.String(), "ALGORITHM_"))
+}
+
+func (c *cli) checkCommand() *cobra.Command {
+	var (
+		co        clientOptions
+		ko        keyOptions
+		limit     int64
+		window    time.Duration
+		cost      int64
+		algorithm string
+		peek      bool
+		refund    bool
+		penalty   bool
+	)
+	cmd := &cobra.Command{
+		Use:   "check KEY",
+		Short: "Ask for one decision: do --cost hits on KEY fit in --limit per --window?",
+		Long: `Ask the node for one decision, recording the hits when they fit.
+
+Exit code: 0 when allowed, 2 when denied, 1 on any error, so that scripts
+can branch on it:
+
+    if sluice check "user:42" --limit 10 --window 1m >/dev/null; then ...
+
+--limit and --window may be left out when an override or the node's limits
+file gives them. An override always wins over the values sent.`,
+		Example: `  sluice check user:42 --limit 10 --window 1m
+  sluice check user:42 --limit 10 --window 1m --peek -o json
+  sluice check --envoy edge remote_address=10.0.0.1 --limit 100 --window 1s`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if peek && cmd.Flags().Changed("cost") {
+				return fmt.Errorf("--peek is --cost 0: give one of them")
+			}
+			cl, err := co.dial()
+			if err != nil {
+				return err
+			}
+			defer cl.close()
+			key, err := ko.key(cmd.Context(), cl, args)
+			if err != nil {
+				return err
+			}
+			chk := &sluicepb.Check{
+				Key:       key,
+				Limit:     limit,
+				Algorithm: protoAlgorithm(algorithm),
+				Refund:    refund,
+				Penalty:   penalty,
+			}
+			if window != 0 {
+				chk.Window = durationpb.New(window)
+			}
+			switch {
+			case peek:
+				chk.Cost = proto.Int64(0)
+			case cmd.Flags().Changed("cost"):
+				chk.Cost = proto.Int64(cost)
+			}
+			ctx, cancel := cl.callContext(cmd.Context())
+			defer cancel()
+			resp, err := cl.rl.Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{chk}})
+			if err != nil {
+				return cl.callError(err)
+			}
+			if len(resp.Decisions) != 1 {
+				return fmt.Errorf("the server sent %d decisions for 1 check", len(resp.Decisions))
+			}
+			d := resp.Decisions[0]
+			if err := printDecision(cmd, &co, key, d); err != nil {
+				return err
+			}
+			if !d.Allowed {
+				return &exitCodeError{code: exitDenied}
+			}
+			return nil
+		},
+	}
+	ko.register(cmd)
+	fs := cmd.Flags()
+	fs.Int64Var(&limit, "limit", 0, "hits allowed per window (0: from an override or the limits file)")
+	fs.Var(newDurationValue(&window, 0), "window", "length of the sliding window, e.g. 1s, 1m, 1h, 7d (0: from an override or the limits file)")
+	fs.Int64Var(&cost, "cost", 1, "hits to record")
+	fs.Var(newEnumValue(&algorithm, "", algorithmNames...), "algorithm", "counting algorithm (default: an override's or the limits file's, else sliding_log)")
+	fs.BoolVar(&peek, "peek", false, "decide without recording anything (--cost 0)")
+	fs.BoolVar(&refund, "refund", false, "give --cost hits back instead of taking them")
+	fs.BoolVar(&penalty, "penalty", false, "record the hits even if denied")
+	co.register(fs)
+	return cmd
+}
+
+func printDecision(cmd *cobra.Command, co *clientOptions, key []byte, d *sluicepb.Decision) error {
+	w := cmd.OutOrStdout()
+	if co.json() {
+		return printJSON(w, d)
+	}
+	result := "allowed"
+	if !d.Allowed {
+		result = "denied"
+	}
+	tw := newTable(w)
+	fmt.Fprintln(tw, "KEY\tRESULT\tLIMIT\tREMAINING\tRETRY AFTER\tRESET AFTER\tNODE")
+	fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", printableKey(key), result, d.Limit, d.Remaining,
+		fmtDuration(d.RetryAfter), fmtDuration(d.ResetAfter), d.Node)
+	return tw.Flush()
+}

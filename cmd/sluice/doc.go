@@ -1,0 +1,51 @@
+// Command sluice is the single Sluice binary: it runs a node and talks to
+// one.
+//
+//	sluice serve                     run a node
+//	sluice check KEY                 ask for one decision
+//	sluice key get|list|reset|envoy  look at and reset live key state
+//	sluice override set|list|rm      change a key's limit without a deploy
+//	sluice version                   print the version, commit and Go version
+//
+// # Environment
+//
+// Every flag of serve, and every connection flag of the client commands
+// (--addr, --admin-token, --timeout, --tls*, --insecure, --output), also
+// reads the environment variable SLUICE_<FLAG>: upper case, dashes turned
+// into underscores (--data-dir reads SLUICE_DATA_DIR). A flag given on the
+// command line wins; an empty variable counts as unset; a value that does
+// not parse is an error that names the variable. The flags that shape one
+// request (--limit, --window, --prefix, ...) read no variable, so that a
+// stray SLUICE_PREFIX in an operator's shell can never widen an override
+// or a deletion.
+//
+// # Exit codes
+//
+//	0    success; for check, the hits were allowed
+//	1    any error: bad flags or environment, cannot connect, the server
+//	     refused the call, the node could not start or stop cleanly
+//	2    check only: the decision was "denied" (the output is printed
+//	     as usual)
+//	128+N  serve got a second SIGINT (130) or SIGTERM (143) and exited
+//	     without finishing its graceful shutdown
+//
+// # Serving
+//
+// serve logs its effective configuration (the admin token redacted) and
+// serves until SIGINT or SIGTERM, then shuts down gracefully within
+// --shutdown-timeout, flushes the data file and exits 0. A second signal
+// exits at once. With --ready-file, serve writes the addresses it is bound
+// to, as JSON, once it serves (and removes the file when it stops), so that
+// scripts and tests can use port 0:
+//
+//	{"grpc_addr":"127.0.0.1:40123","http_addr":"127.0.0.1:40124","pid":4242}
+//
+// # Keys
+//
+// Keys are bytes. The client commands print them in a printable form:
+// printable ASCII as is, a backslash as \\, any other byte as \xNN; the
+// same form EnvoyKey returns. A KEY argument is taken literally, or, with
+// --escaped, in that printable form. With --envoy DOMAIN, the arguments
+// are an Envoy descriptor's entries (key=value ...) and the command acts on
+// the key Sluice counts that descriptor under.
+package main

@@ -1,0 +1,225 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goroutines leaked: %v\n", err)
+			code = 1
+		}
+	}
+	if dir := binDir.dir; dir != "" {
+		os.RemoveAll(dir)
+	}
+	os.Exit(code)
+}
+
+// syncBuffer collects the output of a node, written from many goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// env is a fake environment for run.
+type env map[string]string
+
+func (e env) get(name string) string { return e[name] }
+
+// result is what one run of the CLI did.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+func (r result) String() string {
+	return fmt.Sprintf("exit code %d\nstdout:\n%s\nstderr:\n%s", r.code, r.stdout, r.stderr)
+}
+
+// runCLI runs the command line args in-process with the environment e.
+func runCLI(t testing.TB, e env, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := run(ctx, args, &stdout, &stderr, e.get)
+	return result{stdout: stdout.String(), stderr: stderr.String(), code: code}
+}
+
+// mustRun runs args and fails the test unless the exit code is want.
+func mustRun(t testing.TB, want int, e env, args ...string) result {
+	t.Helper()
+	r := runCLI(t, e, args...)
+	if r.code != want {
+		t.Fatalf("sluice %s: %v; want exit code %d", strings.Join(args, " "), r, want)
+	}
+	return r
+}
+
+// decodeJSON reads the protojson output of a command into m.
+func decodeJSON(t testing.TB, out string, m proto.Message) {
+	t.Helper()
+	if err := protojson.Unmarshal([]byte(out), m); err != nil {
+		t.Fatalf("output is not a %T in JSON: %v\n%s", m, err, out)
+	}
+}
+
+// node is a "sluice serve" running in-process, through run, on 127.0.0.1
+// port 0.
+type node struct {
+	t        testing.TB
+	dataDir  string
+	grpcAddr string
+	httpAddr string
+	logs     *syncBuffer
+	cancel   context.CancelFunc
+	done     chan int
+	stopped  bool
+}
+
+// startNode runs "sluice serve" with a data dir in t.TempDir(), addresses
+// on port 0 and a ready file, then args (later flags win), in the
+// environment e. It returns once the node serves; the node stops at the end
+// of the test, which fails unless it exits 0.
+func startNode(t testing.TB, e env, args ...string) *node {
+	t.Helper()
+	dir := t.TempDir()
+	n := &node{t: t, dataDir: filepath.Join(dir, "data"), logs: &syncBuffer{}, done: make(chan int, 1)}
+	ready := filepath.Join(dir, "ready.json")
+	full := append([]string{"serve",
+		"--grpc-addr", "127.0.0.1:0",
+		"--http-addr", "127.0.0.1:0",
+		"--data-dir", n.dataDir,
+		"--ready-file", ready,
+		"--actors", "4",
+	}, args...)
+	ctx, cancel := context.WithCancel(context.Background())
+	n.cancel = cancel
+	go func() { n.done <- run(ctx, full, io.Discard, n.logs, e.get) }()
+	t.Cleanup(func() {
+		n.stop()
+		if t.Failed() {
+			t.Logf("node logs:\n%s", n.logs)
+		}
+	})
+	info, err := waitReadyFile(ready, n.done, 10*time.Second)
+	if err != nil {
+		t.Fatalf("sluice %s: %v", strings.Join(full, " "), err)
+	}
+	n.grpcAddr, n.httpAddr = info.GRPCAddr, info.HTTPAddr
+	return n
+}
+
+// stop ends the node as a first SIGINT would and checks that it exits 0.
+func (n *node) stop() {
+	n.t.Helper()
+	if n.stopped {
+		return
+	}
+	n.stopped = true
+	n.cancel()
+	select {
+	case code := <-n.done:
+		if code != exitOK {
+			n.t.Errorf("serve exited with code %d after a graceful stop; want 0", code)
+		}
+	case <-time.After(20 * time.Second):
+		n.t.Errorf("serve did not stop within 20s of its context ending")
+	}
+}
+
+// waitReadyFile polls for the ready file of serve until it appears, the
+// process ends (exited receives its exit code) or timeout passes.
+func waitReadyFile[T any](path string, exited <-chan T, timeout time.Duration) (readyInfo, error) {
+	deadline := time.Now().Add(timeout)
+	for {
+		b, err := os.ReadFile(path)
+		if err == nil {
+			var info readyInfo
+			if err := json.Unmarshal(b, &info); err != nil {
+				return info, fmt.Errorf("ready file %s: %v", path, err)
+			}
+			return info, nil
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return readyInfo{}, err
+		}
+		if time.Now().After(deadline) {
+			return readyInfo{}, fmt.Errorf("no ready file after %v", timeout)
+		}
+		select {
+		case code := <-exited:
+			return readyInfo{}, fmt.Errorf("serve exited (%v) before it was ready", code)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// binDir holds the sluice binary, built once per test binary by
+// sluiceBinary and removed by TestMain.
+var binDir struct {
+	once sync.Once
+	dir  string
+	path string
+	err  error
+}
+
+// sluiceBinary builds the sluice binary (with -race when the tests run with
+// it, so the build reuses their compiled packages) and returns its path. It
+// skips the test under -short.
+func sluiceBinary(t testing.TB) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds and runs the sluice binary; skipped with -short")
+	}
+	binDir.once.Do(func() {
+		binDir.dir, binDir.err = os.MkdirTemp("", "sluice-test-bin-")
+		if binDir.err != nil {
+			return
+		}
+		binDir.path = filepath.Join(binDir.dir, "sluice")
+		args := []string{"build", "-o", binDir.path}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
+		if err != nil {
+			binDir.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if binDir.err != nil {
+		t.Fatal(binDir.err)
+	}
+	return binDir.path
+}

@@ -1,0 +1,274 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/sluice-io/sluice/actor"
+	"github.com/sluice-io/sluice/api"
+)
+
+// serveOptions holds the flags of serve: the node's configuration and how
+// the command logs and reports.
+type serveOptions struct {
+	cfg       api.Config
+	logFormat string
+	logLevel  string
+	readyFile string
+}
+
+func (c *cli) serveCommand() *cobra.Command {
+	o := &serveOptions{cfg: api.DefaultConfig()}
+	o.cfg.Engine.Limits.MaxKeyLen = actor.DefaultMaxKeyLen
+	o.cfg.Engine.Limits.MaxBatch = actor.DefaultMaxBatch
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run a Sluice node",
+		Long: `Run a Sluice node: the native gRPC API, Envoy's Rate Limit Service v3,
+the admin API and grpc health on --grpc-addr; /metrics, /healthz and
+/readyz on --http-addr.
+
+The node logs its effective configuration (the admin token redacted), serves
+until SIGINT or SIGTERM, then stops gracefully: it stops accepting calls,
+lets the calls in flight finish within --shutdown-timeout, flushes the data
+file and exits 0. A second signal exits at once with 128+signal.
+
+Every flag also reads SLUICE_<FLAG>; the command line wins.`,
+		Example: `  sluice serve --data-dir /var/lib/sluice
+  SLUICE_DURABILITY=fsync SLUICE_ADMIN_TOKEN=s3cret sluice serve`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return c.serve(cmd.Context(), o)
+		},
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false
+	cfg := &o.cfg
+	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "name of this node in decisions, logs and the cluster")
+	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", cfg.GRPCAddr, "address of the gRPC API (native, Envoy RLS v3, admin, health); port 0 picks a free port")
+	fs.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "address of /metrics, /healthz and /readyz; empty disables them")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory of the data file, sluice.db")
+	fs.Var(newEnumValue(&cfg.Durability, cfg.Durability, "commit", "fsync", "async", "memory"), "durability",
+		"when a decision is acknowledged: commit (its hits are written to the data file; survives kill -9), fsync (and synced; survives power loss), async (at once; kill -9 loses the last milliseconds), memory (no data file)")
+	fs.StringVar(&cfg.LimitsFile, "limits-file", "", "envoyproxy/ratelimit YAML limits file, or a directory of them, reloaded when it changes")
+	fs.Var(newDurationValue(&cfg.LimitsPollInterval, cfg.LimitsPollInterval), "limits-poll-interval", "how often the limits file is checked for changes")
+	fs.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token the admin API requires (empty: no token)")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "certificate file (PEM): serve gRPC and HTTP over TLS; needs --tls-key")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "private key file (PEM) of --tls-cert")
+	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA file (PEM): require client certificates signed by it")
+	fs.BoolVar(&cfg.RateLimitHeaders, "rate-limit-headers", false, "add RateLimit-Policy, RateLimit and Retry-After headers to Envoy responses")
+	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest gRPC request, in bytes")
+	fs.Var(newDurationValue(&cfg.ShutdownTimeout, cfg.ShutdownTimeout), "shutdown-timeout", "how long a graceful stop lets calls in flight finish before cutting them")
+	fs.IntVar(&cfg.Engine.Actors, "actors", 0, "actor goroutines keys are spread over (0: 4 × GOMAXPROCS)")
+	fs.IntVar(&cfg.Engine.MaxKeys, "max-keys", 0, "most keys in memory; past it idle keys leave memory, their state stays on disk (0: 1000000)")
+	fs.IntVar(&cfg.Engine.MailboxSize, "mailbox-size", 0, "calls that may wait for one actor before the node answers RESOURCE_EXHAUSTED (0: 1024)")
+	fs.IntVar(&cfg.Engine.Limits.MaxKeyLen, "max-key-len", cfg.Engine.Limits.MaxKeyLen, "longest key, in bytes")
+	fs.IntVar(&cfg.Engine.Limits.MaxBatch, "max-batch", cfg.Engine.Limits.MaxBatch, "most checks in one call")
+	fs.Var(newEnumValue(&o.logFormat, "text", "text", "json"), "log-format", "log format")
+	fs.Var(newEnumValue(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "least severe level logged")
+	fs.StringVar(&o.readyFile, "ready-file", "", `once serving, write the bound addresses to this file as JSON {"grpc_addr":...,"http_addr":...,"pid":...}; removed at stop (for scripts and tests on port 0)`)
+	bindAllEnv(fs)
+	return cmd
+}
+
+// check reports flag values that no layer below would reject clearly.
+func (o *serveOptions) check() error {
+	for _, f := range []struct {
+		name string
+		v    int
+	}{
+		{"actors", o.cfg.Engine.Actors},
+		{"max-keys", o.cfg.Engine.MaxKeys},
+		{"mailbox-size", o.cfg.Engine.MailboxSize},
+		{"max-key-len", o.cfg.Engine.Limits.MaxKeyLen},
+		{"max-batch", o.cfg.Engine.Limits.MaxBatch},
+		{"max-message-bytes", o.cfg.MaxMessageBytes},
+	} {
+		if f.v < 0 {
+			return fmt.Errorf("--%s %d: must not be negative", f.name, f.v)
+		}
+	}
+	for _, f := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"limits-poll-interval", o.cfg.LimitsPollInterval},
+		{"shutdown-timeout", o.cfg.ShutdownTimeout},
+	} {
+		if f.v < 0 {
+			return fmt.Errorf("--%s %v: must not be negative", f.name, f.v)
+		}
+	}
+	return nil
+}
+
+// serve runs a node until ctx ends, then shuts it down gracefully.
+func (c *cli) serve(ctx context.Context, o *serveOptions) error {
+	if err := o.check(); err != nil {
+		return err
+	}
+	log := newLogger(c.stderr, o.logFormat, o.logLevel)
+	cfg := o.cfg
+	cfg.Logger = log
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	log.Info("starting sluice", o.attrs()...)
+	if cfg.AdminToken != "" && cfg.TLSCert == "" && !isLoopback(cfg.GRPCAddr) {
+		log.Warn("the admin token travels in clear text: serve with --tls-cert and --tls-key")
+	}
+	if o.readyFile != "" {
+		if err := os.Remove(o.readyFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("remove stale ready file: %w", err)
+		}
+	}
+
+	srv, err := api.New(cfg)
+	if err != nil {
+		return err
+	}
+	// Shutdown gets a context of its own: ctx is already done when it runs,
+	// and Shutdown bounds itself with --shutdown-timeout.
+	stopCtx := context.WithoutCancel(ctx)
+	if err := srv.Start(); err != nil {
+		srv.Shutdown(stopCtx)
+		return err
+	}
+	if o.readyFile != "" {
+		if err := writeReadyFile(o.readyFile, srv.GRPCAddr(), srv.HTTPAddr()); err != nil {
+			srv.Shutdown(stopCtx)
+			return err
+		}
+	}
+
+	// SIGHUP reloads the limits file now (it is also polled).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for ctx.Err() == nil {
+		select {
+		case <-hup:
+			if err := srv.ReloadLimits(); err != nil {
+				log.Error("reload limits file", "err", err)
+			} else {
+				log.Info("reloaded limits file")
+			}
+		case <-ctx.Done():
+		}
+	}
+	if o.readyFile != "" {
+		os.Remove(o.readyFile)
+	}
+	log.Info("shutting down", "reason", context.Cause(ctx).Error(), "timeout", cfg.ShutdownTimeout)
+	if err := srv.Shutdown(stopCtx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	return nil
+}
+
+// attrs describes the effective configuration for the start log, with the
+// admin token redacted.
+func (o *serveOptions) attrs() []any {
+	cfg := &o.cfg
+	token := ""
+	if cfg.AdminToken != "" {
+		token = "[redacted]"
+	}
+	return []any{
+		"version", buildVersion().Version,
+		"node_name", cfg.NodeName,
+		"grpc_addr", cfg.GRPCAddr,
+		"http_addr", cfg.HTTPAddr,
+		"data_dir", cfg.DataDir,
+		"durability", cfg.Durability,
+		"limits_file", cfg.LimitsFile,
+		"limits_poll_interval", cfg.LimitsPollInterval,
+		"admin_token", token,
+		"tls_cert", cfg.TLSCert,
+		"tls_key", cfg.TLSKey,
+		"tls_client_ca", cfg.TLSClientCA,
+		"rate_limit_headers", cfg.RateLimitHeaders,
+		"max_message_bytes", cfg.MaxMessageBytes,
+		"shutdown_timeout", cfg.ShutdownTimeout,
+		slog.Group("engine",
+			"actors", cfg.Engine.Actors,
+			"max_keys", cfg.Engine.MaxKeys,
+			"mailbox_size", cfg.Engine.MailboxSize,
+			"max_key_len", cfg.Engine.Limits.MaxKeyLen,
+			"max_batch", cfg.Engine.Limits.MaxBatch,
+		),
+		"log_format", o.logFormat,
+		"log_level", o.logLevel,
+		"ready_file", o.readyFile,
+	}
+}
+
+// newLogger logs to w in format "text" or "json" at level and above.
+func newLogger(w io.Writer, format, level string) *slog.Logger {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		lvl = slog.LevelInfo
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// isLoopback reports whether addr's host is a loopback address.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// readyInfo is the content of the --ready-file.
+type readyInfo struct {
+	GRPCAddr string `json:"grpc_addr"`
+	HTTPAddr string `json:"http_addr"`
+	PID      int    `json:"pid"`
+}
+
+// writeReadyFile writes the addresses to path atomically: a reader sees
+// no file or the whole of it.
+func writeReadyFile(path, grpcAddr, httpAddr string) error {
+	b, err := json.Marshal(readyInfo{GRPCAddr: grpcAddr, HTTPAddr: httpAddr, PID: os.Getpid()})
+	if err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".sluice-ready-*")
+	if err != nil {
+		return fmt.Errorf("write ready file: %w", err)
+	}
+	_, err = tmp.Write(append(b, '\n'))
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(tmp.Name(), path)
+	}
+	if err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("write ready file: %w", err)
+	}
+	return nil
+}
