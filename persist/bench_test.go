@@ -66,10 +66,6 @@ func benchSubmit(b *testing.B, mode Mode, batch int) {
 			b.Fatal(err)
 		}
 	}()
-	if os.Getenv("SLUICE_BENCH_UNSORTED") != "" {
-		s.w.sortRecords = false // the writer is idle: it reads it after the first send
-	}
-
 	// Store every key once, so that the benchmark updates existing records.
 	keys := make([]string, benchKeys)
 	for i := range keys {

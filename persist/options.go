@@ -64,8 +64,7 @@ const (
 )
 
 // Options configures a Store. The zero value of every field but Path selects
-// its default; Options is not modified by the Store and is not read again
-// after Open returns.
+// its default. Open copies Options: changing them afterwards has no effect.
 type Options struct {
 	// Path is the data file. Missing parent directories are created with
 	// mode 0o750; the file itself is created with mode 0o600. Required.
@@ -97,8 +96,8 @@ type Options struct {
 
 	// OnCommit, if set, is called on the writer goroutine after every
 	// transaction the writer ran, committed or failed, with the number of
-	// records it held (as submitted, before merging records of the same key)
-	// and its wall time from begin to the end of commit (including fsync in
+	// records it held (a transaction that only ran a Sweep step holds 0) and
+	// its wall time from begin to the end of commit (including fsync in
 	// ModeFsync). Meant for metrics: it must return quickly.
 	OnCommit func(records int, d time.Duration)
 }

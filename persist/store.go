@@ -210,22 +210,22 @@ func formatError(path, format string, args ...any) error {
 // panic (or fault on a truncated mapping); here that is caught and reported
 // as ErrFormat, where the read-write open would crash the process (bbolt
 // rebuilds the freelist on a goroutine that panics on corruption).
-func verifyFile(path string, size int64, timeout time.Duration) error {
+func verifyFile(path string, size int64, timeout time.Duration) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if p := recover(); p != nil {
+			err = formatError(path, "corrupt: %v", p)
+		}
+	}()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: timeout})
 	if err != nil {
 		return openError(path, timeout, err)
 	}
 	defer func() { _ = db.Close() }()
-	return db.View(func(tx *bolt.Tx) (err error) {
+	return db.View(func(tx *bolt.Tx) error {
 		if tx.Size() > size {
 			return formatError(path, "truncated: %d bytes, bbolt expects %d", size, tx.Size())
 		}
-		defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-		defer func() {
-			if p := recover(); p != nil {
-				err = formatError(path, "corrupt: %v", p)
-			}
-		}()
 		if err := checkFormat(tx, path); err != nil {
 			if errors.Is(err, errEmpty) {
 				return nil
@@ -264,21 +264,27 @@ func checkFormat(tx *bolt.Tx, path string) error {
 	return nil
 }
 
-// walk reads every record and index entry and checks their shape.
+// walk reads every page of every bucket (the store's and the meta buckets
+// of meta.go) and checks that keys come in order and that records and index
+// entries have their shape: bbolt checks the same (and more) when it
+// rebuilds its freelist at the read-write open, but panics on what it finds.
 func walk(tx *bolt.Tx, path string) error {
-	c := tx.Bucket(bucketKeys).Cursor()
-	for k, v := c.First(); k != nil; k, v = c.Next() {
-		if len(v) < 8 {
-			return formatError(path, "record %q is %d bytes, shorter than its deadline", k, len(v))
+	return tx.ForEach(func(name []byte, b *bolt.Bucket) error {
+		var prev []byte
+		c := b.Cursor()
+		for k, v := c.First(); k != nil; k, v = c.Next() {
+			switch {
+			case prev != nil && bytes.Compare(prev, k) >= 0:
+				return formatError(path, "bucket %q: key %x after %x, out of order", name, k, prev)
+			case bytes.Equal(name, bucketKeys) && len(v) < 8:
+				return formatError(path, "record %q is %d bytes, shorter than its deadline", k, len(v))
+			case bytes.Equal(name, bucketExpiry) && len(k) < 9:
+				return formatError(path, "expiry index entry %x is too short", k)
+			}
+			prev = k
 		}
-	}
-	c = tx.Bucket(bucketExpiry).Cursor()
-	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		if len(k) < 9 {
-			return formatError(path, "expiry index entry %x is too short", k)
-		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // initFile checks the format of the open file, initialises a new one, and

@@ -260,46 +260,41 @@ func TestRoundTrip(t *testing.T) {
 // batch and across batches of one transaction, and the index keeps one
 // entry per key.
 func TestLaterRecordWins(t *testing.T) {
-	for _, sorted := range []bool{true, false} {
-		t.Run(fmt.Sprintf("sorted=%t", sorted), func(t *testing.T) {
-			s := openStore(t, testOptions(t))
-			s.w.sortRecords = sorted // the writer is idle: it reads it after the first send
+	s := openStore(t, testOptions(t))
 
-			// One batch.
-			submit(t, s,
-				put("a", 10, "a1"), put("b", 30, "b1"), put("a", 20, "a2"),
-				put("c", 5, "c1"), del("c"),
-				del("d"), put("d", 40, "d1"),
-				put("b", 30, "b2"), del("b"), put("b", 35, "b3"),
-			)
-			want := map[string]stored{"a": {20, "a2"}, "b": {35, "b3"}, "d": {40, "d1"}}
-			if got := dump(t, s); !reflect.DeepEqual(got, want) {
-				t.Errorf("one batch: records = %v; want %v", got, want)
-			}
-			checkIndex(t, s)
+	// One batch.
+	submit(t, s,
+		put("a", 10, "a1"), put("b", 30, "b1"), put("a", 20, "a2"),
+		put("c", 5, "c1"), del("c"),
+		del("d"), put("d", 40, "d1"),
+		put("b", 30, "b2"), del("b"), put("b", 35, "b3"),
+	)
+	want := map[string]stored{"a": {20, "a2"}, "b": {35, "b3"}, "d": {40, "d1"}}
+	if got := dump(t, s); !reflect.DeepEqual(got, want) {
+		t.Errorf("one batch: records = %v; want %v", got, want)
+	}
+	checkIndex(t, s)
 
-			// Many batches queued together: most share transactions.
-			var commits []*Commit
-			for i := range 200 {
-				commits = append(commits, s.Submit([]Record{put("k", int64(1000-i), fmt.Sprint(i))}, nil))
-				if i%7 == 0 {
-					commits = append(commits, s.Submit([]Record{del("k")}, nil))
-				}
-			}
-			commits = append(commits, s.Submit([]Record{put("k", 999, "last")}, nil))
-			for _, c := range commits {
-				if err := wait(t, c); err != nil {
-					t.Fatalf("Submit: %v", err)
-				}
-			}
-			if got, want := getAll(t, s, "k"), map[string]stored{"k": {999, "last"}}; !reflect.DeepEqual(got, want) {
-				t.Errorf("many batches: Get(k) = %v; want %v", got, want)
-			}
-			checkIndex(t, s)
-			if got, want := s.NextDeadline(), int64(20); got != want {
-				t.Errorf("NextDeadline() = %d; want %d", got, want)
-			}
-		})
+	// Many batches queued together: most share transactions.
+	var commits []*Commit
+	for i := range 200 {
+		commits = append(commits, s.Submit([]Record{put("k", int64(1000-i), fmt.Sprint(i))}, nil))
+		if i%7 == 0 {
+			commits = append(commits, s.Submit([]Record{del("k")}, nil))
+		}
+	}
+	commits = append(commits, s.Submit([]Record{put("k", 999, "last")}, nil))
+	for _, c := range commits {
+		if err := wait(t, c); err != nil {
+			t.Fatalf("Submit: %v", err)
+		}
+	}
+	if got, want := getAll(t, s, "k"), map[string]stored{"k": {999, "last"}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("many batches: Get(k) = %v; want %v", got, want)
+	}
+	checkIndex(t, s)
+	if got, want := s.NextDeadline(), int64(20); got != want {
+		t.Errorf("NextDeadline() = %d; want %d", got, want)
 	}
 }
 
@@ -417,6 +412,9 @@ func TestCloseCommitsQueued(t *testing.T) {
 			}
 			if s.Mode() != mode || s.Path() != o.Path {
 				t.Errorf("Mode(), Path() = %v, %q; want %v, %q", s.Mode(), s.Path(), mode, o.Path)
+			}
+			if got, want := s.db.NoSync, mode != ModeFsync; got != want {
+				t.Errorf("bbolt NoSync = %t; want %t", got, want)
 			}
 			const n = 500
 			var done atomic.Int64
@@ -1023,4 +1021,36 @@ func TestConcurrentReads(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
+}
+
+// TestCloseDuringSweep: Close does not wait for a long Sweep pass to finish;
+// the Sweep is then done with ErrClosed (or nil if it finished first), and
+// whatever it deleted, it deleted with the records' index entries.
+func TestCloseDuringSweep(t *testing.T) {
+	o := testOptions(t)
+	s, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.w.sweepBudget = 1 // the writer is idle: it reads it after the first send
+	var recs []Record
+	for i := range 200 {
+		recs = append(recs, put(fmt.Sprintf("k%03d", i), int64(i+1), "v"))
+	}
+	submit(t, s, recs...)
+	sweep := s.Sweep(1000)
+	if err := s.Close(); err != nil {
+		t.Fatalf("Close() = %v", err)
+	}
+	select {
+	case <-sweep.Done():
+	default:
+		t.Fatalf("Sweep not done when Close returned")
+	}
+	if err := sweep.Err(); err != nil && !errors.Is(err, ErrClosed) {
+		t.Errorf("Sweep after Close: Err() = %v; want nil or ErrClosed", err)
+	}
+	s = openStore(t, o)
+	t.Logf("%d records left", len(dump(t, s)))
+	checkIndex(t, s)
 }
