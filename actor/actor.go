@@ -150,6 +150,10 @@ func (a *actor) handle() {
 				wrote = a.reset(c, now)
 			case opList:
 				a.list(c)
+			case opExport:
+				wrote = a.export(c, now)
+			case opImport:
+				wrote = a.importStates(c, now)
 			}
 		}
 		a.wrote = append(a.wrote, wrote)
@@ -280,6 +284,58 @@ func (a *actor) list(c *call) {
 	c.lists[a.id] = out
 }
 
+// export encodes the keys of c that move (all keys in memory for which
+// c.moved is true, or c's own keys) into c.exports[a.id] and forgets them.
+func (a *actor) export(c *call, now int64) (wrote bool) {
+	take := func(ent *entry) {
+		if ent.st.isEmpty(now) {
+			return
+		}
+		c.exports[a.id] = append(c.exports[a.id], Exported{Key: ent.key, State: ent.st.appendBinary(nil)})
+		ent.st = state{}
+		a.markDirty(ent)
+		wrote = true
+	}
+	if c.moved != nil {
+		for key, ent := range a.keys {
+			if c.moved(key) {
+				take(ent)
+			}
+		}
+		return wrote
+	}
+	for i := range c.checks {
+		if c.shards[i] == a.id {
+			if ent := a.keys[c.checks[i].Key]; ent != nil {
+				take(ent)
+			}
+		}
+	}
+	return wrote
+}
+
+// importStates merges the handed-over states of c into its keys.
+func (a *actor) importStates(c *call, now int64) (wrote bool) {
+	for i := range c.checks {
+		if c.shards[i] != a.id {
+			continue
+		}
+		var in state
+		if err := in.decode(c.states[i]); err != nil {
+			c.fail(fmt.Errorf("actor: import %q: %w", c.checks[i].Key, err))
+			continue
+		}
+		ent := a.keys[c.checks[i].Key]
+		if ent == nil {
+			ent = a.insert(c.checks[i].Key)
+		}
+		ent.st.merge(now, &in, a.e.cfg.MaxLogRuns)
+		a.markDirty(ent)
+		wrote = true
+	}
+	return wrote
+}
+
 // persist hands the batch's dirty keys to the store as one write and
 // acknowledges the calls: at once in Async mode and for calls that recorded
 // nothing, after the commit otherwise.
@@ -326,7 +382,7 @@ func (a *actor) persist(now int64) {
 func (a *actor) load(now int64) error {
 	a.misses = a.misses[:0]
 	for _, c := range a.batch {
-		if c.op == opInspect || c.op == opList {
+		if c.op == opInspect || c.broadcast() {
 			continue
 		}
 		for i := range c.checks {

@@ -263,11 +263,11 @@ func (e *Engine) wait(c *call) (err error, done bool) {
 	}
 }
 
-// dispatch sends c to the actors that own its keys (to all of them for
-// opList).
+// dispatch sends c to the actors that own its keys (to all of them for a
+// broadcast).
 func (e *Engine) dispatch(c *call) error {
 	n := len(e.actors)
-	if c.op == opList {
+	if c.broadcast() {
 		c.pending.Store(int32(n))
 		for i, a := range e.actors {
 			select {
@@ -379,9 +379,14 @@ func (e *Engine) janitor() {
 			return
 		case <-e.store.DeadlineChanged():
 		case <-fire:
-			e.store.Sweep(e.cfg.Clock.Now().UnixNano())
-			if err := e.store.Flush(); err != nil {
-				e.cfg.Logger.Error("sweep expired keys", "err", err)
+			sweep := e.store.Sweep(e.cfg.Clock.Now().UnixNano())
+			select {
+			case <-sweep.Done():
+				if err := sweep.Err(); err != nil {
+					e.cfg.Logger.Error("sweep expired keys", "err", err)
+				}
+			case <-e.quit:
+				return
 			}
 		}
 	}
@@ -396,6 +401,8 @@ const (
 	opInspect               // fill view with the state of checks[0].Key
 	opReset                 // forget checks[0].Key
 	opList                  // list keys by prefix into lists[actor]
+	opExport                // hand over keys (all actors with moved, or checks' keys)
+	opImport                // merge states[i] into checks[i].Key
 )
 
 // call is one Check in flight. Each actor that owns some of its keys decides
@@ -422,6 +429,16 @@ type call struct {
 	after   string
 	limit   int
 	lists   [][]KeySummary
+	// For opExport and opImport.
+	moved   func(key string) bool
+	exports [][]Exported
+	states  [][]byte
+}
+
+// broadcast reports whether c goes to every actor rather than to the owners
+// of its keys.
+func (c *call) broadcast() bool {
+	return c.op == opList || c.op == opExport && c.moved != nil
 }
 
 func (c *call) fail(err error) { c.err.CompareAndSwap(nil, &err) }
@@ -456,7 +473,7 @@ func (c *call) reset() {
 // applied either way.
 func (e *Engine) CheckAll(ctx context.Context, checks []Check, out []Decision) error {
 	marks := make([]int64, len(checks))
-	if err := e.checkMarked(ctx, checks, out, marks); err != nil {
+	if err := e.CheckMarked(ctx, checks, out, marks); err != nil {
 		return err
 	}
 	denied := false
@@ -466,6 +483,15 @@ func (e *Engine) CheckAll(ctx context.Context, checks []Check, out []Decision) e
 	if !denied {
 		return nil
 	}
+	release, releaseMarks := Unwind(checks, out, marks)
+	return e.Release(ctx, release, releaseMarks)
+}
+
+// Unwind turns the decisions of a reserving call that had a denial into
+// the all-or-nothing answer: every decision denied, the checks that fitted
+// with their hits given back in Remaining. It returns the checks whose hits
+// must be released, with their marks.
+func Unwind(checks []Check, out []Decision, marks []int64) ([]Check, []int64) {
 	var release []Check
 	var releaseMarks []int64
 	for i := range checks {
@@ -479,16 +505,32 @@ func (e *Engine) CheckAll(ctx context.Context, checks []Check, out []Decision) e
 			out[i].Allowed = false
 		}
 	}
-	if len(release) == 0 {
+	return release, releaseMarks
+}
+
+// Release takes back the hits a CheckMarked call recorded for checks, as
+// marked: exactly those hits, not newer ones. It ignores the caller's
+// cancellation: a release must not be lost halfway.
+func (e *Engine) Release(ctx context.Context, checks []Check, marks []int64) error {
+	if len(checks) == 0 {
 		return nil
 	}
+	if len(marks) != len(checks) {
+		return fmt.Errorf("actor: release: %d checks but %d marks", len(checks), len(marks))
+	}
+	if err := e.validate(checks, make([]Decision, len(checks))); err != nil {
+		return err
+	}
 	rc := e.calls.Get().(*call)
-	rc.ctx, rc.op, rc.checks, rc.marks = context.WithoutCancel(ctx), opRelease, release, releaseMarks
-	rc.out = make([]Decision, len(release))
+	rc.ctx, rc.op, rc.checks, rc.marks = context.WithoutCancel(ctx), opRelease, checks, marks
+	rc.out = make([]Decision, len(checks))
 	return e.run(rc)
 }
 
-func (e *Engine) checkMarked(ctx context.Context, checks []Check, out []Decision, marks []int64) error {
+// CheckMarked is Check that also reports, in marks, where each recorded
+// hit went, so that Release can take them back. It is the first step of an
+// all-or-nothing call that spans nodes.
+func (e *Engine) CheckMarked(ctx context.Context, checks []Check, out []Decision, marks []int64) error {
 	if err := e.validate(checks, out); err != nil || len(checks) == 0 {
 		return err
 	}
@@ -566,4 +608,98 @@ func (e *Engine) List(ctx context.Context, prefix, after string, limit int) ([]K
 		all = all[:limit]
 	}
 	return all, nil
+}
+
+// Exported is the encoded state of one key handed over to another node.
+type Exported struct {
+	Key   string
+	State []byte
+}
+
+// Export hands over every key for which moved returns true: fn receives
+// each key's encoded state (for Import on its new owner), and the key is
+// then forgotten here, in memory and on disk. Keys in memory are exported
+// first, then keys only on disk. moved is called from actor goroutines and
+// must be safe for concurrent use. It returns how many keys were exported.
+func (e *Engine) Export(ctx context.Context, moved func(key string) bool, fn func(Exported) error) (int, error) {
+	if e.closing.Load() {
+		return 0, ErrClosed
+	}
+	n := 0
+	emit := func(c *call) error {
+		for _, list := range c.exports {
+			for _, x := range list {
+				if err := fn(x); err != nil {
+					return err
+				}
+				n++
+			}
+		}
+		return nil
+	}
+	c := &call{done: make(chan struct{}, 1), ctx: ctx, op: opExport, moved: moved}
+	c.exports = make([][]Exported, len(e.actors))
+	if err, _ := e.wait(c); err != nil {
+		return n, err
+	}
+	if err := emit(c); err != nil || e.store == nil {
+		return n, err
+	}
+	if err := e.store.Flush(); err != nil { // the deletes of what was in memory
+		return n, err
+	}
+	const page = 1000
+	after := ""
+	for {
+		var keys []Check
+		scanned := 0
+		now := e.cfg.Clock.Now().UnixNano()
+		err := e.store.Scan("", after, page, func(key string, deadline int64, _ []byte) bool {
+			scanned++
+			after = key
+			if deadline > now && moved(key) {
+				keys = append(keys, Check{Key: key})
+			}
+			return true
+		})
+		if err != nil {
+			return n, err
+		}
+		for start := 0; start < len(keys); start += e.cfg.Limits.MaxBatch {
+			part := keys[start:min(start+e.cfg.Limits.MaxBatch, len(keys))]
+			c := &call{done: make(chan struct{}, 1), ctx: ctx, op: opExport, checks: part, out: make([]Decision, len(part))}
+			c.exports = make([][]Exported, len(e.actors))
+			if err, _ := e.wait(c); err != nil {
+				return n, err
+			}
+			if err := emit(c); err != nil {
+				return n, err
+			}
+		}
+		if scanned < page {
+			return n, nil
+		}
+	}
+}
+
+// Import merges handed-over states into their keys: the result counts at
+// least what either side counted, so a handoff never frees a window.
+func (e *Engine) Import(ctx context.Context, states []Exported) error {
+	for start := 0; start < len(states); start += e.cfg.Limits.MaxBatch {
+		part := states[start:min(start+e.cfg.Limits.MaxBatch, len(states))]
+		c := &call{done: make(chan struct{}, 1), ctx: ctx, op: opImport}
+		c.checks = make([]Check, len(part))
+		c.states = make([][]byte, len(part))
+		for i, x := range part {
+			if x.Key == "" || len(x.Key) > e.cfg.Limits.MaxKeyLen {
+				return &InvalidCheckError{Index: start + i, Field: "key", Reason: fmt.Sprintf("%d bytes long; want 1 to %d", len(x.Key), e.cfg.Limits.MaxKeyLen)}
+			}
+			c.checks[i].Key, c.states[i] = x.Key, x.State
+		}
+		c.out = make([]Decision, len(part))
+		if err, _ := e.wait(c); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -188,7 +188,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 
 	out := make([]actor.Decision, len(checks))
 	if len(checks) > 0 {
-		if err := s.engine.Check(ctx, checks, out); err != nil {
+		if err := s.decide(ctx, checks, out, nil, false); err != nil {
 			var ice *actor.InvalidCheckError
 			if errors.As(err, &ice) && ice.Index < len(checkDesc) {
 				i := checkDesc[ice.Index]

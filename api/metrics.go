@@ -3,6 +3,8 @@ package api
 import (
 	"time"
 
+	"github.com/sluice-io/sluice/cluster"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -19,6 +21,15 @@ type metrics struct {
 	commitLatency prometheus.Histogram
 	commitRecords prometheus.Histogram
 	limitsReloads *prometheus.CounterVec
+
+	peerDecisions     prometheus.Counter
+	forwarded         *prometheus.CounterVec
+	forwardLatency    prometheus.Histogram
+	forwardBatch      prometheus.Histogram
+	handoffKeys       *prometheus.CounterVec
+	withoutHandoff    prometheus.Counter
+	membershipChanges *prometheus.CounterVec
+	members           prometheus.Gauge
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -69,6 +80,42 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Reloads of the limits file, by result (ok, error).",
 		}, []string{"result"}),
 	}
+	m.peerDecisions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_peer_decisions_total",
+		Help: "Checks this node decided for other nodes that forwarded them.",
+	})
+	m.forwarded = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_forwarded_checks_total",
+		Help: "Checks forwarded to their owner, by result (ok, error).",
+	}, []string{"result"})
+	m.forwardLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "sluice_forward_duration_seconds",
+		Help:    "Time of one Forward call to a peer.",
+		Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16),
+	})
+	m.forwardBatch = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "sluice_forward_batch_checks",
+		Help:    "Checks carried by one Forward call.",
+		Buckets: prometheus.ExponentialBuckets(1, 4, 8),
+	})
+	m.handoffKeys = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_handoff_keys_total",
+		Help: "Keys handed over when ownership moved, by direction (sent, received, failed).",
+	}, []string{"direction"})
+	m.withoutHandoff = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_decisions_without_handoff_total",
+		Help: "Checks on a newly gained key decided before its previous owner's state arrived.",
+	})
+	m.membershipChanges = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_membership_changes_total",
+		Help: "Membership changes seen, by kind (joined, updated, left, failed).",
+	}, []string{"kind"})
+	m.members = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_members",
+		Help: "Live members in this node's view.",
+	})
+	reg.MustRegister(m.peerDecisions, m.forwarded, m.forwardLatency, m.forwardBatch, m.handoffKeys,
+		m.withoutHandoff, m.membershipChanges, m.members)
 	reg.MustRegister(m.decisions, m.latency, m.keys, m.evictions, m.expired, m.queueDepth,
 		m.batchChecks, m.commitLatency, m.commitRecords, m.limitsReloads)
 	return m
@@ -94,3 +141,35 @@ func (m *metrics) commit(records int, d time.Duration) {
 	m.commitLatency.Observe(d.Seconds())
 	m.commitRecords.Observe(float64(records))
 }
+
+// Changed implements cluster.Observer.
+func (m *metrics) Changed(kind cluster.ChangeKind, _ uint64, members int) {
+	m.membershipChanges.WithLabelValues(kind.String()).Inc()
+	m.members.Set(float64(members))
+}
+
+// JoinAttempt implements cluster.Observer.
+func (m *metrics) JoinAttempt(error) {}
+
+// Forwarded implements cluster.RouterObserver.
+func (m *metrics) Forwarded(_ string, checks int, d time.Duration, err error) {
+	result := "ok"
+	if err != nil {
+		result = "error"
+	}
+	m.forwarded.WithLabelValues(result).Add(float64(checks))
+	m.forwardLatency.Observe(d.Seconds())
+	m.forwardBatch.Observe(float64(checks))
+}
+
+// HandedOff implements cluster.RouterObserver.
+func (m *metrics) HandedOff(_ string, keys int, err error) {
+	if err != nil {
+		m.handoffKeys.WithLabelValues("failed").Add(float64(keys))
+		return
+	}
+	m.handoffKeys.WithLabelValues("sent").Add(float64(keys))
+}
+
+// WithoutHandoff implements cluster.RouterObserver.
+func (m *metrics) WithoutHandoff(n int) { m.withoutHandoff.Add(float64(n)) }

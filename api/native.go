@@ -45,7 +45,8 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest) (
 		}
 	}
 	out := make([]actor.Decision, len(checks))
-	if err := s.decide(ctx, checks, out, req.AllOrNothing); err != nil {
+	nodes := make([]string, len(checks))
+	if err := s.decide(ctx, checks, out, nodes, req.AllOrNothing); err != nil {
 		return nil, err
 	}
 	resp := &sluicepb.CheckResponse{Decisions: make([]*sluicepb.Decision, len(out))}
@@ -61,7 +62,7 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest) (
 			Remaining:  d.Remaining,
 			RetryAfter: durationpb.New(d.RetryAfter),
 			ResetAfter: durationpb.New(d.ResetAfter),
-			Node:       s.cfg.NodeName,
+			Node:       nodes[i],
 		}
 	}
 	s.metrics.decisions.WithLabelValues("native", "allowed").Add(float64(allowed))
@@ -145,8 +146,18 @@ func (s *Server) maxBatch() int {
 	return actor.DefaultMaxBatch
 }
 
-// decide runs checks through the engine, all or nothing if asked.
-func (s *Server) decide(ctx context.Context, checks []actor.Check, out []actor.Decision, allOrNothing bool) error {
+// decide runs checks on their owners, all or nothing if asked, and puts
+// the name of the node that decided each into nodes (if not nil).
+func (s *Server) decide(ctx context.Context, checks []actor.Check, out []actor.Decision, nodes []string, allOrNothing bool) error {
+	if s.router != nil {
+		if nodes == nil {
+			nodes = make([]string, len(checks))
+		}
+		return s.router.Check(ctx, checks, out, nodes, allOrNothing)
+	}
+	for i := range nodes {
+		nodes[i] = s.cfg.NodeName
+	}
 	if allOrNothing {
 		return s.engine.CheckAll(ctx, checks, out)
 	}

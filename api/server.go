@@ -27,6 +27,7 @@ import (
 	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/actor/clock"
 	"github.com/sluice-io/sluice/api/limits"
+	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
@@ -75,6 +76,12 @@ type Config struct {
 	// Engine configures the actors; its Store, Clock and Logger are set by
 	// New.
 	Engine actor.Config
+	// Cluster, when not nil, makes the node a member of a cluster: its
+	// NodeName and GRPCAddr are set by Start. Nil runs a single node.
+	Cluster *cluster.Config
+	// Router tunes forwarding and handoff in a cluster; its Membership,
+	// Engine, Self and DialOptions are set by Start.
+	Router cluster.RouterConfig
 	// Clock tells the time; nil is the wall clock.
 	Clock clock.Clock
 	// Logger receives the node's logs; nil discards them.
@@ -142,6 +149,10 @@ type Server struct {
 	health *health.Server
 	http   *http.Server
 	tls    *tls.Config
+
+	membership *cluster.Membership
+	router     *cluster.Router
+	follow     context.CancelFunc
 
 	grpcLis, httpLis net.Listener
 	ready            atomic.Bool
@@ -233,6 +244,7 @@ func New(cfg Config) (s *Server, err error) {
 	sluicepb.RegisterRateLimitServiceServer(s.grpc, &nativeService{s: s})
 	sluicepb.RegisterAdminServiceServer(s.grpc, &adminService{s: s})
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, &envoyService{s: s})
+	sluicepb.RegisterPeerServiceServer(s.grpc, &peerService{s: s})
 	s.health = health.NewServer()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -310,6 +322,16 @@ func (s *Server) Start() error {
 			}
 		}()
 	}
+	if s.cfg.Cluster != nil {
+		if err := s.startCluster(); err != nil {
+			s.grpc.Stop()
+			if s.httpLis != nil {
+				s.http.Close()
+			}
+			s.wg.Wait()
+			return err
+		}
+	}
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.ready.Store(true)
 	s.log.Info("serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "durability", s.cfg.Durability)
@@ -338,9 +360,12 @@ func (s *Server) HTTPAddr() string {
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.shutdownOnce.Do(func() {
 		s.ready.Store(false)
-		s.health.Shutdown()
 		ctx, cancel := context.WithTimeout(ctx, s.cfg.ShutdownTimeout)
 		defer cancel()
+		if s.membership != nil {
+			s.leaveCluster(ctx)
+		}
+		s.health.Shutdown()
 		stopped := make(chan struct{})
 		go func() {
 			s.grpc.GracefulStop()
@@ -364,6 +389,91 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	})
 	return s.shutdownErr
 }
+
+// startCluster joins the cluster and starts forwarding and handoff.
+func (s *Server) startCluster() error {
+	ccfg := *s.cfg.Cluster
+	ccfg.NodeName, ccfg.GRPCAddr = s.cfg.NodeName, s.GRPCAddr()
+	if ccfg.Logger == nil {
+		ccfg.Logger = s.log.With("component", "cluster")
+	}
+	ccfg.Observer = s.metrics
+	m, err := cluster.New(ccfg)
+	if err != nil {
+		return err
+	}
+	rcfg := s.cfg.Router
+	rcfg.Membership, rcfg.Engine, rcfg.Self = m, s.engine, s.cfg.NodeName
+	rcfg.Logger, rcfg.Observer = s.log, s.metrics
+	if s.tls != nil {
+		rcfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(s.peerTLS()))}
+	}
+	s.router = cluster.NewRouter(rcfg)
+	if err := m.Start(context.Background()); err != nil {
+		s.router.Close()
+		s.router = nil
+		return err
+	}
+	s.membership = m
+	ctx, cancel := context.WithCancel(context.Background())
+	s.follow = cancel
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.router.Follow(ctx)
+	}()
+	return nil
+}
+
+// peerTLS is the client side of the node's TLS settings, for peers: the
+// node's own certificate, and its client CA (if any) to verify peers.
+func (s *Server) peerTLS() *tls.Config {
+	tc := &tls.Config{Certificates: s.tls.Certificates, MinVersion: tls.VersionTLS12, RootCAs: s.tls.ClientCAs}
+	if tc.RootCAs == nil {
+		tc.InsecureSkipVerify = true // no CA to check peers with; traffic is still encrypted
+	}
+	return tc
+}
+
+// leaveCluster hands every key over to its next owner and leaves: announce
+// leaving, hand over, leave (peers stop routing here), hand over what
+// arrived meanwhile, stop following views.
+func (s *Server) leaveCluster(ctx context.Context) {
+	if err := s.membership.SetLeaving(2 * time.Second); err != nil {
+		s.log.Warn("announce leaving", "err", err)
+	}
+	s.follow()
+	without := cluster.NewView(0, s.others())
+	n, err := s.router.HandOver(ctx, without)
+	if err := s.membership.Leave(2 * time.Second); err != nil {
+		s.log.Warn("leave cluster", "err", err)
+	}
+	m, err2 := s.router.HandOver(ctx, without)
+	s.log.Info("handed keys over before leaving", "keys", n+m, "err", errors.Join(err, err2))
+	s.membership.Shutdown()
+	s.router.Close()
+}
+
+// others returns the live members other than this node.
+func (s *Server) others() []cluster.Member {
+	var out []cluster.Member
+	for _, m := range s.membership.View().Members {
+		if m.Name != s.cfg.NodeName {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// handoffReceived records a finished handoff stream from node from.
+func (s *Server) handoffReceived(from string, owners uint64) {
+	if s.router != nil && from != "" {
+		s.router.HandoffReceived(from, owners)
+	}
+}
+
+// Membership is the node's cluster membership, nil for a single node.
+func (s *Server) Membership() *cluster.Membership { return s.membership }
 
 // closeStorage stops the engine and closes the limits watcher and the store.
 func (s *Server) closeStorage() error {

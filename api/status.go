@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-io/sluice/actor"
+	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/persist"
 )
 
@@ -45,6 +46,8 @@ func toStatus(err error) error {
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, actor.ErrClosed), errors.Is(err, persist.ErrClosed):
 		return status.Error(codes.Unavailable, "sluice: node shutting down; retry on another node")
+	case errors.Is(err, cluster.ErrUnreachable):
+		return status.Error(codes.Unavailable, err.Error()+"; the edge decides whether to fail open or closed")
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):

@@ -1890,6 +1890,404 @@ func (x *EnvoyKeyResponse) GetPrintable() string {
 	return ""
 }
 
+// ForwardRequest carries checks to their owner.
+type ForwardRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The checks, with limit, window, algorithm and cost set.
+	Checks []*Check `protobuf:"bytes,1,rep,name=checks,proto3" json:"checks,omitempty"`
+	// When true, the owner reports where each recorded hit went (marks), so
+	// that the caller can release them if the all_or_nothing call fails.
+	Reserve bool `protobuf:"varint,2,opt,name=reserve,proto3" json:"reserve,omitempty"`
+	// Name of the node that forwarded the checks.
+	FromNode string `protobuf:"bytes,3,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	// The sender's membership epoch when it chose the owner.
+	Epoch         uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardRequest) Reset() {
+	*x = ForwardRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardRequest) ProtoMessage() {}
+
+func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
+func (*ForwardRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *ForwardRequest) GetChecks() []*Check {
+	if x != nil {
+		return x.Checks
+	}
+	return nil
+}
+
+func (x *ForwardRequest) GetReserve() bool {
+	if x != nil {
+		return x.Reserve
+	}
+	return false
+}
+
+func (x *ForwardRequest) GetFromNode() string {
+	if x != nil {
+		return x.FromNode
+	}
+	return ""
+}
+
+func (x *ForwardRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+// ForwardResponse holds the owner's decisions.
+type ForwardResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One decision per check, in order.
+	Decisions []*Decision `protobuf:"bytes,1,rep,name=decisions,proto3" json:"decisions,omitempty"`
+	// With reserve: for each check, where its recorded hits went.
+	Marks         []int64 `protobuf:"varint,2,rep,packed,name=marks,proto3" json:"marks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardResponse) Reset() {
+	*x = ForwardResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardResponse) ProtoMessage() {}
+
+func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
+func (*ForwardResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ForwardResponse) GetDecisions() []*Decision {
+	if x != nil {
+		return x.Decisions
+	}
+	return nil
+}
+
+func (x *ForwardResponse) GetMarks() []int64 {
+	if x != nil {
+		return x.Marks
+	}
+	return nil
+}
+
+// ReleaseRequest names hits to take back.
+type ReleaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The checks whose hits are released (key, limit, window, algorithm,
+	// cost as they were reserved).
+	Checks []*Check `protobuf:"bytes,1,rep,name=checks,proto3" json:"checks,omitempty"`
+	// For each check, the mark the reserving Forward returned.
+	Marks         []int64 `protobuf:"varint,2,rep,packed,name=marks,proto3" json:"marks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRequest) Reset() {
+	*x = ReleaseRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRequest) ProtoMessage() {}
+
+func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ReleaseRequest) GetChecks() []*Check {
+	if x != nil {
+		return x.Checks
+	}
+	return nil
+}
+
+func (x *ReleaseRequest) GetMarks() []int64 {
+	if x != nil {
+		return x.Marks
+	}
+	return nil
+}
+
+// ReleaseResponse acknowledges a release.
+type ReleaseResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResponse) Reset() {
+	*x = ReleaseResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResponse) ProtoMessage() {}
+
+func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
+}
+
+// HandoffRequest is one part of a handoff stream.
+type HandoffRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The keys of this part and their encoded states.
+	Keys []*KeyRecord `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
+	// Name of the node handing the keys over.
+	FromNode string `protobuf:"bytes,2,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	// The sender's membership epoch when it computed the new owners.
+	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Identifies the set of key owners the sender computed the handoff from
+	// (a hash of their sorted names), so that the receiver can tell which of
+	// its own view changes this handoff completes.
+	OwnersHash    uint64 `protobuf:"varint,4,opt,name=owners_hash,json=ownersHash,proto3" json:"owners_hash,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandoffRequest) Reset() {
+	*x = HandoffRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandoffRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandoffRequest) ProtoMessage() {}
+
+func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandoffRequest.ProtoReflect.Descriptor instead.
+func (*HandoffRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
+}
+
+func (x *HandoffRequest) GetKeys() []*KeyRecord {
+	if x != nil {
+		return x.Keys
+	}
+	return nil
+}
+
+func (x *HandoffRequest) GetFromNode() string {
+	if x != nil {
+		return x.FromNode
+	}
+	return ""
+}
+
+func (x *HandoffRequest) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *HandoffRequest) GetOwnersHash() uint64 {
+	if x != nil {
+		return x.OwnersHash
+	}
+	return 0
+}
+
+// KeyRecord is one key's state in the engine's binary encoding.
+type KeyRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The key.
+	Key []byte `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// The encoded state (versioned by its first byte).
+	State         []byte `protobuf:"bytes,2,opt,name=state,proto3" json:"state,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KeyRecord) Reset() {
+	*x = KeyRecord{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KeyRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KeyRecord) ProtoMessage() {}
+
+func (x *KeyRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KeyRecord.ProtoReflect.Descriptor instead.
+func (*KeyRecord) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *KeyRecord) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *KeyRecord) GetState() []byte {
+	if x != nil {
+		return x.State
+	}
+	return nil
+}
+
+// HandoffResponse closes a handoff stream.
+type HandoffResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How many keys the receiver merged.
+	Merged        int64 `protobuf:"varint,1,opt,name=merged,proto3" json:"merged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HandoffResponse) Reset() {
+	*x = HandoffResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HandoffResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HandoffResponse) ProtoMessage() {}
+
+func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HandoffResponse.ProtoReflect.Descriptor instead.
+func (*HandoffResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *HandoffResponse) GetMerged() int64 {
+	if x != nil {
+		return x.Merged
+	}
+	return 0
+}
+
 var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
 
 const file_sluice_v1_sluice_proto_rawDesc = "" +
@@ -2012,7 +2410,30 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value\"B\n" +
 	"\x10EnvoyKeyResponse\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1c\n" +
-	"\tprintable\x18\x02 \x01(\tR\tprintable*{\n" +
+	"\tprintable\x18\x02 \x01(\tR\tprintable\"\x87\x01\n" +
+	"\x0eForwardRequest\x12(\n" +
+	"\x06checks\x18\x01 \x03(\v2\x10.sluice.v1.CheckR\x06checks\x12\x18\n" +
+	"\areserve\x18\x02 \x01(\bR\areserve\x12\x1b\n" +
+	"\tfrom_node\x18\x03 \x01(\tR\bfromNode\x12\x14\n" +
+	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"Z\n" +
+	"\x0fForwardResponse\x121\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\x12\x14\n" +
+	"\x05marks\x18\x02 \x03(\x03R\x05marks\"P\n" +
+	"\x0eReleaseRequest\x12(\n" +
+	"\x06checks\x18\x01 \x03(\v2\x10.sluice.v1.CheckR\x06checks\x12\x14\n" +
+	"\x05marks\x18\x02 \x03(\x03R\x05marks\"\x11\n" +
+	"\x0fReleaseResponse\"\x8e\x01\n" +
+	"\x0eHandoffRequest\x12(\n" +
+	"\x04keys\x18\x01 \x03(\v2\x14.sluice.v1.KeyRecordR\x04keys\x12\x1b\n" +
+	"\tfrom_node\x18\x02 \x01(\tR\bfromNode\x12\x14\n" +
+	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x1f\n" +
+	"\vowners_hash\x18\x04 \x01(\x04R\n" +
+	"ownersHash\"3\n" +
+	"\tKeyRecord\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
+	"\x05state\x18\x02 \x01(\fR\x05state\")\n" +
+	"\x0fHandoffResponse\x12\x16\n" +
+	"\x06merged\x18\x01 \x01(\x03R\x06merged*{\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15ALGORITHM_SLIDING_LOG\x10\x01\x12\x1c\n" +
@@ -2027,7 +2448,11 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\vSetOverride\x12\x1d.sluice.v1.SetOverrideRequest\x1a\x1e.sluice.v1.SetOverrideResponse\x12R\n" +
 	"\rListOverrides\x12\x1f.sluice.v1.ListOverridesRequest\x1a .sluice.v1.ListOverridesResponse\x12U\n" +
 	"\x0eDeleteOverride\x12 .sluice.v1.DeleteOverrideRequest\x1a!.sluice.v1.DeleteOverrideResponse\x12C\n" +
-	"\bEnvoyKey\x12\x1a.sluice.v1.EnvoyKeyRequest\x1a\x1b.sluice.v1.EnvoyKeyResponseB6Z4github.com/sluice-io/sluice/proto/sluice/v1;sluicepbb\x06proto3"
+	"\bEnvoyKey\x12\x1a.sluice.v1.EnvoyKeyRequest\x1a\x1b.sluice.v1.EnvoyKeyResponse2\xd5\x01\n" +
+	"\vPeerService\x12@\n" +
+	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12@\n" +
+	"\aRelease\x12\x19.sluice.v1.ReleaseRequest\x1a\x1a.sluice.v1.ReleaseResponse\x12B\n" +
+	"\aHandoff\x12\x19.sluice.v1.HandoffRequest\x1a\x1a.sluice.v1.HandoffResponse(\x01B6Z4github.com/sluice-io/sluice/proto/sluice/v1;sluicepbb\x06proto3"
 
 var (
 	file_sluice_v1_sluice_proto_rawDescOnce sync.Once
@@ -2042,7 +2467,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),                 // 0: sluice.v1.Algorithm
 	(*CheckRequest)(nil),           // 1: sluice.v1.CheckRequest
@@ -2071,61 +2496,78 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*EnvoyKeyRequest)(nil),        // 24: sluice.v1.EnvoyKeyRequest
 	(*DescriptorEntry)(nil),        // 25: sluice.v1.DescriptorEntry
 	(*EnvoyKeyResponse)(nil),       // 26: sluice.v1.EnvoyKeyResponse
-	(*durationpb.Duration)(nil),    // 27: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 28: google.protobuf.Timestamp
+	(*ForwardRequest)(nil),         // 27: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),        // 28: sluice.v1.ForwardResponse
+	(*ReleaseRequest)(nil),         // 29: sluice.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 30: sluice.v1.ReleaseResponse
+	(*HandoffRequest)(nil),         // 31: sluice.v1.HandoffRequest
+	(*KeyRecord)(nil),              // 32: sluice.v1.KeyRecord
+	(*HandoffResponse)(nil),        // 33: sluice.v1.HandoffResponse
+	(*durationpb.Duration)(nil),    // 34: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 35: google.protobuf.Timestamp
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	2,  // 0: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.Check
-	27, // 1: sluice.v1.Check.window:type_name -> google.protobuf.Duration
+	34, // 1: sluice.v1.Check.window:type_name -> google.protobuf.Duration
 	0,  // 2: sluice.v1.Check.algorithm:type_name -> sluice.v1.Algorithm
 	4,  // 3: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
-	27, // 4: sluice.v1.Decision.retry_after:type_name -> google.protobuf.Duration
-	27, // 5: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
+	34, // 4: sluice.v1.Decision.retry_after:type_name -> google.protobuf.Duration
+	34, // 5: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
 	7,  // 6: sluice.v1.GetKeyResponse.state:type_name -> sluice.v1.KeyState
 	0,  // 7: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
-	27, // 8: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
+	34, // 8: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
 	8,  // 9: sluice.v1.KeyState.sliding_log:type_name -> sluice.v1.SlidingLogState
 	10, // 10: sluice.v1.KeyState.sliding_window:type_name -> sluice.v1.SlidingWindowState
 	11, // 11: sluice.v1.KeyState.token_bucket:type_name -> sluice.v1.TokenBucketState
-	27, // 12: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
-	27, // 13: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
-	28, // 14: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
-	28, // 15: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
+	34, // 12: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
+	34, // 13: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
+	35, // 14: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
+	35, // 15: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
 	9,  // 16: sluice.v1.SlidingLogState.runs:type_name -> sluice.v1.LogRun
-	28, // 17: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
-	28, // 18: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
-	28, // 19: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
+	35, // 17: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
+	35, // 18: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
+	35, // 19: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
 	14, // 20: sluice.v1.ListKeysResponse.keys:type_name -> sluice.v1.KeySummary
-	28, // 21: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
-	27, // 22: sluice.v1.Override.window:type_name -> google.protobuf.Duration
+	35, // 21: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
+	34, // 22: sluice.v1.Override.window:type_name -> google.protobuf.Duration
 	0,  // 23: sluice.v1.Override.algorithm:type_name -> sluice.v1.Algorithm
-	28, // 24: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
-	28, // 25: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
+	35, // 24: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
+	35, // 25: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
 	17, // 26: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
 	17, // 27: sluice.v1.SetOverrideResponse.override:type_name -> sluice.v1.Override
 	17, // 28: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
 	25, // 29: sluice.v1.EnvoyKeyRequest.entries:type_name -> sluice.v1.DescriptorEntry
-	1,  // 30: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
-	5,  // 31: sluice.v1.AdminService.GetKey:input_type -> sluice.v1.GetKeyRequest
-	12, // 32: sluice.v1.AdminService.ListKeys:input_type -> sluice.v1.ListKeysRequest
-	15, // 33: sluice.v1.AdminService.ResetKey:input_type -> sluice.v1.ResetKeyRequest
-	18, // 34: sluice.v1.AdminService.SetOverride:input_type -> sluice.v1.SetOverrideRequest
-	20, // 35: sluice.v1.AdminService.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
-	22, // 36: sluice.v1.AdminService.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
-	24, // 37: sluice.v1.AdminService.EnvoyKey:input_type -> sluice.v1.EnvoyKeyRequest
-	3,  // 38: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
-	6,  // 39: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
-	13, // 40: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
-	16, // 41: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
-	19, // 42: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
-	21, // 43: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
-	23, // 44: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
-	26, // 45: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
-	38, // [38:46] is the sub-list for method output_type
-	30, // [30:38] is the sub-list for method input_type
-	30, // [30:30] is the sub-list for extension type_name
-	30, // [30:30] is the sub-list for extension extendee
-	0,  // [0:30] is the sub-list for field type_name
+	2,  // 30: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.Check
+	4,  // 31: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
+	2,  // 32: sluice.v1.ReleaseRequest.checks:type_name -> sluice.v1.Check
+	32, // 33: sluice.v1.HandoffRequest.keys:type_name -> sluice.v1.KeyRecord
+	1,  // 34: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
+	5,  // 35: sluice.v1.AdminService.GetKey:input_type -> sluice.v1.GetKeyRequest
+	12, // 36: sluice.v1.AdminService.ListKeys:input_type -> sluice.v1.ListKeysRequest
+	15, // 37: sluice.v1.AdminService.ResetKey:input_type -> sluice.v1.ResetKeyRequest
+	18, // 38: sluice.v1.AdminService.SetOverride:input_type -> sluice.v1.SetOverrideRequest
+	20, // 39: sluice.v1.AdminService.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
+	22, // 40: sluice.v1.AdminService.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
+	24, // 41: sluice.v1.AdminService.EnvoyKey:input_type -> sluice.v1.EnvoyKeyRequest
+	27, // 42: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
+	29, // 43: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
+	31, // 44: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
+	3,  // 45: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
+	6,  // 46: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
+	13, // 47: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
+	16, // 48: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
+	19, // 49: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
+	21, // 50: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
+	23, // 51: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
+	26, // 52: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
+	28, // 53: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
+	30, // 54: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
+	33, // 55: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
+	45, // [45:56] is the sub-list for method output_type
+	34, // [34:45] is the sub-list for method input_type
+	34, // [34:34] is the sub-list for extension type_name
+	34, // [34:34] is the sub-list for extension extendee
+	0,  // [0:34] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -2145,9 +2587,9 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   26,
+			NumMessages:   33,
 			NumExtensions: 0,
-			NumServices:   2,
+			NumServices:   3,
 		},
 		GoTypes:           file_sluice_v1_sluice_proto_goTypes,
 		DependencyIndexes: file_sluice_v1_sluice_proto_depIdxs,

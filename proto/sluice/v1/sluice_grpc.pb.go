@@ -569,3 +569,201 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 	Streams:  []grpc.StreamDesc{},
 	Metadata: "sluice/v1/sluice.proto",
 }
+
+const (
+	PeerService_Forward_FullMethodName = "/sluice.v1.PeerService/Forward"
+	PeerService_Release_FullMethodName = "/sluice.v1.PeerService/Release"
+	PeerService_Handoff_FullMethodName = "/sluice.v1.PeerService/Handoff"
+)
+
+// PeerServiceClient is the client API for PeerService service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// PeerService is internal to a cluster: nodes forward checks to the owners
+// of their keys and hand key state over when ownership moves. It is not part
+// of the public API and may change between releases; nodes of one cluster
+// run the same release.
+type PeerServiceClient interface {
+	// Forward decides checks on the node that owns their keys. The checks are
+	// complete (limit, window and algorithm already resolved by the node that
+	// received them). The receiver decides them itself and never forwards
+	// them again.
+	Forward(ctx context.Context, in *ForwardRequest, opts ...grpc.CallOption) (*ForwardResponse, error)
+	// Release takes back hits that a reserving Forward recorded, when the
+	// all_or_nothing call they belonged to failed on another node.
+	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
+	// Handoff streams the state of keys whose ownership moved to the
+	// receiver, which merges each into what it holds.
+	Handoff(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[HandoffRequest, HandoffResponse], error)
+}
+
+type peerServiceClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewPeerServiceClient(cc grpc.ClientConnInterface) PeerServiceClient {
+	return &peerServiceClient{cc}
+}
+
+func (c *peerServiceClient) Forward(ctx context.Context, in *ForwardRequest, opts ...grpc.CallOption) (*ForwardResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForwardResponse)
+	err := c.cc.Invoke(ctx, PeerService_Forward_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerServiceClient) Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseResponse)
+	err := c.cc.Invoke(ctx, PeerService_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerServiceClient) Handoff(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[HandoffRequest, HandoffResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &PeerService_ServiceDesc.Streams[0], PeerService_Handoff_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[HandoffRequest, HandoffResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PeerService_HandoffClient = grpc.ClientStreamingClient[HandoffRequest, HandoffResponse]
+
+// PeerServiceServer is the server API for PeerService service.
+// All implementations must embed UnimplementedPeerServiceServer
+// for forward compatibility.
+//
+// PeerService is internal to a cluster: nodes forward checks to the owners
+// of their keys and hand key state over when ownership moves. It is not part
+// of the public API and may change between releases; nodes of one cluster
+// run the same release.
+type PeerServiceServer interface {
+	// Forward decides checks on the node that owns their keys. The checks are
+	// complete (limit, window and algorithm already resolved by the node that
+	// received them). The receiver decides them itself and never forwards
+	// them again.
+	Forward(context.Context, *ForwardRequest) (*ForwardResponse, error)
+	// Release takes back hits that a reserving Forward recorded, when the
+	// all_or_nothing call they belonged to failed on another node.
+	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
+	// Handoff streams the state of keys whose ownership moved to the
+	// receiver, which merges each into what it holds.
+	Handoff(grpc.ClientStreamingServer[HandoffRequest, HandoffResponse]) error
+	mustEmbedUnimplementedPeerServiceServer()
+}
+
+// UnimplementedPeerServiceServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedPeerServiceServer struct{}
+
+func (UnimplementedPeerServiceServer) Forward(context.Context, *ForwardRequest) (*ForwardResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Forward not implemented")
+}
+func (UnimplementedPeerServiceServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
+}
+func (UnimplementedPeerServiceServer) Handoff(grpc.ClientStreamingServer[HandoffRequest, HandoffResponse]) error {
+	return status.Error(codes.Unimplemented, "method Handoff not implemented")
+}
+func (UnimplementedPeerServiceServer) mustEmbedUnimplementedPeerServiceServer() {}
+func (UnimplementedPeerServiceServer) testEmbeddedByValue()                     {}
+
+// UnsafePeerServiceServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to PeerServiceServer will
+// result in compilation errors.
+type UnsafePeerServiceServer interface {
+	mustEmbedUnimplementedPeerServiceServer()
+}
+
+func RegisterPeerServiceServer(s grpc.ServiceRegistrar, srv PeerServiceServer) {
+	// If the following call panics, it indicates UnimplementedPeerServiceServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&PeerService_ServiceDesc, srv)
+}
+
+func _PeerService_Forward_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForwardRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).Forward(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_Forward_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).Forward(ctx, req.(*ForwardRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PeerService_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).Release(ctx, req.(*ReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PeerService_Handoff_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(PeerServiceServer).Handoff(&grpc.GenericServerStream[HandoffRequest, HandoffResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PeerService_HandoffServer = grpc.ClientStreamingServer[HandoffRequest, HandoffResponse]
+
+// PeerService_ServiceDesc is the grpc.ServiceDesc for PeerService service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var PeerService_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "sluice.v1.PeerService",
+	HandlerType: (*PeerServiceServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Forward",
+			Handler:    _PeerService_Forward_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _PeerService_Release_Handler,
+		},
+	},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Handoff",
+			Handler:       _PeerService_Handoff_Handler,
+			ClientStreams: true,
+		},
+	},
+	Metadata: "sluice/v1/sluice.proto",
+}

@@ -1,0 +1,255 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sluice-io/sluice/actor/clock"
+	"github.com/sluice-io/sluice/cluster"
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+)
+
+// udpTCPPort returns a port that was free for TCP and UDP on 127.0.0.1.
+func udpTCPPort(t testing.TB) int {
+	t.Helper()
+	for range 20 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(port))
+		l.Close()
+		if err == nil {
+			u.Close()
+			return port
+		}
+	}
+	t.Fatal("no free port")
+	return 0
+}
+
+// testCluster is n nodes in this process sharing one fake clock, joined
+// through the first one's gossip address.
+type testCluster struct {
+	t     *testing.T
+	clk   *clock.Fake
+	nodes []*testServer
+	seed  string
+}
+
+func newTestCluster(t *testing.T, n int) *testCluster {
+	tc := &testCluster{t: t, clk: clock.NewFake(epoch)}
+	for i := 0; i < n; i++ {
+		tc.add()
+	}
+	tc.waitMembers(n)
+	return tc
+}
+
+// add starts one more node and joins it to the cluster.
+func (tc *testCluster) add() *testServer {
+	t := tc.t
+	i := len(tc.nodes)
+	gossip := "127.0.0.1:" + strconv.Itoa(udpTCPPort(t))
+	if tc.seed == "" {
+		tc.seed = gossip
+	}
+	ts := newTestServer(t, func(c *Config) {
+		c.NodeName = fmt.Sprintf("node-%d", i)
+		c.Clock = tc.clk
+		cc := cluster.DefaultConfig()
+		cc.GossipAddr = gossip
+		cc.Join = []string{tc.seed}
+		c.Cluster = &cc
+		c.Router.HandoffWait = 2 * time.Second
+	})
+	tc.nodes = append(tc.nodes, ts)
+	return ts
+}
+
+// waitMembers waits until every running node sees n live members.
+func (tc *testCluster) waitMembers(n int) {
+	tc.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ok := true
+		for _, ts := range tc.nodes {
+			if ts.srv != nil && ts.srv.Membership().View().Len() != n {
+				ok = false
+			}
+		}
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			tc.t.Fatalf("members did not converge to %d", n)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (tc *testCluster) client(i int) sluicepb.RateLimitServiceClient {
+	return sluicepb.NewRateLimitServiceClient(tc.nodes[i].conn)
+}
+
+// TestClusterExact: one key hit concurrently through every node allows
+// exactly its limit, and so does each of 100 keys; every decision names the
+// key's owner, whichever node was asked.
+func TestClusterExact(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	var allowed atomic.Int64
+	var wg sync.WaitGroup
+	for g := 0; g < 12; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			client := tc.client(g % 3)
+			for i := 0; i < 25; i++ {
+				resp, err := client.Check(tc.nodes[0].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck("hot", 100, time.Minute, 1)}})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if resp.Decisions[0].Allowed {
+					allowed.Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if got := allowed.Load(); got != 100 {
+		t.Fatalf("300 hits through 3 nodes on a limit of 100: %d allowed; want 100", got)
+	}
+
+	counts := make([]atomic.Int64, 100)
+	owners := make([]atomic.Value, 100)
+	for g := 0; g < 3; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			client := tc.client(g)
+			for round := 0; round < 4; round++ {
+				req := &sluicepb.CheckRequest{}
+				for k := 0; k < 100; k++ {
+					req.Checks = append(req.Checks, nativeCheck(fmt.Sprintf("key-%d", k), 10, time.Minute, 1))
+				}
+				resp, err := client.Check(tc.nodes[0].ctx(), req)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for k, d := range resp.Decisions {
+					if d.Allowed {
+						counts[k].Add(1)
+					}
+					if prev := owners[k].Swap(d.Node); prev != nil && prev != d.Node {
+						t.Errorf("key-%d decided by %v and %v", k, prev, d.Node)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	nodes := map[any]int{}
+	for k := range counts {
+		if got := counts[k].Load(); got != 10 {
+			t.Errorf("key-%d: %d allowed of 12 hits; want 10", k, got)
+		}
+		nodes[owners[k].Load()]++
+	}
+	if len(nodes) != 3 {
+		t.Errorf("100 keys decided by %d nodes; want all 3: %v", len(nodes), nodes)
+	}
+}
+
+// TestClusterJoinLeaveKeepsState: under steady load, a fourth node joins
+// and then one node leaves gracefully; for every key the hits allowed
+// never exceed the limit (the fake clock does not move, so the whole test
+// is one window), because each key's state moves with its ownership.
+func TestClusterJoinLeaveKeepsState(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	const keys, limit = 200, 5
+	var allowed [keys]atomic.Int64
+	// Callers ask nodes 0 and 2; node 1 leaves mid-test, node 3 joins and is
+	// reached through forwarding.
+	clients := []sluicepb.RateLimitServiceClient{tc.client(0), tc.client(2)}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := (g*131 + i*7) % keys
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				resp, err := clients[(g+i)%2].Check(ctx,
+					&sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(fmt.Sprintf("k%d", k), limit, time.Hour, 1)}})
+				cancel()
+				if err == nil && resp.Decisions[0].Allowed {
+					allowed[k].Add(1)
+				}
+				if i > 3000 {
+					return
+				}
+			}
+		}()
+	}
+	time.Sleep(200 * time.Millisecond) // let load run before the change (not a correctness wait)
+	tc.add()
+	tc.waitMembers(4)
+	time.Sleep(200 * time.Millisecond)
+	leaver := tc.nodes[1]
+	leaver.stop()
+	tc.waitMembers(3)
+	time.Sleep(200 * time.Millisecond)
+	close(stop)
+	wg.Wait()
+	over := 0
+	for k := range allowed {
+		if n := allowed[k].Load(); n > limit {
+			over++
+			t.Errorf("k%d: %d allowed; limit %d", k, n, limit)
+		}
+	}
+	t.Logf("keys over their limit: %d of %d", over, keys)
+}
+
+// TestClusterUnreachableOwnerFailsFast: when a key's owner cannot be
+// reached, the decision fails with Unavailable within the deadline.
+func TestClusterUnreachableOwnerFailsFast(t *testing.T) {
+	tc := newTestCluster(t, 2)
+	// Find a key node 1 owns, then cut node 1's gRPC without leaving.
+	view := tc.nodes[0].srv.Membership().View()
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := fmt.Sprintf("k%d", i); view.Owner(k).Name == "node-1" {
+			key = k
+		}
+	}
+	tc.nodes[1].srv.grpc.Stop()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := tc.client(0).Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, 5, time.Minute, 1)}})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("Check(key of a dead owner) = %v; want Unavailable", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("failing took %v; want well within the 3s deadline", d)
+	}
+}

@@ -1,0 +1,521 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+)
+
+var (
+	// ErrStarted means Start was called twice.
+	ErrStarted = errors.New("cluster: membership already started")
+	// ErrNotStarted means a call needs a started membership.
+	ErrNotStarted = errors.New("cluster: membership not started")
+	// ErrClosed means the membership was shut down.
+	ErrClosed = errors.New("cluster: membership shut down")
+	// ErrJoin means no member of the join list could be reached before the
+	// context ended.
+	ErrJoin = errors.New("cluster: join")
+)
+
+// maxDeparted bounds how many dead or left members Nodes remembers.
+const maxDeparted = 64
+
+// Membership is this node's view of the cluster: it runs memberlist, keeps
+// an immutable snapshot of the live members, and answers who owns a key.
+// Its methods are safe for concurrent use.
+type Membership struct {
+	cfg Config
+	log *slog.Logger
+	obs Observer
+
+	ctx    context.Context // cancelled by Shutdown
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // goroutines started by Start
+
+	life       sync.Mutex // serialises Start, SetLeaving, Leave and Shutdown
+	ml         *memberlist.Memberlist
+	meta       meta // what this node gossips about itself; under life
+	leaving    bool
+	left       bool
+	closed     bool
+	stopRejoin context.CancelFunc
+	self       selfAddrs // to skip this node in join lists
+
+	metaBytes atomic.Pointer[[]byte] // read by memberlist's NodeMeta
+
+	// lookupIP resolves join names; tests replace it before Start.
+	lookupIP func(ctx context.Context, host string) ([]net.IPAddr, error)
+
+	// stateMu guards the fields below. It is taken inside memberlist's
+	// callbacks (which hold memberlist's node lock), so nothing may call
+	// into memberlist while holding it.
+	stateMu  sync.Mutex
+	live     map[string]Member
+	departed map[string]Member
+	epoch    uint64
+
+	view  atomic.Pointer[View]
+	local atomic.Pointer[Member]
+
+	notify     chan struct{} // capacity 1: wakes the dispatcher
+	subMu      sync.Mutex
+	subs       map[*subscriber]struct{}
+	subsClosed bool
+}
+
+type subscriber struct {
+	ch   chan *View
+	last uint64 // epoch of the last view delivered
+}
+
+// New returns a Membership for cfg, not yet started.
+func New(cfg Config) (*Membership, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	cfg.Join = slices.Clone(cfg.Join)
+	cfg.GossipKey = slices.Clone(cfg.GossipKey)
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &Membership{
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "cluster"),
+		obs:      cfg.Observer,
+		ctx:      ctx,
+		cancel:   cancel,
+		live:     make(map[string]Member),
+		departed: make(map[string]Member),
+		notify:   make(chan struct{}, 1),
+		subs:     make(map[*subscriber]struct{}),
+		lookupIP: net.DefaultResolver.LookupIPAddr,
+	}
+	m.cfg.Logger = m.log
+	m.view.Store(NewView(0, nil))
+	return m, nil
+}
+
+// Start binds the gossip address (a bind error returns at once), starts
+// memberlist and then joins Config.Join: it resolves the names, contacts
+// every address, and retries with backoff until a member answers or ctx
+// ends (then it shuts down and returns an error wrapping ErrJoin). Without
+// a join list, or with one that names only this node, this node starts a
+// new cluster. Once joined, the node keeps contacting join addresses that
+// are not in its view every RejoinInterval.
+func (m *Membership) Start(ctx context.Context) error {
+	m.life.Lock()
+	if m.closed {
+		m.life.Unlock()
+		return ErrClosed
+	}
+	if m.ml != nil {
+		m.life.Unlock()
+		return ErrStarted
+	}
+	m.meta = meta{GRPC: m.cfg.GRPCAddr, Started: time.Now().UnixNano()}
+	m.storeMeta()
+	mc := m.cfg.memberlistConfig()
+	h := hooks{m}
+	mc.Delegate, mc.Events, mc.Alive = h, h, h
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		m.life.Unlock()
+		return fmt.Errorf("cluster: start gossip on %s: %w", m.cfg.GossipAddr, err)
+	}
+	m.ml = ml
+	if grpc, ok := m.advertisedGRPC(); ok && grpc != m.meta.GRPC {
+		// Peers cannot dial an unspecified host: advertise the gossip IP.
+		m.meta.GRPC = grpc
+		m.storeMeta()
+		if err := ml.UpdateNode(m.cfg.TCPTimeout); err != nil {
+			m.log.Warn("advertise gRPC address", "grpc", grpc, "err", err)
+		}
+	}
+	m.self = newSelfAddrs(ml.LocalNode(), m.cfg.GossipAddr)
+	local := m.Local()
+	m.log.Info("gossip started", "node", local.Name, "gossip", local.GossipAddr, "grpc", local.GRPCAddr,
+		"encrypted", len(m.cfg.GossipKey) > 0)
+	m.wg.Add(1)
+	go m.dispatch()
+	m.life.Unlock()
+
+	if len(m.cfg.Join) > 0 {
+		if err := m.Join(ctx, m.cfg.Join); err != nil {
+			_ = m.Shutdown()
+			return err
+		}
+	}
+	if len(m.cfg.Join) > 0 && m.cfg.RejoinInterval > 0 {
+		m.life.Lock()
+		if !m.closed && !m.left {
+			rctx, cancel := context.WithCancel(m.ctx)
+			m.stopRejoin = cancel
+			m.wg.Add(1)
+			go m.rejoinLoop(rctx, ml)
+		}
+		m.life.Unlock()
+	}
+	return nil
+}
+
+// advertisedGRPC returns the gRPC address to gossip when the configured one
+// has an empty or unspecified host, with the gossip IP in its place.
+func (m *Membership) advertisedGRPC() (string, bool) {
+	host, port, err := net.SplitHostPort(m.cfg.GRPCAddr)
+	if err != nil {
+		return "", false
+	}
+	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
+		return "", false
+	}
+	return net.JoinHostPort(m.ml.LocalNode().Addr.String(), port), true
+}
+
+func (m *Membership) storeMeta() {
+	b := m.meta.encode()
+	m.metaBytes.Store(&b)
+}
+
+// SetLeaving announces that this node is about to leave: peers see it in
+// state StateLeaving. It keeps its keys (and stays in every view) until it
+// leaves, so a node can hand its keys over between SetLeaving and Leave.
+// It waits up to timeout for the announcement to be gossiped. Leave calls
+// it if it was not called.
+func (m *Membership) SetLeaving(timeout time.Duration) error {
+	m.life.Lock()
+	defer m.life.Unlock()
+	if err := m.runningLocked(); err != nil {
+		return err
+	}
+	return m.setLeavingLocked(timeout)
+}
+
+func (m *Membership) setLeavingLocked(timeout time.Duration) error {
+	if m.leaving || m.left {
+		return nil
+	}
+	m.leaving = true
+	m.meta.Leaving = true
+	m.storeMeta()
+	if err := m.ml.UpdateNode(max(timeout, time.Millisecond)); err != nil {
+		return fmt.Errorf("cluster: announce leaving: %w", err)
+	}
+	return nil
+}
+
+// Leave leaves the cluster gracefully: it announces it is leaving (see
+// SetLeaving), then gossips its departure, waiting up to timeout in all.
+// Peers then see it in state StateLeft at once instead of after failure
+// detection. The node keeps answering gossip until Shutdown, which must
+// follow. Leave after Leave does nothing.
+func (m *Membership) Leave(timeout time.Duration) error {
+	m.life.Lock()
+	defer m.life.Unlock()
+	if err := m.runningLocked(); err != nil {
+		return err
+	}
+	if m.left {
+		return nil
+	}
+	if m.stopRejoin != nil {
+		m.stopRejoin()
+	}
+	deadline := time.Now().Add(timeout)
+	if err := m.setLeavingLocked(timeout / 2); err != nil {
+		m.log.Warn("leave: peers may see this node fail instead of leave", "err", err)
+	}
+	m.left = true
+	if err := m.ml.Leave(max(time.Until(deadline), time.Millisecond)); err != nil {
+		return fmt.Errorf("cluster: leave: %w", err)
+	}
+	m.log.Info("left the cluster")
+	return nil
+}
+
+func (m *Membership) runningLocked() error {
+	switch {
+	case m.closed:
+		return ErrClosed
+	case m.ml == nil:
+		return ErrNotStarted
+	}
+	return nil
+}
+
+// Shutdown stops gossip without leaving (peers detect a failure unless
+// Leave came first), stops the membership's goroutines and waits for them,
+// and closes every subscription. It is safe to call more than once and
+// before Start.
+func (m *Membership) Shutdown() error {
+	m.life.Lock()
+	defer m.life.Unlock()
+	if m.closed {
+		return nil
+	}
+	m.closed = true
+	m.cancel()
+	var err error
+	if m.ml != nil {
+		if e := m.ml.Shutdown(); e != nil {
+			err = fmt.Errorf("cluster: shutdown: %w", e)
+		}
+	}
+	m.wg.Wait()
+	m.subMu.Lock()
+	m.subsClosed = true
+	for s := range m.subs {
+		close(s.ch)
+		delete(m.subs, s)
+	}
+	m.subMu.Unlock()
+	return err
+}
+
+// View returns the current snapshot of the live members. It is shared:
+// do not modify it.
+func (m *Membership) View() *View { return m.view.Load() }
+
+// Epoch returns the epoch of the current view; see View.Epoch.
+func (m *Membership) Epoch() uint64 { return m.view.Load().Epoch }
+
+// Members returns a copy of the live members, sorted by name.
+func (m *Membership) Members() []Member { return slices.Clone(m.view.Load().Members) }
+
+// Owner returns the member that owns key in the current view (see
+// View.Owner), or the zero Member before Start. It does not allocate.
+func (m *Membership) Owner(key string) Member { return m.view.Load().Owner(key) }
+
+// Local returns this node as a member. Before Start its GossipAddr and
+// State are empty.
+func (m *Membership) Local() Member {
+	if p := m.local.Load(); p != nil {
+		return *p
+	}
+	return Member{Name: m.cfg.NodeName, GRPCAddr: m.cfg.GRPCAddr}
+}
+
+// Nodes returns the live members and the last members seen dead or left
+// (up to 64, until they come back), sorted by name: the operator's view.
+func (m *Membership) Nodes() []Member {
+	m.stateMu.Lock()
+	nodes := make([]Member, 0, len(m.live)+len(m.departed))
+	for _, n := range m.live {
+		nodes = append(nodes, n)
+	}
+	for _, n := range m.departed {
+		nodes = append(nodes, n)
+	}
+	m.stateMu.Unlock()
+	slices.SortFunc(nodes, func(a, b Member) int { return strings.Compare(a.Name, b.Name) })
+	return nodes
+}
+
+// Subscribe returns a channel that receives the current view at once and
+// then every later view, and a function that ends the subscription and
+// closes the channel. Delivery never blocks memberlist: the channel holds
+// one view, and a view the subscriber has not taken yet is replaced by the
+// newer one, so a slow subscriber skips views but always ends with the
+// latest. Epochs received only increase. Shutdown closes the channel.
+func (m *Membership) Subscribe() (<-chan *View, func()) {
+	s := &subscriber{ch: make(chan *View, 1)}
+	m.subMu.Lock()
+	defer m.subMu.Unlock()
+	if m.subsClosed {
+		close(s.ch)
+		return s.ch, func() {}
+	}
+	v := m.view.Load()
+	s.ch <- v
+	s.last = v.Epoch
+	m.subs[s] = struct{}{}
+	return s.ch, func() {
+		m.subMu.Lock()
+		defer m.subMu.Unlock()
+		if _, ok := m.subs[s]; ok {
+			delete(m.subs, s)
+			close(s.ch)
+		}
+	}
+}
+
+// dispatch delivers new views to subscribers, off memberlist's goroutines.
+func (m *Membership) dispatch() {
+	defer m.wg.Done()
+	for {
+		select {
+		case <-m.ctx.Done():
+			return
+		case <-m.notify:
+		}
+		v := m.view.Load()
+		m.subMu.Lock()
+		for s := range m.subs {
+			if v.Epoch <= s.last {
+				continue
+			}
+			select { // drop a view not taken yet, then send the newest
+			case <-s.ch:
+			default:
+			}
+			s.ch <- v // cannot block: this goroutine is the only sender
+			s.last = v.Epoch
+		}
+		m.subMu.Unlock()
+	}
+}
+
+// nodeUp records a member that joined or changed; called by memberlist
+// with its node lock held.
+func (m *Membership) nodeUp(n *memberlist.Node, kind ChangeKind) {
+	md, err := decodeMeta(n.Meta)
+	if err != nil {
+		m.log.Warn("ignoring member with unreadable metadata", "member", n.Name, "err", err)
+		return
+	}
+	mem := Member{
+		Name:       n.Name,
+		GossipAddr: n.Address(),
+		GRPCAddr:   md.GRPC,
+		State:      StateAlive,
+		Started:    md.started(),
+	}
+	if md.Leaving {
+		mem.State = StateLeaving
+	}
+	m.stateMu.Lock()
+	old, existed := m.live[n.Name]
+	if existed && sameMember(old, mem) {
+		m.stateMu.Unlock()
+		return
+	}
+	if !existed {
+		kind = ChangeJoined
+	} else if kind == ChangeJoined {
+		kind = ChangeUpdated
+	}
+	m.live[n.Name] = mem
+	delete(m.departed, n.Name)
+	v := m.publishLocked(mem)
+	m.stateMu.Unlock()
+	m.obs.Changed(kind, v.Epoch, v.Len())
+	m.log.Info("member "+kind.String(), "member", mem.Name, "gossip", mem.GossipAddr, "grpc", mem.GRPCAddr,
+		"state", mem.State.String(), "epoch", v.Epoch, "members", v.Len())
+}
+
+// nodeDown records a member that left or failed; called by memberlist with
+// its node lock held.
+func (m *Membership) nodeDown(n *memberlist.Node) {
+	m.stateMu.Lock()
+	mem, ok := m.live[n.Name]
+	if !ok {
+		m.stateMu.Unlock()
+		return
+	}
+	delete(m.live, n.Name)
+	kind, state := ChangeFailed, StateDead
+	if mem.State == StateLeaving || isLeaving(n.Meta) {
+		kind, state = ChangeLeft, StateLeft
+	}
+	mem.State = state
+	m.departed[n.Name] = mem
+	if len(m.departed) > maxDeparted {
+		m.forgetOldestDepartedLocked()
+	}
+	v := m.publishLocked(mem)
+	m.stateMu.Unlock()
+	m.obs.Changed(kind, v.Epoch, v.Len())
+	m.log.Info("member "+kind.String(), "member", mem.Name, "gossip", mem.GossipAddr, "epoch", v.Epoch, "members", v.Len())
+}
+
+func isLeaving(b []byte) bool {
+	md, err := decodeMeta(b)
+	return err == nil && md.Leaving
+}
+
+func sameMember(a, b Member) bool {
+	return a.Name == b.Name && a.GossipAddr == b.GossipAddr && a.GRPCAddr == b.GRPCAddr &&
+		a.State == b.State && a.Started.Equal(b.Started)
+}
+
+func (m *Membership) forgetOldestDepartedLocked() {
+	var oldest string
+	var at time.Time
+	for name, d := range m.departed {
+		if oldest == "" || d.Started.Before(at) {
+			oldest, at = name, d.Started
+		}
+	}
+	delete(m.departed, oldest)
+}
+
+// publishLocked stores a new view of the live members and wakes the
+// dispatcher. changed is the member that changed.
+func (m *Membership) publishLocked(changed Member) *View {
+	m.epoch++
+	members := make([]Member, 0, len(m.live))
+	for _, mem := range m.live {
+		members = append(members, mem)
+	}
+	v := NewView(m.epoch, members)
+	m.view.Store(v)
+	if changed.Name == m.cfg.NodeName {
+		m.local.Store(&changed)
+	}
+	select {
+	case m.notify <- struct{}{}:
+	default:
+	}
+	return v
+}
+
+// hooks receives memberlist's callbacks for a Membership.
+type hooks struct{ m *Membership }
+
+// NodeMeta implements memberlist.Delegate.
+func (h hooks) NodeMeta(limit int) []byte {
+	b := *h.m.metaBytes.Load()
+	if len(b) > limit {
+		panic(fmt.Sprintf("cluster: node meta of %d bytes over memberlist's limit %d", len(b), limit)) // Validate bounds it
+	}
+	return b
+}
+
+// NotifyMsg implements memberlist.Delegate; Sluice sends no user messages.
+func (hooks) NotifyMsg([]byte) {}
+
+// GetBroadcasts implements memberlist.Delegate.
+func (hooks) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+
+// LocalState implements memberlist.Delegate.
+func (hooks) LocalState(join bool) []byte { return nil }
+
+// MergeRemoteState implements memberlist.Delegate.
+func (hooks) MergeRemoteState(buf []byte, join bool) {}
+
+// NotifyJoin implements memberlist.EventDelegate.
+func (h hooks) NotifyJoin(n *memberlist.Node) { h.m.nodeUp(n, ChangeJoined) }
+
+// NotifyUpdate implements memberlist.EventDelegate.
+func (h hooks) NotifyUpdate(n *memberlist.Node) { h.m.nodeUp(n, ChangeUpdated) }
+
+// NotifyLeave implements memberlist.EventDelegate.
+func (h hooks) NotifyLeave(n *memberlist.Node) { h.m.nodeDown(n) }
+
+// NotifyAlive implements memberlist.AliveDelegate: nodes that do not carry
+// Sluice metadata (another memberlist application on the same network)
+// are kept out.
+func (hooks) NotifyAlive(n *memberlist.Node) error {
+	if _, err := decodeMeta(n.Meta); err != nil {
+		return fmt.Errorf("not a sluice node: metadata: %v", err)
+	}
+	return nil
+}

@@ -1,0 +1,44 @@
+package cluster
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// meta is what a node gossips about itself in memberlist's node metadata
+// (at most 512 bytes). It is JSON so that later versions can add fields
+// that earlier ones ignore.
+type meta struct {
+	// GRPC is the node's gRPC address for forwarded checks.
+	GRPC string `json:"grpc"`
+	// Started is the Unix time in nanoseconds at which the process started
+	// its membership.
+	Started int64 `json:"started"`
+	// Leaving is set once the node announced it is about to leave.
+	Leaving bool `json:"leaving,omitempty"`
+}
+
+var errNoGRPC = errors.New("no gRPC address")
+
+func (m meta) encode() []byte {
+	b, err := json.Marshal(m)
+	if err != nil {
+		panic(fmt.Sprintf("cluster: encode node meta: %v", err)) // a struct of a string, an int and a bool
+	}
+	return b
+}
+
+func decodeMeta(b []byte) (meta, error) {
+	var m meta
+	if err := json.Unmarshal(b, &m); err != nil {
+		return meta{}, err
+	}
+	if m.GRPC == "" {
+		return meta{}, errNoGRPC
+	}
+	return m, nil
+}
+
+func (m meta) started() time.Time { return time.Unix(0, m.Started) }
