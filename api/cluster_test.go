@@ -253,3 +253,95 @@ func TestClusterUnreachableOwnerFailsFast(t *testing.T) {
 		t.Fatalf("failing took %v; want well within the 3s deadline", d)
 	}
 }
+
+// crash stops a node as kill -9 would for the cluster: no leave, no
+// handoff. Its data file is closed, with every acknowledged hit in it.
+func (ts *testServer) crash() {
+	s := ts.srv
+	ts.srv = nil
+	ts.conn.Close()
+	s.grpc.Stop()
+	s.http.Close()
+	s.membership.Shutdown()
+	s.follow()
+	s.router.Close()
+	s.wg.Wait()
+	s.closeStorage()
+}
+
+// TestClusterCrashAndReturn: a node that stops without leaving has its keys
+// decided by the others once failure detection drops it, without its state:
+// the excess over the limit is at most one window's limit per moved key.
+// When it comes back with its data, the others hand back what they
+// recorded meanwhile and it merges that into what it had, so from then on
+// no key has any excess: nothing more is allowed in the window.
+func TestClusterCrashAndReturn(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for failure detection")
+	}
+	tc := newTestCluster(t, 3)
+	const keys, limit = 60, 4
+	hit := func(node int, k int) (bool, string) {
+		t.Helper()
+		resp, err := tc.client(node).Check(tc.nodes[0].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(fmt.Sprintf("c%d", k), limit, time.Hour, 1)}})
+		if err != nil {
+			t.Fatalf("hit c%d via node %d: %v", k, node, err)
+		}
+		return resp.Decisions[0].Allowed, resp.Decisions[0].Node
+	}
+	// One hit per key before the crash: the victim's share of that lives
+	// only in the victim's data file.
+	owner := make([]string, keys)
+	for k := 0; k < keys; k++ {
+		ok, node := hit(0, k)
+		if !ok {
+			t.Fatalf("c%d first hit denied", k)
+		}
+		owner[k] = node
+	}
+	victim := tc.nodes[2]
+	victim.crash()
+	tc.waitMembers(2)
+
+	excess, moved := 0, 0
+	for k := 0; k < keys; k++ {
+		if owner[k] != "node-2" {
+			continue
+		}
+		moved++
+		for i := 0; i < limit+2; i++ {
+			if ok, _ := hit(0, k); ok {
+				excess++
+			}
+		}
+	}
+	// Without the victim's state, a moved key allows its whole limit again:
+	// 1 hit of excess each here (the one recorded before the crash), never
+	// more than one window's limit.
+	excess -= moved * (limit - 1)
+	t.Logf("%d keys moved without their state; %d hits allowed over their limits (bound: %d per key)", moved, excess, limit)
+	if moved == 0 || excess > moved*limit {
+		t.Fatalf("excess %d over %d moved keys; want at most %d", excess, moved, moved*limit)
+	}
+
+	victim.start()
+	tc.waitMembers(3)
+	// Give the handoff its bounded wait: decisions on the returning node's
+	// keys hold until the others' state arrives.
+	// Each moved key now holds its old hit (from the victim's disk) plus the
+	// limit the others recorded: nothing more fits. Without the merge the
+	// victim would allow limit-1 more.
+	allowed := 0
+	for k := 0; k < keys; k++ {
+		if owner[k] != "node-2" {
+			continue
+		}
+		if ok, node := hit(1, k); ok {
+			allowed++
+			t.Errorf("c%d allowed by %s after the return", k, node)
+		}
+	}
+	if allowed != 0 {
+		t.Fatalf("after the node returned and merged, %d hits were allowed; want 0", allowed)
+	}
+}

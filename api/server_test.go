@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"testing"
@@ -14,8 +15,22 @@ import (
 	"github.com/sluice-io/sluice/actor/clock"
 )
 
+// TestMain checks for leaked goroutines, polling for a while: memberlist's
+// Shutdown does not wait for a probe already in flight.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	code := m.Run()
+	if code == 0 {
+		deadline := time.Now().Add(10 * time.Second)
+		for err := goleak.Find(); err != nil; err = goleak.Find() {
+			if time.Now().After(deadline) {
+				fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+				code = 1
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	os.Exit(code)
 }
 
 // epoch is where the fake clocks of tests start.

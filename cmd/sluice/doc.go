@@ -5,6 +5,7 @@
 //	sluice check KEY                 ask for one decision
 //	sluice key get|list|reset|envoy  look at and reset live key state
 //	sluice override set|list|rm      change a key's limit without a deploy
+//	sluice members                   list the cluster's members and their share of keys
 //	sluice version                   print the version, commit and Go version
 //
 // # Environment

@@ -99,6 +99,7 @@ Exit codes: 0 success (check: allowed), 1 error, 2 check denied,
 		c.checkCommand(),
 		c.keyCommand(),
 		c.overrideCommand(),
+		c.membersCommand(),
 		c.versionCommand(),
 	)
 	return root

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"encoding/base64"
+	"strings"
+
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/sluice-io/sluice/cluster"
 	"io"
 	"log/slog"
 	"net"
@@ -27,6 +31,12 @@ type serveOptions struct {
 	logFormat string
 	logLevel  string
 	readyFile string
+
+	// Cluster flags: with --gossip-addr or --join the node joins a cluster.
+	gossipAddr    string
+	advertiseAddr string
+	join          string
+	gossipKey     string
 }
 
 func (c *cli) serveCommand() *cobra.Command {
@@ -76,6 +86,10 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.IntVar(&cfg.Engine.MailboxSize, "mailbox-size", 0, "calls that may wait for one actor before the node answers RESOURCE_EXHAUSTED (0: 1024)")
 	fs.IntVar(&cfg.Engine.Limits.MaxKeyLen, "max-key-len", cfg.Engine.Limits.MaxKeyLen, "longest key, in bytes")
 	fs.IntVar(&cfg.Engine.Limits.MaxBatch, "max-batch", cfg.Engine.Limits.MaxBatch, "most checks in one call")
+	fs.StringVar(&o.gossipAddr, "gossip-addr", "", "cluster: host:port to gossip on (memberlist, TCP and UDP); setting it or --join makes the node a cluster member")
+	fs.StringVar(&o.advertiseAddr, "advertise-addr", "", "cluster: host:port peers reach this node's gossip at, when it differs from --gossip-addr")
+	fs.StringVar(&o.join, "join", "", "cluster: comma-separated host:port list of members to join (DNS names are resolved and retried, so a headless Service works)")
+	fs.StringVar(&o.gossipKey, "gossip-key", "", "cluster: base64 AES key (16, 24 or 32 bytes) encrypting gossip; every member needs the same")
 	fs.Var(newEnumValue(&o.logFormat, "text", "text", "json"), "log-format", "log format")
 	fs.Var(newEnumValue(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "least severe level logged")
 	fs.StringVar(&o.readyFile, "ready-file", "", `once serving, write the bound addresses to this file as JSON {"grpc_addr":...,"http_addr":...,"pid":...}; removed at stop (for scripts and tests on port 0)`)
@@ -122,6 +136,26 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 	log := newLogger(c.stderr, o.logFormat, o.logLevel)
 	cfg := o.cfg
 	cfg.Logger = log
+	if o.gossipAddr != "" || o.join != "" {
+		cc := cluster.DefaultConfig()
+		if o.gossipAddr != "" {
+			cc.GossipAddr = o.gossipAddr
+		}
+		cc.AdvertiseAddr = o.advertiseAddr
+		for _, j := range strings.Split(o.join, ",") {
+			if j = strings.TrimSpace(j); j != "" {
+				cc.Join = append(cc.Join, j)
+			}
+		}
+		if o.gossipKey != "" {
+			key, err := base64.StdEncoding.DecodeString(o.gossipKey)
+			if err != nil {
+				return fmt.Errorf("--gossip-key: not base64: %v", err)
+			}
+			cc.GossipKey = key
+		}
+		cfg.Cluster = &cc
+	}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -212,7 +246,21 @@ func (o *serveOptions) attrs() []any {
 		"log_format", o.logFormat,
 		"log_level", o.logLevel,
 		"ready_file", o.readyFile,
+		slog.Group("cluster",
+			"gossip_addr", o.gossipAddr,
+			"advertise_addr", o.advertiseAddr,
+			"join", o.join,
+			"gossip_key", redact(o.gossipKey),
+		),
 	}
+}
+
+// redact hides a secret in logs, saying only whether it is set.
+func redact(secret string) string {
+	if secret == "" {
+		return ""
+	}
+	return "[redacted]"
 }
 
 // newLogger logs to w in format "text" or "json" at level and above.

@@ -446,6 +446,190 @@ func (x *Decision) GetNode() string {
 	return ""
 }
 
+// ListMembersRequest asks for the members.
+type ListMembersRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListMembersRequest) Reset() {
+	*x = ListMembersRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListMembersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListMembersRequest) ProtoMessage() {}
+
+func (x *ListMembersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListMembersRequest.ProtoReflect.Descriptor instead.
+func (*ListMembersRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
+}
+
+// ListMembersResponse is the membership as one node sees it.
+type ListMembersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The members, sorted by name.
+	Members []*ClusterMember `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
+	// The answering node's view epoch: it increases with every membership
+	// change this node sees. Epochs of different nodes are not comparable.
+	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Name of the node that answered.
+	Node          string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListMembersResponse) Reset() {
+	*x = ListMembersResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListMembersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListMembersResponse) ProtoMessage() {}
+
+func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListMembersResponse.ProtoReflect.Descriptor instead.
+func (*ListMembersResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ListMembersResponse) GetMembers() []*ClusterMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *ListMembersResponse) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ListMembersResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+// ClusterMember is one node of the cluster.
+type ClusterMember struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's name (its --node-name); ownership hashes it.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Where it gossips (memberlist), host:port.
+	GossipAddr string `protobuf:"bytes,2,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
+	// Where it serves gRPC, host:port.
+	GrpcAddr string `protobuf:"bytes,3,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
+	// "alive", "leaving" (handing its keys over), "left" or "dead".
+	State string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
+	// Fraction of keys it owns, from 0 to 1 (0 for a node that is leaving).
+	Share         float64 `protobuf:"fixed64,5,opt,name=share,proto3" json:"share,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ClusterMember) Reset() {
+	*x = ClusterMember{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ClusterMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ClusterMember) ProtoMessage() {}
+
+func (x *ClusterMember) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ClusterMember.ProtoReflect.Descriptor instead.
+func (*ClusterMember) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ClusterMember) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ClusterMember) GetGossipAddr() string {
+	if x != nil {
+		return x.GossipAddr
+	}
+	return ""
+}
+
+func (x *ClusterMember) GetGrpcAddr() string {
+	if x != nil {
+		return x.GrpcAddr
+	}
+	return ""
+}
+
+func (x *ClusterMember) GetState() string {
+	if x != nil {
+		return x.State
+	}
+	return ""
+}
+
+func (x *ClusterMember) GetShare() float64 {
+	if x != nil {
+		return x.Share
+	}
+	return 0
+}
+
 // GetKeyRequest names the key to look at.
 type GetKeyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -457,7 +641,7 @@ type GetKeyRequest struct {
 
 func (x *GetKeyRequest) Reset() {
 	*x = GetKeyRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +653,7 @@ func (x *GetKeyRequest) String() string {
 func (*GetKeyRequest) ProtoMessage() {}
 
 func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +666,7 @@ func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyRequest.ProtoReflect.Descriptor instead.
 func (*GetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *GetKeyRequest) GetKey() []byte {
@@ -503,7 +687,7 @@ type GetKeyResponse struct {
 
 func (x *GetKeyResponse) Reset() {
 	*x = GetKeyResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -515,7 +699,7 @@ func (x *GetKeyResponse) String() string {
 func (*GetKeyResponse) ProtoMessage() {}
 
 func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -528,7 +712,7 @@ func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyResponse.ProtoReflect.Descriptor instead.
 func (*GetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *GetKeyResponse) GetState() *KeyState {
@@ -590,7 +774,7 @@ type KeyState struct {
 
 func (x *KeyState) Reset() {
 	*x = KeyState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -602,7 +786,7 @@ func (x *KeyState) String() string {
 func (*KeyState) ProtoMessage() {}
 
 func (x *KeyState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -615,7 +799,7 @@ func (x *KeyState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyState.ProtoReflect.Descriptor instead.
 func (*KeyState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *KeyState) GetKey() []byte {
@@ -780,7 +964,7 @@ type SlidingLogState struct {
 
 func (x *SlidingLogState) Reset() {
 	*x = SlidingLogState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -792,7 +976,7 @@ func (x *SlidingLogState) String() string {
 func (*SlidingLogState) ProtoMessage() {}
 
 func (x *SlidingLogState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -805,7 +989,7 @@ func (x *SlidingLogState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlidingLogState.ProtoReflect.Descriptor instead.
 func (*SlidingLogState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *SlidingLogState) GetRuns() []*LogRun {
@@ -828,7 +1012,7 @@ type LogRun struct {
 
 func (x *LogRun) Reset() {
 	*x = LogRun{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -840,7 +1024,7 @@ func (x *LogRun) String() string {
 func (*LogRun) ProtoMessage() {}
 
 func (x *LogRun) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -853,7 +1037,7 @@ func (x *LogRun) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogRun.ProtoReflect.Descriptor instead.
 func (*LogRun) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *LogRun) GetTime() *timestamppb.Timestamp {
@@ -887,7 +1071,7 @@ type SlidingWindowState struct {
 
 func (x *SlidingWindowState) Reset() {
 	*x = SlidingWindowState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -899,7 +1083,7 @@ func (x *SlidingWindowState) String() string {
 func (*SlidingWindowState) ProtoMessage() {}
 
 func (x *SlidingWindowState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -912,7 +1096,7 @@ func (x *SlidingWindowState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlidingWindowState.ProtoReflect.Descriptor instead.
 func (*SlidingWindowState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SlidingWindowState) GetBucketStart() *timestamppb.Timestamp {
@@ -950,7 +1134,7 @@ type TokenBucketState struct {
 
 func (x *TokenBucketState) Reset() {
 	*x = TokenBucketState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -962,7 +1146,7 @@ func (x *TokenBucketState) String() string {
 func (*TokenBucketState) ProtoMessage() {}
 
 func (x *TokenBucketState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -975,7 +1159,7 @@ func (x *TokenBucketState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenBucketState.ProtoReflect.Descriptor instead.
 func (*TokenBucketState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TokenBucketState) GetTokens() float64 {
@@ -1011,7 +1195,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1023,7 +1207,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1036,7 +1220,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListKeysRequest) GetPrefix() []byte {
@@ -1073,7 +1257,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1085,7 +1269,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1098,7 +1282,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeySummary {
@@ -1133,7 +1317,7 @@ type KeySummary struct {
 
 func (x *KeySummary) Reset() {
 	*x = KeySummary{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1145,7 +1329,7 @@ func (x *KeySummary) String() string {
 func (*KeySummary) ProtoMessage() {}
 
 func (x *KeySummary) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1158,7 +1342,7 @@ func (x *KeySummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeySummary.ProtoReflect.Descriptor instead.
 func (*KeySummary) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *KeySummary) GetKey() []byte {
@@ -1200,7 +1384,7 @@ type ResetKeyRequest struct {
 
 func (x *ResetKeyRequest) Reset() {
 	*x = ResetKeyRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1212,7 +1396,7 @@ func (x *ResetKeyRequest) String() string {
 func (*ResetKeyRequest) ProtoMessage() {}
 
 func (x *ResetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1225,7 +1409,7 @@ func (x *ResetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetKeyRequest.ProtoReflect.Descriptor instead.
 func (*ResetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ResetKeyRequest) GetKey() []byte {
@@ -1246,7 +1430,7 @@ type ResetKeyResponse struct {
 
 func (x *ResetKeyResponse) Reset() {
 	*x = ResetKeyResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +1442,7 @@ func (x *ResetKeyResponse) String() string {
 func (*ResetKeyResponse) ProtoMessage() {}
 
 func (x *ResetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +1455,7 @@ func (x *ResetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetKeyResponse.ProtoReflect.Descriptor instead.
 func (*ResetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ResetKeyResponse) GetExisted() bool {
@@ -1321,7 +1505,7 @@ type Override struct {
 
 func (x *Override) Reset() {
 	*x = Override{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1333,7 +1517,7 @@ func (x *Override) String() string {
 func (*Override) ProtoMessage() {}
 
 func (x *Override) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1346,7 +1530,7 @@ func (x *Override) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Override.ProtoReflect.Descriptor instead.
 func (*Override) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Override) GetKey() []byte {
@@ -1416,7 +1600,7 @@ type SetOverrideRequest struct {
 
 func (x *SetOverrideRequest) Reset() {
 	*x = SetOverrideRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1428,7 +1612,7 @@ func (x *SetOverrideRequest) String() string {
 func (*SetOverrideRequest) ProtoMessage() {}
 
 func (x *SetOverrideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1441,7 +1625,7 @@ func (x *SetOverrideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetOverrideRequest.ProtoReflect.Descriptor instead.
 func (*SetOverrideRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SetOverrideRequest) GetOverride() *Override {
@@ -1462,7 +1646,7 @@ type SetOverrideResponse struct {
 
 func (x *SetOverrideResponse) Reset() {
 	*x = SetOverrideResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1474,7 +1658,7 @@ func (x *SetOverrideResponse) String() string {
 func (*SetOverrideResponse) ProtoMessage() {}
 
 func (x *SetOverrideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1487,7 +1671,7 @@ func (x *SetOverrideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetOverrideResponse.ProtoReflect.Descriptor instead.
 func (*SetOverrideResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SetOverrideResponse) GetOverride() *Override {
@@ -1515,7 +1699,7 @@ type ListOverridesRequest struct {
 
 func (x *ListOverridesRequest) Reset() {
 	*x = ListOverridesRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1527,7 +1711,7 @@ func (x *ListOverridesRequest) String() string {
 func (*ListOverridesRequest) ProtoMessage() {}
 
 func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1540,7 +1724,7 @@ func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesRequest.ProtoReflect.Descriptor instead.
 func (*ListOverridesRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ListOverridesRequest) GetPrefix() []byte {
@@ -1578,7 +1762,7 @@ type ListOverridesResponse struct {
 
 func (x *ListOverridesResponse) Reset() {
 	*x = ListOverridesResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1590,7 +1774,7 @@ func (x *ListOverridesResponse) String() string {
 func (*ListOverridesResponse) ProtoMessage() {}
 
 func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1603,7 +1787,7 @@ func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesResponse.ProtoReflect.Descriptor instead.
 func (*ListOverridesResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListOverridesResponse) GetOverrides() []*Override {
@@ -1634,7 +1818,7 @@ type DeleteOverrideRequest struct {
 
 func (x *DeleteOverrideRequest) Reset() {
 	*x = DeleteOverrideRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1646,7 +1830,7 @@ func (x *DeleteOverrideRequest) String() string {
 func (*DeleteOverrideRequest) ProtoMessage() {}
 
 func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1659,7 +1843,7 @@ func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOverrideRequest.ProtoReflect.Descriptor instead.
 func (*DeleteOverrideRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DeleteOverrideRequest) GetKey() []byte {
@@ -1687,7 +1871,7 @@ type DeleteOverrideResponse struct {
 
 func (x *DeleteOverrideResponse) Reset() {
 	*x = DeleteOverrideResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1699,7 +1883,7 @@ func (x *DeleteOverrideResponse) String() string {
 func (*DeleteOverrideResponse) ProtoMessage() {}
 
 func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1712,7 +1896,7 @@ func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOverrideResponse.ProtoReflect.Descriptor instead.
 func (*DeleteOverrideResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DeleteOverrideResponse) GetExisted() bool {
@@ -1736,7 +1920,7 @@ type EnvoyKeyRequest struct {
 
 func (x *EnvoyKeyRequest) Reset() {
 	*x = EnvoyKeyRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1748,7 +1932,7 @@ func (x *EnvoyKeyRequest) String() string {
 func (*EnvoyKeyRequest) ProtoMessage() {}
 
 func (x *EnvoyKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1761,7 +1945,7 @@ func (x *EnvoyKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvoyKeyRequest.ProtoReflect.Descriptor instead.
 func (*EnvoyKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *EnvoyKeyRequest) GetDomain() string {
@@ -1791,7 +1975,7 @@ type DescriptorEntry struct {
 
 func (x *DescriptorEntry) Reset() {
 	*x = DescriptorEntry{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1803,7 +1987,7 @@ func (x *DescriptorEntry) String() string {
 func (*DescriptorEntry) ProtoMessage() {}
 
 func (x *DescriptorEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1816,7 +2000,7 @@ func (x *DescriptorEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescriptorEntry.ProtoReflect.Descriptor instead.
 func (*DescriptorEntry) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DescriptorEntry) GetKey() string {
@@ -1848,7 +2032,7 @@ type EnvoyKeyResponse struct {
 
 func (x *EnvoyKeyResponse) Reset() {
 	*x = EnvoyKeyResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1860,7 +2044,7 @@ func (x *EnvoyKeyResponse) String() string {
 func (*EnvoyKeyResponse) ProtoMessage() {}
 
 func (x *EnvoyKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1873,7 +2057,7 @@ func (x *EnvoyKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvoyKeyResponse.ProtoReflect.Descriptor instead.
 func (*EnvoyKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EnvoyKeyResponse) GetKey() []byte {
@@ -1908,7 +2092,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1920,7 +2104,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1933,7 +2117,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ForwardRequest) GetChecks() []*Check {
@@ -1977,7 +2161,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1989,7 +2173,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2002,7 +2186,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ForwardResponse) GetDecisions() []*Decision {
@@ -2033,7 +2217,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2045,7 +2229,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2058,7 +2242,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ReleaseRequest) GetChecks() []*Check {
@@ -2084,7 +2268,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2096,7 +2280,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2109,7 +2293,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
 }
 
 // HandoffRequest is one part of a handoff stream.
@@ -2131,7 +2315,7 @@ type HandoffRequest struct {
 
 func (x *HandoffRequest) Reset() {
 	*x = HandoffRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2143,7 +2327,7 @@ func (x *HandoffRequest) String() string {
 func (*HandoffRequest) ProtoMessage() {}
 
 func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2156,7 +2340,7 @@ func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffRequest.ProtoReflect.Descriptor instead.
 func (*HandoffRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *HandoffRequest) GetKeys() []*KeyRecord {
@@ -2200,7 +2384,7 @@ type KeyRecord struct {
 
 func (x *KeyRecord) Reset() {
 	*x = KeyRecord{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2212,7 +2396,7 @@ func (x *KeyRecord) String() string {
 func (*KeyRecord) ProtoMessage() {}
 
 func (x *KeyRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2225,7 +2409,7 @@ func (x *KeyRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRecord.ProtoReflect.Descriptor instead.
 func (*KeyRecord) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *KeyRecord) GetKey() []byte {
@@ -2253,7 +2437,7 @@ type HandoffResponse struct {
 
 func (x *HandoffResponse) Reset() {
 	*x = HandoffResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2265,7 +2449,7 @@ func (x *HandoffResponse) String() string {
 func (*HandoffResponse) ProtoMessage() {}
 
 func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2278,7 +2462,7 @@ func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffResponse.ProtoReflect.Descriptor instead.
 func (*HandoffResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *HandoffResponse) GetMerged() int64 {
@@ -2315,7 +2499,19 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"retryAfter\x12:\n" +
 	"\vreset_after\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"resetAfter\x12\x12\n" +
-	"\x04node\x18\x06 \x01(\tR\x04node\"!\n" +
+	"\x04node\x18\x06 \x01(\tR\x04node\"\x14\n" +
+	"\x12ListMembersRequest\"s\n" +
+	"\x13ListMembersResponse\x122\n" +
+	"\amembers\x18\x01 \x03(\v2\x18.sluice.v1.ClusterMemberR\amembers\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\"\x8d\x01\n" +
+	"\rClusterMember\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
+	"\vgossip_addr\x18\x02 \x01(\tR\n" +
+	"gossipAddr\x12\x1b\n" +
+	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12\x14\n" +
+	"\x05state\x18\x04 \x01(\tR\x05state\x12\x14\n" +
+	"\x05share\x18\x05 \x01(\x01R\x05share\"!\n" +
 	"\rGetKeyRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\";\n" +
 	"\x0eGetKeyResponse\x12)\n" +
@@ -2440,7 +2636,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x18ALGORITHM_SLIDING_WINDOW\x10\x02\x12\x1a\n" +
 	"\x16ALGORITHM_TOKEN_BUCKET\x10\x032N\n" +
 	"\x10RateLimitService\x12:\n" +
-	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse2\x95\x04\n" +
+	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse2\xe3\x04\n" +
 	"\fAdminService\x12=\n" +
 	"\x06GetKey\x12\x18.sluice.v1.GetKeyRequest\x1a\x19.sluice.v1.GetKeyResponse\x12C\n" +
 	"\bListKeys\x12\x1a.sluice.v1.ListKeysRequest\x1a\x1b.sluice.v1.ListKeysResponse\x12C\n" +
@@ -2448,7 +2644,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\vSetOverride\x12\x1d.sluice.v1.SetOverrideRequest\x1a\x1e.sluice.v1.SetOverrideResponse\x12R\n" +
 	"\rListOverrides\x12\x1f.sluice.v1.ListOverridesRequest\x1a .sluice.v1.ListOverridesResponse\x12U\n" +
 	"\x0eDeleteOverride\x12 .sluice.v1.DeleteOverrideRequest\x1a!.sluice.v1.DeleteOverrideResponse\x12C\n" +
-	"\bEnvoyKey\x12\x1a.sluice.v1.EnvoyKeyRequest\x1a\x1b.sluice.v1.EnvoyKeyResponse2\xd5\x01\n" +
+	"\bEnvoyKey\x12\x1a.sluice.v1.EnvoyKeyRequest\x1a\x1b.sluice.v1.EnvoyKeyResponse\x12L\n" +
+	"\vListMembers\x12\x1d.sluice.v1.ListMembersRequest\x1a\x1e.sluice.v1.ListMembersResponse2\xd5\x01\n" +
 	"\vPeerService\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12@\n" +
 	"\aRelease\x12\x19.sluice.v1.ReleaseRequest\x1a\x1a.sluice.v1.ReleaseResponse\x12B\n" +
@@ -2467,107 +2664,113 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),                 // 0: sluice.v1.Algorithm
 	(*CheckRequest)(nil),           // 1: sluice.v1.CheckRequest
 	(*Check)(nil),                  // 2: sluice.v1.Check
 	(*CheckResponse)(nil),          // 3: sluice.v1.CheckResponse
 	(*Decision)(nil),               // 4: sluice.v1.Decision
-	(*GetKeyRequest)(nil),          // 5: sluice.v1.GetKeyRequest
-	(*GetKeyResponse)(nil),         // 6: sluice.v1.GetKeyResponse
-	(*KeyState)(nil),               // 7: sluice.v1.KeyState
-	(*SlidingLogState)(nil),        // 8: sluice.v1.SlidingLogState
-	(*LogRun)(nil),                 // 9: sluice.v1.LogRun
-	(*SlidingWindowState)(nil),     // 10: sluice.v1.SlidingWindowState
-	(*TokenBucketState)(nil),       // 11: sluice.v1.TokenBucketState
-	(*ListKeysRequest)(nil),        // 12: sluice.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),       // 13: sluice.v1.ListKeysResponse
-	(*KeySummary)(nil),             // 14: sluice.v1.KeySummary
-	(*ResetKeyRequest)(nil),        // 15: sluice.v1.ResetKeyRequest
-	(*ResetKeyResponse)(nil),       // 16: sluice.v1.ResetKeyResponse
-	(*Override)(nil),               // 17: sluice.v1.Override
-	(*SetOverrideRequest)(nil),     // 18: sluice.v1.SetOverrideRequest
-	(*SetOverrideResponse)(nil),    // 19: sluice.v1.SetOverrideResponse
-	(*ListOverridesRequest)(nil),   // 20: sluice.v1.ListOverridesRequest
-	(*ListOverridesResponse)(nil),  // 21: sluice.v1.ListOverridesResponse
-	(*DeleteOverrideRequest)(nil),  // 22: sluice.v1.DeleteOverrideRequest
-	(*DeleteOverrideResponse)(nil), // 23: sluice.v1.DeleteOverrideResponse
-	(*EnvoyKeyRequest)(nil),        // 24: sluice.v1.EnvoyKeyRequest
-	(*DescriptorEntry)(nil),        // 25: sluice.v1.DescriptorEntry
-	(*EnvoyKeyResponse)(nil),       // 26: sluice.v1.EnvoyKeyResponse
-	(*ForwardRequest)(nil),         // 27: sluice.v1.ForwardRequest
-	(*ForwardResponse)(nil),        // 28: sluice.v1.ForwardResponse
-	(*ReleaseRequest)(nil),         // 29: sluice.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),        // 30: sluice.v1.ReleaseResponse
-	(*HandoffRequest)(nil),         // 31: sluice.v1.HandoffRequest
-	(*KeyRecord)(nil),              // 32: sluice.v1.KeyRecord
-	(*HandoffResponse)(nil),        // 33: sluice.v1.HandoffResponse
-	(*durationpb.Duration)(nil),    // 34: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 35: google.protobuf.Timestamp
+	(*ListMembersRequest)(nil),     // 5: sluice.v1.ListMembersRequest
+	(*ListMembersResponse)(nil),    // 6: sluice.v1.ListMembersResponse
+	(*ClusterMember)(nil),          // 7: sluice.v1.ClusterMember
+	(*GetKeyRequest)(nil),          // 8: sluice.v1.GetKeyRequest
+	(*GetKeyResponse)(nil),         // 9: sluice.v1.GetKeyResponse
+	(*KeyState)(nil),               // 10: sluice.v1.KeyState
+	(*SlidingLogState)(nil),        // 11: sluice.v1.SlidingLogState
+	(*LogRun)(nil),                 // 12: sluice.v1.LogRun
+	(*SlidingWindowState)(nil),     // 13: sluice.v1.SlidingWindowState
+	(*TokenBucketState)(nil),       // 14: sluice.v1.TokenBucketState
+	(*ListKeysRequest)(nil),        // 15: sluice.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),       // 16: sluice.v1.ListKeysResponse
+	(*KeySummary)(nil),             // 17: sluice.v1.KeySummary
+	(*ResetKeyRequest)(nil),        // 18: sluice.v1.ResetKeyRequest
+	(*ResetKeyResponse)(nil),       // 19: sluice.v1.ResetKeyResponse
+	(*Override)(nil),               // 20: sluice.v1.Override
+	(*SetOverrideRequest)(nil),     // 21: sluice.v1.SetOverrideRequest
+	(*SetOverrideResponse)(nil),    // 22: sluice.v1.SetOverrideResponse
+	(*ListOverridesRequest)(nil),   // 23: sluice.v1.ListOverridesRequest
+	(*ListOverridesResponse)(nil),  // 24: sluice.v1.ListOverridesResponse
+	(*DeleteOverrideRequest)(nil),  // 25: sluice.v1.DeleteOverrideRequest
+	(*DeleteOverrideResponse)(nil), // 26: sluice.v1.DeleteOverrideResponse
+	(*EnvoyKeyRequest)(nil),        // 27: sluice.v1.EnvoyKeyRequest
+	(*DescriptorEntry)(nil),        // 28: sluice.v1.DescriptorEntry
+	(*EnvoyKeyResponse)(nil),       // 29: sluice.v1.EnvoyKeyResponse
+	(*ForwardRequest)(nil),         // 30: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),        // 31: sluice.v1.ForwardResponse
+	(*ReleaseRequest)(nil),         // 32: sluice.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 33: sluice.v1.ReleaseResponse
+	(*HandoffRequest)(nil),         // 34: sluice.v1.HandoffRequest
+	(*KeyRecord)(nil),              // 35: sluice.v1.KeyRecord
+	(*HandoffResponse)(nil),        // 36: sluice.v1.HandoffResponse
+	(*durationpb.Duration)(nil),    // 37: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 38: google.protobuf.Timestamp
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	2,  // 0: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.Check
-	34, // 1: sluice.v1.Check.window:type_name -> google.protobuf.Duration
+	37, // 1: sluice.v1.Check.window:type_name -> google.protobuf.Duration
 	0,  // 2: sluice.v1.Check.algorithm:type_name -> sluice.v1.Algorithm
 	4,  // 3: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
-	34, // 4: sluice.v1.Decision.retry_after:type_name -> google.protobuf.Duration
-	34, // 5: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
-	7,  // 6: sluice.v1.GetKeyResponse.state:type_name -> sluice.v1.KeyState
-	0,  // 7: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
-	34, // 8: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
-	8,  // 9: sluice.v1.KeyState.sliding_log:type_name -> sluice.v1.SlidingLogState
-	10, // 10: sluice.v1.KeyState.sliding_window:type_name -> sluice.v1.SlidingWindowState
-	11, // 11: sluice.v1.KeyState.token_bucket:type_name -> sluice.v1.TokenBucketState
-	34, // 12: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
-	34, // 13: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
-	35, // 14: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
-	35, // 15: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
-	9,  // 16: sluice.v1.SlidingLogState.runs:type_name -> sluice.v1.LogRun
-	35, // 17: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
-	35, // 18: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
-	35, // 19: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
-	14, // 20: sluice.v1.ListKeysResponse.keys:type_name -> sluice.v1.KeySummary
-	35, // 21: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
-	34, // 22: sluice.v1.Override.window:type_name -> google.protobuf.Duration
-	0,  // 23: sluice.v1.Override.algorithm:type_name -> sluice.v1.Algorithm
-	35, // 24: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
-	35, // 25: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
-	17, // 26: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
-	17, // 27: sluice.v1.SetOverrideResponse.override:type_name -> sluice.v1.Override
-	17, // 28: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
-	25, // 29: sluice.v1.EnvoyKeyRequest.entries:type_name -> sluice.v1.DescriptorEntry
-	2,  // 30: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.Check
-	4,  // 31: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
-	2,  // 32: sluice.v1.ReleaseRequest.checks:type_name -> sluice.v1.Check
-	32, // 33: sluice.v1.HandoffRequest.keys:type_name -> sluice.v1.KeyRecord
-	1,  // 34: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
-	5,  // 35: sluice.v1.AdminService.GetKey:input_type -> sluice.v1.GetKeyRequest
-	12, // 36: sluice.v1.AdminService.ListKeys:input_type -> sluice.v1.ListKeysRequest
-	15, // 37: sluice.v1.AdminService.ResetKey:input_type -> sluice.v1.ResetKeyRequest
-	18, // 38: sluice.v1.AdminService.SetOverride:input_type -> sluice.v1.SetOverrideRequest
-	20, // 39: sluice.v1.AdminService.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
-	22, // 40: sluice.v1.AdminService.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
-	24, // 41: sluice.v1.AdminService.EnvoyKey:input_type -> sluice.v1.EnvoyKeyRequest
-	27, // 42: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
-	29, // 43: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
-	31, // 44: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
-	3,  // 45: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
-	6,  // 46: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
-	13, // 47: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
-	16, // 48: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
-	19, // 49: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
-	21, // 50: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
-	23, // 51: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
-	26, // 52: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
-	28, // 53: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
-	30, // 54: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
-	33, // 55: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
-	45, // [45:56] is the sub-list for method output_type
-	34, // [34:45] is the sub-list for method input_type
-	34, // [34:34] is the sub-list for extension type_name
-	34, // [34:34] is the sub-list for extension extendee
-	0,  // [0:34] is the sub-list for field type_name
+	37, // 4: sluice.v1.Decision.retry_after:type_name -> google.protobuf.Duration
+	37, // 5: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
+	7,  // 6: sluice.v1.ListMembersResponse.members:type_name -> sluice.v1.ClusterMember
+	10, // 7: sluice.v1.GetKeyResponse.state:type_name -> sluice.v1.KeyState
+	0,  // 8: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
+	37, // 9: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
+	11, // 10: sluice.v1.KeyState.sliding_log:type_name -> sluice.v1.SlidingLogState
+	13, // 11: sluice.v1.KeyState.sliding_window:type_name -> sluice.v1.SlidingWindowState
+	14, // 12: sluice.v1.KeyState.token_bucket:type_name -> sluice.v1.TokenBucketState
+	37, // 13: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
+	37, // 14: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
+	38, // 15: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
+	38, // 16: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
+	12, // 17: sluice.v1.SlidingLogState.runs:type_name -> sluice.v1.LogRun
+	38, // 18: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
+	38, // 19: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
+	38, // 20: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
+	17, // 21: sluice.v1.ListKeysResponse.keys:type_name -> sluice.v1.KeySummary
+	38, // 22: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
+	37, // 23: sluice.v1.Override.window:type_name -> google.protobuf.Duration
+	0,  // 24: sluice.v1.Override.algorithm:type_name -> sluice.v1.Algorithm
+	38, // 25: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
+	38, // 26: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
+	20, // 27: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
+	20, // 28: sluice.v1.SetOverrideResponse.override:type_name -> sluice.v1.Override
+	20, // 29: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
+	28, // 30: sluice.v1.EnvoyKeyRequest.entries:type_name -> sluice.v1.DescriptorEntry
+	2,  // 31: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.Check
+	4,  // 32: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
+	2,  // 33: sluice.v1.ReleaseRequest.checks:type_name -> sluice.v1.Check
+	35, // 34: sluice.v1.HandoffRequest.keys:type_name -> sluice.v1.KeyRecord
+	1,  // 35: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
+	8,  // 36: sluice.v1.AdminService.GetKey:input_type -> sluice.v1.GetKeyRequest
+	15, // 37: sluice.v1.AdminService.ListKeys:input_type -> sluice.v1.ListKeysRequest
+	18, // 38: sluice.v1.AdminService.ResetKey:input_type -> sluice.v1.ResetKeyRequest
+	21, // 39: sluice.v1.AdminService.SetOverride:input_type -> sluice.v1.SetOverrideRequest
+	23, // 40: sluice.v1.AdminService.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
+	25, // 41: sluice.v1.AdminService.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
+	27, // 42: sluice.v1.AdminService.EnvoyKey:input_type -> sluice.v1.EnvoyKeyRequest
+	5,  // 43: sluice.v1.AdminService.ListMembers:input_type -> sluice.v1.ListMembersRequest
+	30, // 44: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
+	32, // 45: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
+	34, // 46: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
+	3,  // 47: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
+	9,  // 48: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
+	16, // 49: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
+	19, // 50: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
+	22, // 51: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
+	24, // 52: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
+	26, // 53: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
+	29, // 54: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
+	6,  // 55: sluice.v1.AdminService.ListMembers:output_type -> sluice.v1.ListMembersResponse
+	31, // 56: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
+	33, // 57: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
+	36, // 58: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
+	47, // [47:59] is the sub-list for method output_type
+	35, // [35:47] is the sub-list for method input_type
+	35, // [35:35] is the sub-list for extension type_name
+	35, // [35:35] is the sub-list for extension extendee
+	0,  // [0:35] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -2576,7 +2779,7 @@ func file_sluice_v1_sluice_proto_init() {
 		return
 	}
 	file_sluice_v1_sluice_proto_msgTypes[1].OneofWrappers = []any{}
-	file_sluice_v1_sluice_proto_msgTypes[6].OneofWrappers = []any{
+	file_sluice_v1_sluice_proto_msgTypes[9].OneofWrappers = []any{
 		(*KeyState_SlidingLog)(nil),
 		(*KeyState_SlidingWindow)(nil),
 		(*KeyState_TokenBucket)(nil),
@@ -2587,7 +2790,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   33,
+			NumMessages:   36,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

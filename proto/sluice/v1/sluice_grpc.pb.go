@@ -192,6 +192,7 @@ const (
 	AdminService_ListOverrides_FullMethodName  = "/sluice.v1.AdminService/ListOverrides"
 	AdminService_DeleteOverride_FullMethodName = "/sluice.v1.AdminService/DeleteOverride"
 	AdminService_EnvoyKey_FullMethodName       = "/sluice.v1.AdminService/EnvoyKey"
+	AdminService_ListMembers_FullMethodName    = "/sluice.v1.AdminService/ListMembers"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -233,6 +234,10 @@ type AdminServiceClient interface {
 	// descriptor, so an operator can look it up with GetKey or override it.
 	// It reads and records nothing.
 	EnvoyKey(ctx context.Context, in *EnvoyKeyRequest, opts ...grpc.CallOption) (*EnvoyKeyResponse, error)
+	// ListMembers lists the cluster's members as the node asked sees them:
+	// name, addresses, state, share of keys and the node's view epoch. A
+	// single node lists itself.
+	ListMembers(ctx context.Context, in *ListMembersRequest, opts ...grpc.CallOption) (*ListMembersResponse, error)
 }
 
 type adminServiceClient struct {
@@ -313,6 +318,16 @@ func (c *adminServiceClient) EnvoyKey(ctx context.Context, in *EnvoyKeyRequest, 
 	return out, nil
 }
 
+func (c *adminServiceClient) ListMembers(ctx context.Context, in *ListMembersRequest, opts ...grpc.CallOption) (*ListMembersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListMembersResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListMembers_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -352,6 +367,10 @@ type AdminServiceServer interface {
 	// descriptor, so an operator can look it up with GetKey or override it.
 	// It reads and records nothing.
 	EnvoyKey(context.Context, *EnvoyKeyRequest) (*EnvoyKeyResponse, error)
+	// ListMembers lists the cluster's members as the node asked sees them:
+	// name, addresses, state, share of keys and the node's view epoch. A
+	// single node lists itself.
+	ListMembers(context.Context, *ListMembersRequest) (*ListMembersResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -382,6 +401,9 @@ func (UnimplementedAdminServiceServer) DeleteOverride(context.Context, *DeleteOv
 }
 func (UnimplementedAdminServiceServer) EnvoyKey(context.Context, *EnvoyKeyRequest) (*EnvoyKeyResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method EnvoyKey not implemented")
+}
+func (UnimplementedAdminServiceServer) ListMembers(context.Context, *ListMembersRequest) (*ListMembersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListMembers not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -530,6 +552,24 @@ func _AdminService_EnvoyKey_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListMembers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListMembersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListMembers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListMembers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListMembers(ctx, req.(*ListMembersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -564,6 +604,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "EnvoyKey",
 			Handler:    _AdminService_EnvoyKey_Handler,
+		},
+		{
+			MethodName: "ListMembers",
+			Handler:    _AdminService_ListMembers_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"math"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+)
+
+// TestMembersSingleNode: a node outside a cluster lists itself, alive,
+// owning every key; the admin token is required when set.
+func TestMembersSingleNode(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, env{"SLUICE_ADMIN_TOKEN": "s3cret"}, "--node-name", "node-a")
+	args := []string{"members", "--addr", n.grpcAddr, "--admin-token", "s3cret"}
+
+	r := mustRun(t, exitOK, nil, args...)
+	wantLines(t, r.stdout,
+		"NAME    STATE  GRPC"+strings.Repeat(" ", len(n.grpcAddr)-2)+"GOSSIP  SHARE",
+		"node-a  alive  "+n.grpcAddr+"  -       100.0%")
+	if !strings.Contains(r.stderr, "as seen by node-a at epoch 0") {
+		t.Errorf("members: stderr %q; want the answering node and its epoch", r.stderr)
+	}
+
+	r = mustRun(t, exitOK, nil, append(args, "-o", "json")...)
+	var got sluicepb.ListMembersResponse
+	decodeJSON(t, r.stdout, &got)
+	if len(got.Members) != 1 || got.Members[0].Name != "node-a" || got.Members[0].Share != 1 || got.Node != "node-a" {
+		t.Errorf("members -o json = %v; want node-a alone with share 1", &got)
+	}
+	for _, field := range []string{`"gossip_addr": ""`, `"epoch": "0"`, `"share": 1`} {
+		if !strings.Contains(r.stdout, field) {
+			t.Errorf("members -o json printed\n%s\nwant the field %s (proto names, unpopulated fields too)", r.stdout, field)
+		}
+	}
+
+	r = mustRun(t, exitError, nil, "members", "--addr", n.grpcAddr)
+	if !strings.Contains(r.stderr, "Unauthenticated") {
+		t.Errorf("members without the admin token: stderr %q; want Unauthenticated", r.stderr)
+	}
+	r = mustRun(t, exitError, nil, "members", "--addr", n.grpcAddr, "extra")
+	if !strings.Contains(r.stderr, "unknown command") && !strings.Contains(r.stderr, "accepts 0 arg") {
+		t.Errorf("members with an argument: stderr %q; want it refused", r.stderr)
+	}
+}
+
+// TestMembersCluster: three nodes started with the serve flags of a
+// cluster (--gossip-addr, --join) list one another, alive, with their
+// addresses and about a third of the keys each, whichever is asked.
+func TestMembersCluster(t *testing.T) {
+	t.Parallel()
+	gossip := []string{freeGossipAddr(t), freeGossipAddr(t), freeGossipAddr(t)}
+	nodes := make([]*node, 3)
+	for i := range nodes {
+		nodes[i] = startNode(t, nil, "--node-name", "node-"+strconv.Itoa(i),
+			"--gossip-addr", gossip[i], "--join", gossip[0])
+	}
+	for i, n := range nodes {
+		var rows []map[string]string
+		deadline := time.Now().Add(20 * time.Second)
+		for {
+			r := mustRun(t, exitOK, nil, "members", "--addr", n.grpcAddr)
+			rows = tableRows(t, r.stdout)
+			if len(rows) == 3 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("members via node-%d printed\n%s\nwant 3 members within 20s", i, r.stdout)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		for j, row := range rows {
+			share, err := strconv.ParseFloat(strings.TrimSuffix(row["SHARE"], "%"), 64)
+			if row["NAME"] != "node-"+strconv.Itoa(j) || row["STATE"] != "alive" ||
+				row["GRPC"] != nodes[j].grpcAddr || row["GOSSIP"] != gossip[j] ||
+				err != nil || math.Abs(share-100.0/3) > 3 {
+				t.Errorf("members via node-%d: row %d = %v; want node-%d alive at gRPC %s, gossip %s, about 33.3%%",
+					i, j, row, j, nodes[j].grpcAddr, gossip[j])
+			}
+		}
+	}
+}
+
+// freeGossipAddr returns a 127.0.0.1 address whose port was free for both
+// TCP and UDP, as memberlist needs.
+func freeGossipAddr(t *testing.T) string {
+	t.Helper()
+	for range 20 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := l.Addr().String()
+		u, err := net.ListenPacket("udp", addr)
+		l.Close()
+		if err == nil {
+			u.Close()
+			return addr
+		}
+	}
+	t.Fatal("no port free for both TCP and UDP")
+	return ""
+}
