@@ -1,0 +1,200 @@
+//go:build unix
+
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+)
+
+// gossipPort returns a port that was free for TCP and UDP on 127.0.0.1.
+func gossipPort(t *testing.T) int {
+	t.Helper()
+	for range 20 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(port))
+		l.Close()
+		if err == nil {
+			u.Close()
+			return port
+		}
+	}
+	t.Fatal("no free gossip port")
+	return 0
+}
+
+func dial(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// waitMembers polls node addr until it sees n members alive.
+func waitMembers(t *testing.T, addr string, n int) {
+	t.Helper()
+	admin := sluicepb.NewAdminServiceClient(dial(t, addr))
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		resp, err := admin.ListMembers(ctx, &sluicepb.ListMembersRequest{})
+		cancel()
+		alive := 0
+		if err == nil {
+			for _, m := range resp.Members {
+				if m.State == "alive" {
+					alive++
+				}
+			}
+		}
+		if alive == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %d members alive (err %v); want %d", addr, alive, err, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestBinaryClusterKill9: three processes, one killed with SIGKILL under
+// load and restarted on its data dir. While it is down, its keys fail fast
+// or, once failure detection drops it, are decided by the others without
+// its state (the measured excess is at most one window's limit per key).
+// Once it is back and has merged what the others recorded, no key allows
+// anything more in the window: the cluster is exact again.
+func TestBinaryClusterKill9(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a three-process cluster")
+	}
+	seed := "127.0.0.1:" + strconv.Itoa(gossipPort(t))
+	type node struct {
+		name, gossip, data string
+		p                  *proc
+	}
+	nodes := make([]*node, 3)
+	for i := range nodes {
+		n := &node{name: fmt.Sprintf("node-%d", i), data: t.TempDir()}
+		n.gossip = seed
+		if i > 0 {
+			n.gossip = "127.0.0.1:" + strconv.Itoa(gossipPort(t))
+		}
+		nodes[i] = n
+	}
+	start := func(n *node) {
+		n.p = startProc(t, n.data, "--node-name", n.name, "--gossip-addr", n.gossip, "--join", seed, "--shutdown-timeout", "5s")
+	}
+	for _, n := range nodes {
+		start(n)
+	}
+	waitMembers(t, nodes[0].p.grpcAddr, 3)
+
+	const keys, limit = 40, 5
+	check := func(c sluicepb.RateLimitServiceClient, k int) (allowed bool, err error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		resp, err := c.Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{{
+			Key: []byte(fmt.Sprintf("k%d", k)), Limit: limit, Window: durationpb.New(time.Hour), Cost: proto.Int64(1),
+		}}})
+		if err != nil {
+			return false, err
+		}
+		return resp.Decisions[0].Allowed, nil
+	}
+	clients := []sluicepb.RateLimitServiceClient{
+		sluicepb.NewRateLimitServiceClient(dial(t, nodes[0].p.grpcAddr)),
+		sluicepb.NewRateLimitServiceClient(dial(t, nodes[1].p.grpcAddr)),
+	}
+	var mu sync.Mutex
+	allowed := make([]int, keys)
+	failed := 0
+	load := func(stop <-chan struct{}) {
+		var wg sync.WaitGroup
+		for g := 0; g < 4; g++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; i < 100000; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					k := (g*17 + i) % keys
+					ok, err := check(clients[i%2], k)
+					mu.Lock()
+					if err != nil {
+						failed++
+					} else if ok {
+						allowed[k]++
+					}
+					mu.Unlock()
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	// Half the limit before the kill, so the victim's disk holds hits.
+	for k := 0; k < keys; k++ {
+		for i := 0; i < limit/2; i++ {
+			if ok, err := check(clients[0], k); err != nil || !ok {
+				t.Fatalf("warm-up hit on k%d = %v, %v", k, ok, err)
+			}
+			allowed[k]++
+		}
+	}
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() { load(stop); close(done) }()
+	time.Sleep(100 * time.Millisecond) // under load (not a correctness wait)
+	victim := nodes[2]
+	victim.p.signal(syscall.SIGKILL)
+	<-victim.p.exited
+	waitMembers(t, nodes[0].p.grpcAddr, 2)
+	time.Sleep(300 * time.Millisecond) // the survivors decide the victim's keys for a while
+	close(stop)
+	<-done
+
+	excess := 0
+	for k := range allowed {
+		excess += max(0, allowed[k]-limit)
+	}
+	t.Logf("while node-2 was down: %d calls failed fast, %d hits allowed over the limits of %d keys (bound %d per key)", failed, excess, keys, limit)
+	for k := range allowed {
+		if allowed[k] > 2*limit {
+			t.Errorf("k%d: %d allowed; more than one window's limit of excess", k, allowed[k])
+		}
+	}
+
+	start(victim)
+	waitMembers(t, nodes[0].p.grpcAddr, 3)
+	waitMembers(t, victim.p.grpcAddr, 3)
+	for k := 0; k < keys; k++ {
+		if allowed[k] < limit {
+			continue // never reached its limit: more may fit
+		}
+		if ok, err := check(clients[0], k); err != nil || ok {
+			t.Errorf("after node-2 returned, k%d (%d allowed before) = %v, %v; want denied", k, allowed[k], ok, err)
+		}
+	}
+}
