@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -39,6 +40,12 @@ func (a *adminService) GetKey(ctx context.Context, req *sluicepb.GetKeyRequest) 
 	s := a.s
 	if err := s.checkKey("key", req.Key); err != nil {
 		return nil, toStatus(err)
+	}
+	if owner, err := s.keyOwner(ctx, req.Key); err != nil || owner != nil {
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		return owner.GetKey(s.peerContext(ctx), req)
 	}
 	v, err := s.engine.Inspect(ctx, string(req.Key))
 	if err != nil {
@@ -123,6 +130,9 @@ func (a *adminService) ListKeys(ctx context.Context, req *sluicepb.ListKeysReque
 		}
 		resp.Keys[i] = ks
 	}
+	if s.membership != nil && !replicated(ctx) {
+		return s.listKeysCluster(ctx, req, resp, size)
+	}
 	return resp, nil
 }
 
@@ -131,6 +141,12 @@ func (a *adminService) ResetKey(ctx context.Context, req *sluicepb.ResetKeyReque
 	s := a.s
 	if err := s.checkKey("key", req.Key); err != nil {
 		return nil, toStatus(err)
+	}
+	if owner, err := s.keyOwner(ctx, req.Key); err != nil || owner != nil {
+		if err != nil {
+			return nil, toStatus(err)
+		}
+		return owner.ResetKey(s.peerContext(ctx), req)
 	}
 	existed, err := s.engine.Reset(ctx, string(req.Key))
 	if err != nil {
@@ -168,6 +184,12 @@ func (a *adminService) SetOverride(ctx context.Context, req *sluicepb.SetOverrid
 	}
 	s.log.Info("admin: override set", "key", printableKey([]byte(o.Key)), "prefix", o.Prefix,
 		"limit", o.Limit, "window", o.Window, "algorithm", algorithmAttr(o), "expires_at", o.ExpiresAt, "note", o.Note)
+	if err := s.replicateOverride(ctx, func(ctx context.Context, c sluicepb.AdminServiceClient) error {
+		_, err := c.SetOverride(ctx, req)
+		return err
+	}); err != nil {
+		return nil, toStatus(fmt.Errorf("%w: override set here but not on every node: %v", cluster.ErrUnreachable, err))
+	}
 	return &sluicepb.SetOverrideResponse{Override: toProtoOverride(o)}, nil
 }
 
@@ -312,6 +334,12 @@ func (a *adminService) DeleteOverride(ctx context.Context, req *sluicepb.DeleteO
 		return nil, toStatus(err)
 	}
 	s.log.Info("admin: override deleted", "key", printableKey(req.Key), "prefix", req.Prefix, "existed", existed)
+	if err := s.replicateOverride(ctx, func(ctx context.Context, c sluicepb.AdminServiceClient) error {
+		_, err := c.DeleteOverride(ctx, req)
+		return err
+	}); err != nil {
+		return nil, toStatus(fmt.Errorf("%w: override deleted here but not on every node: %v", cluster.ErrUnreachable, err))
+	}
 	return &sluicepb.DeleteOverrideResponse{Existed: existed}, nil
 }
 

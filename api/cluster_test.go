@@ -345,3 +345,51 @@ func TestClusterCrashAndReturn(t *testing.T) {
 		t.Fatalf("after the node returned and merged, %d hits were allowed; want 0", allowed)
 	}
 }
+
+// TestClusterAdminAnswersAsOne: the admin view of a key answers from
+// whichever node is asked, listings cover every node, and an override set
+// through one node applies on all of them.
+func TestClusterAdminAnswersAsOne(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	for k := 0; k < 30; k++ {
+		if _, err := tc.client(0).Check(tc.nodes[0].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(fmt.Sprintf("adm-%02d", k), 10, time.Hour, 3)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range tc.nodes {
+		admin := sluicepb.NewAdminServiceClient(tc.nodes[i].conn)
+		for k := 0; k < 30; k++ {
+			resp, err := admin.GetKey(tc.nodes[i].ctx(), &sluicepb.GetKeyRequest{Key: []byte(fmt.Sprintf("adm-%02d", k))})
+			if err != nil || !resp.State.Found || resp.State.Used != 3 {
+				t.Fatalf("GetKey(adm-%02d) via node %d = %v, %v; want found with 3 used", k, i, resp, err)
+			}
+		}
+		var keys []string
+		token := ""
+		for {
+			resp, err := admin.ListKeys(tc.nodes[i].ctx(), &sluicepb.ListKeysRequest{Prefix: []byte("adm-"), PageSize: 7, PageToken: token})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, k := range resp.Keys {
+				keys = append(keys, string(k.Key))
+			}
+			if token = resp.NextPageToken; token == "" {
+				break
+			}
+		}
+		if len(keys) != 30 || keys[0] != "adm-00" || keys[29] != "adm-29" {
+			t.Fatalf("ListKeys via node %d: %d keys %v; want adm-00..adm-29", i, len(keys), keys)
+		}
+	}
+	admin := sluicepb.NewAdminServiceClient(tc.nodes[1].conn)
+	if _, err := admin.SetOverride(tc.nodes[1].ctx(), &sluicepb.SetOverrideRequest{Override: &sluicepb.Override{Key: []byte("adm-"), Prefix: true, Limit: 4}}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range tc.nodes {
+		resp, err := tc.client(i).Check(tc.nodes[i].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(fmt.Sprintf("adm-%02d", i), 10, time.Hour, 1)}})
+		if err != nil || resp.Decisions[0].Limit != 4 {
+			t.Fatalf("check via node %d after the override = %v, %v; want limit 4", i, resp, err)
+		}
+	}
+}

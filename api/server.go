@@ -415,6 +415,7 @@ func (s *Server) startCluster() error {
 		return err
 	}
 	s.membership = m
+	s.syncOverrides(context.Background())
 	ctx, cancel := context.WithCancel(context.Background())
 	s.follow = cancel
 	s.wg.Add(1)

@@ -566,3 +566,28 @@ func ToProtoCheck(c *actor.Check) *sluicepb.Check {
 		Penalty:   c.Penalty,
 	}
 }
+
+// Conn returns the connection to the live member named name, for calls
+// other than forwarding (admin calls answered by a key's owner).
+func (r *Router) Conn(name string) (*grpc.ClientConn, error) {
+	var view *View
+	if r.cfg.Membership != nil {
+		view = r.cfg.Membership.View()
+	}
+	p, err := r.peer(view, name)
+	if err != nil {
+		return nil, err
+	}
+	return p.conn, nil
+}
+
+// Owner returns the name of the member that owns key, and whether it is
+// another node.
+func (r *Router) Owner(key string) (string, bool) {
+	v := r.ownersView()
+	if v == nil || v.Len() == 0 {
+		return r.cfg.Self, false
+	}
+	o := v.Owner(key).Name
+	return o, o != "" && o != r.cfg.Self
+}
