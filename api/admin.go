@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -365,15 +366,23 @@ func (a *adminService) ListMembers(ctx context.Context, req *sluicepb.ListMember
 			}},
 		}, nil
 	}
+	// The live members, their states and shares come from one view; the
+	// departed ones from the list of nodes, which may be a moment newer.
 	view := m.View()
 	shares := keyShares(cluster.Owners(view))
-	nodes := m.Nodes()
+	members := slices.Clone(view.Members)
+	for _, n := range m.Nodes() {
+		if _, live := view.Member(n.Name); !live && !n.State.Live() {
+			members = append(members, n)
+		}
+	}
+	slices.SortFunc(members, func(a, b cluster.Member) int { return strings.Compare(a.Name, b.Name) })
 	resp := &sluicepb.ListMembersResponse{
 		Epoch:   view.Epoch,
 		Node:    s.cfg.NodeName,
-		Members: make([]*sluicepb.ClusterMember, len(nodes)),
+		Members: make([]*sluicepb.ClusterMember, len(members)),
 	}
-	for i, n := range nodes {
+	for i, n := range members {
 		resp.Members[i] = &sluicepb.ClusterMember{
 			Name:       n.Name,
 			GossipAddr: n.GossipAddr,

@@ -51,6 +51,9 @@ func (p *peerService) Forward(ctx context.Context, req *sluicepb.ForwardRequest)
 			}
 		}
 	}
+	if s.router != nil {
+		s.router.AwaitHandoff(ctx, checks)
+	}
 	out := make([]actor.Decision, len(checks))
 	resp := &sluicepb.ForwardResponse{Decisions: make([]*sluicepb.Decision, len(checks))}
 	if req.Reserve {

@@ -444,7 +444,9 @@ func (s *Server) leaveCluster(ctx context.Context) {
 		s.log.Warn("announce leaving", "err", err)
 	}
 	s.follow()
-	without := cluster.NewView(0, s.others())
+	// Owners excludes members that are leaving too, so that two nodes
+	// leaving at once do not hand keys to each other.
+	without := cluster.Owners(cluster.NewView(0, s.others()))
 	n, err := s.router.HandOver(ctx, without)
 	if err := s.membership.Leave(2 * time.Second); err != nil {
 		s.log.Warn("leave cluster", "err", err)

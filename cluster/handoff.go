@@ -105,6 +105,11 @@ func (r *Router) Follow(ctx context.Context) {
 				return
 			}
 			v = Owners(v)
+			if prev == nil && v.Len() > 1 {
+				// This node joined a cluster: the keys it owns were the
+				// others'; hold them until their handoffs arrive.
+				prev = NewView(0, nil)
+			}
 			if prev != nil {
 				r.gain(prev, v)
 				n, err := r.HandOver(ctx, v)
@@ -181,6 +186,13 @@ func (r *Router) HandoffReceived(name string, owners uint64) {
 			close(ch)
 			delete(b.waiting, name)
 		}
+	}
+}
+
+// AwaitHandoff is awaitHandoff for checks another node forwarded here.
+func (r *Router) AwaitHandoff(ctx context.Context, checks []actor.Check) {
+	if n := r.awaitHandoff(ctx, checks); n > 0 {
+		r.cfg.Observer.WithoutHandoff(n)
 	}
 }
 

@@ -100,6 +100,7 @@ Exit codes: 0 success (check: allowed), 1 error, 2 check denied,
 		c.keyCommand(),
 		c.overrideCommand(),
 		c.membersCommand(),
+		c.benchCommand(),
 		c.versionCommand(),
 	)
 	return root

@@ -1,0 +1,378 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/cmd/sluice/loadgen"
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+)
+
+// runBenchCLI runs the command line args in-process, like run, with ctx
+// and the environment e. It adds bench to the command tree when the root
+// does not have it yet.
+func runBenchCLI(ctx context.Context, e env, args []string, stdout, stderr io.Writer) int {
+	c := &cli{stdout: stdout, stderr: stderr, getenv: e.get}
+	root := c.rootCommand()
+	if cmd, _, err := root.Find([]string{"bench"}); err != nil || cmd == root {
+		root.AddCommand(c.benchCommand())
+	}
+	root.SetArgs(args)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return exitOK
+	}
+	name := "sluice"
+	if cmd != nil {
+		name = cmd.CommandPath()
+	}
+	code := exitError
+	var ce *exitCodeError
+	if errors.As(err, &ce) {
+		code, err = ce.code, ce.err
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+	}
+	return code
+}
+
+// bench runs "sluice bench args" with ctx (30s at most) in the
+// environment e.
+func bench(t testing.TB, ctx context.Context, e env, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	code := runBenchCLI(ctx, e, append([]string{"bench"}, args...), &stdout, &stderr)
+	return result{stdout: stdout.String(), stderr: stderr.String(), code: code}
+}
+
+// benchJSON runs a short, quiet bench against addr with args (later flags
+// win) and returns its JSON report; it fails the test unless bench exits 0.
+func benchJSON(t testing.TB, addr string, args ...string) loadgen.Report {
+	t.Helper()
+	full := append([]string{"--addr", addr, "-o", "json", "--quiet",
+		"--duration", "300ms", "--warmup", "100ms", "--concurrency", "4"}, args...)
+	r := bench(t, context.Background(), nil, full...)
+	if r.code != exitOK {
+		t.Fatalf("sluice bench %s: %v; want exit code 0", strings.Join(full, " "), r)
+	}
+	var rep loadgen.Report
+	dec := json.NewDecoder(strings.NewReader(r.stdout))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&rep); err != nil {
+		t.Fatalf("sluice bench %s printed\n%s\nnot a report: %v", strings.Join(full, " "), r.stdout, err)
+	}
+	return rep
+}
+
+// checkConsistent fails unless rep adds up: no errors, decisions = calls ×
+// batch = allowed + denied, latencies positive and ordered.
+func checkConsistent(t testing.TB, rep loadgen.Report) {
+	t.Helper()
+	batch := int64(rep.Settings.Batch)
+	if rep.Calls == 0 || rep.Errors != 0 || len(rep.ErrorCodes) != 0 || rep.FirstError != "" {
+		t.Errorf("report %+v; want calls and no errors", rep)
+	}
+	if rep.Decisions != rep.Calls*batch || rep.Allowed+rep.Denied != rep.Decisions {
+		t.Errorf("%d calls of %d checks: %d decisions, %d allowed + %d denied; want decisions = calls × batch = allowed + denied",
+			rep.Calls, batch, rep.Decisions, rep.Allowed, rep.Denied)
+	}
+	if p := []float64{rep.P50us, rep.P90us, rep.P99us, rep.P999us, rep.MaxUs}; !(p[0] > 0 && p[0] <= p[1] && p[1] <= p[2] && p[2] <= p[3] && p[3] <= p[4]) {
+		t.Errorf("latency p50 %g ≤ p90 %g ≤ p99 %g ≤ p99.9 %g ≤ max %g µs: want positive and ordered", p[0], p[1], p[2], p[3], p[4])
+	}
+	if rep.MeanUs <= 0 || rep.MeanUs > rep.MaxUs {
+		t.Errorf("mean latency %gµs, max %gµs; want 0 < mean ≤ max", rep.MeanUs, rep.MaxUs)
+	}
+	if rep.ElapsedS <= 0 || rep.CallsPerS <= 0 || rep.DecisionsPerS < rep.CallsPerS || rep.Interrupted || rep.Unfinished != 0 {
+		t.Errorf("report %+v; want a positive elapsed time and rates, not interrupted", rep)
+	}
+}
+
+// TestBench: bench drives a node through both APIs, in closed and open
+// loop, with every key distribution and batch size, and its report adds
+// up.
+func TestBench(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, nil, "--durability", "memory")
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"closed native uniform", []string{"--dist", "uniform"}},
+		{"closed native zipf batch 10", []string{"--dist", "zipf", "--zipf-s", "1.5", "--batch", "10"}},
+		{"closed native hot token bucket", []string{"--dist", "hot", "--algorithm", "token_bucket"}},
+		{"closed envoy hot", []string{"--api", "envoy", "--dist", "hot"}},
+		{"closed envoy uniform batch 10", []string{"--api", "envoy", "--batch", "10", "--keys", "100"}},
+		{"open native hot batch 10", []string{"--rate", "300", "--dist", "hot", "--batch", "10"}},
+		{"open envoy zipf", []string{"--rate", "300", "--api", "envoy", "--dist", "zipf"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			rep := benchJSON(t, n.grpcAddr, append([]string{"--key-prefix", tc.name + ":"}, tc.args...)...)
+			checkConsistent(t, rep)
+			if rep.Denied != 0 {
+				t.Errorf("%d denied under the default limit; want none", rep.Denied)
+			}
+			s := rep.Settings
+			if s.Addr != n.grpcAddr || s.Concurrency != 4 || s.Connections != 4 || s.DurationS != 0.3 || s.WarmupS != 0.1 || s.KeyPrefix != tc.name+":" {
+				t.Errorf("settings %+v; want the flags given", s)
+			}
+		})
+	}
+}
+
+// TestBenchJSONFields: the report's JSON has every documented field, even
+// when zero.
+func TestBenchJSONFields(t *testing.T) {
+	t.Parallel()
+	b, err := json.Marshal(loadgen.Report{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fields map[string]any
+	if err := json.Unmarshal(b, &fields); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"calls", "decisions", "allowed", "denied", "errors", "error_codes", "first_error",
+		"calls_per_s", "decisions_per_s", "elapsed_s", "p50_us", "p90_us", "p99_us", "p999_us", "max_us", "mean_us",
+		"unsent", "unfinished", "interrupted", "settings"} {
+		if _, ok := fields[name]; !ok {
+			t.Errorf("report JSON %s has no field %q", b, name)
+		}
+	}
+	settings := fields["settings"].(map[string]any)
+	for _, name := range []string{"addr", "api", "mode", "rate", "concurrency", "connections", "duration_s", "warmup_s",
+		"keys", "dist", "zipf_s", "key_prefix", "batch", "limit", "window_ms", "algorithm", "timeout_ms", "seed"} {
+		if _, ok := settings[name]; !ok {
+			t.Errorf("report JSON settings %v have no field %q", settings, name)
+		}
+	}
+}
+
+// TestBenchExact: with a low limit, bench sees exactly as many allowed
+// checks as exactness requires: the limit on one hot key, or the limit per
+// key on few keys, within a window longer than the run, whatever the API,
+// the batch or the loop. The node agrees.
+func TestBenchExact(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, nil, "--durability", "memory")
+	for _, tc := range []struct {
+		name        string
+		args        []string
+		wantAllowed int64
+		hotKey      string // if not "", key get must show it used up
+	}{
+		{"native hot", []string{"--dist", "hot", "--limit", "20"}, 20, "exact-native-hot:0"},
+		{"envoy hot batch 10", []string{"--api", "envoy", "--dist", "hot", "--limit", "25", "--batch", "10"}, 25, "bench|key=exact-envoy-hot-batch-10:0"},
+		{"native open hot", []string{"--rate", "400", "--dist", "hot", "--limit", "30"}, 30, "exact-native-open-hot:0"},
+		{"native uniform 5 keys batch 10", []string{"--keys", "5", "--limit", "10", "--batch", "10"}, 5 * 10, ""},
+		{"envoy zipf 3 keys", []string{"--api", "envoy", "--dist", "zipf", "--keys", "3", "--limit", "10"}, 3 * 10, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			prefix := "exact-" + strings.ReplaceAll(tc.name, " ", "-") + ":"
+			// No warmup: its checks would count on the node, not in the
+			// report.
+			rep := benchJSON(t, n.grpcAddr, append([]string{"--key-prefix", prefix, "--window", "1h", "--warmup", "0"}, tc.args...)...)
+			checkConsistent(t, rep)
+			if rep.Allowed != tc.wantAllowed || rep.Denied == 0 {
+				t.Errorf("bench %s: %d allowed, %d denied; want exactly %d allowed, the rest denied",
+					strings.Join(tc.args, " "), rep.Allowed, rep.Denied, tc.wantAllowed)
+			}
+			if tc.hotKey != "" {
+				r := mustRun(t, exitOK, nil, "key", "get", tc.hotKey, "--addr", n.grpcAddr, "-o", "json")
+				var got sluicepb.GetKeyResponse
+				decodeJSON(t, r.stdout, &got)
+				if got.State.Used != tc.wantAllowed {
+					t.Errorf("key get %s after the bench: used %d; want %d", tc.hotKey, got.State.Used, tc.wantAllowed)
+				}
+			}
+		})
+	}
+}
+
+// TestBenchOpenLoopRate: an open loop at a low rate sends rate × duration
+// calls: every call due in the run is sent, or counted as unsent.
+func TestBenchOpenLoopRate(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, nil, "--durability", "memory")
+	for _, api := range []string{"native", "envoy"} {
+		t.Run(api, func(t *testing.T) {
+			t.Parallel()
+			rep := benchJSON(t, n.grpcAddr, "--api", api, "--rate", "400", "--duration", "500ms", "--warmup", "200ms", "--concurrency", "16")
+			checkConsistent(t, rep)
+			// Exactly 200 calls are due; a loaded test machine may keep a
+			// few from being sent in time.
+			if rep.Calls+rep.Unsent != 200 || rep.Calls < 100 || rep.ElapsedS != 0.5 {
+				t.Errorf("open loop at 400 calls/s for 0.5s: %d calls, %d unsent in %gs; want 200 calls due, most of them sent",
+					rep.Calls, rep.Unsent, rep.ElapsedS)
+			}
+			if s := rep.Settings; s.Mode != "open" || s.Rate != 400 {
+				t.Errorf("settings %+v; want an open loop at 400/s", s)
+			}
+		})
+	}
+}
+
+// progressLine is a line of bench's live progress.
+var progressLine = regexp.MustCompile(`(?m)^ +\d+s (warmup|running) +\d+ calls/s +\d+ decisions/s +p99 \S+ +errors \d+$`)
+
+// TestBenchTable: without -o json, bench prints its settings and results
+// as a table, and a progress line a second on stderr.
+func TestBenchTable(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, nil, "--durability", "memory")
+	r := bench(t, context.Background(), nil, "--addr", n.grpcAddr, "--duration", "1500ms", "--warmup", "0", "--concurrency", "2", "--batch", "5")
+	if r.code != exitOK {
+		t.Fatalf("sluice bench: %v; want exit code 0", r)
+	}
+	if got := progressLine.FindAllString(r.stderr, -1); len(got) != 1 || strings.Count(r.stderr, "\n") != 1 {
+		t.Errorf("bench for 1.5s: stderr\n%s\nwant one progress line, at 1s", r.stderr)
+	}
+	fields := tableFields(r.stdout)
+	for _, name := range []string{"addr", "api", "mode", "duration", "keys", "checks"} {
+		if fields[name] == "" {
+			t.Errorf("bench printed\n%s\nwant the setting %q", r.stdout, name)
+		}
+	}
+	if fields["api"] != "native" || !strings.HasPrefix(fields["mode"], "closed loop, 2 workers on 2 connections") {
+		t.Errorf("bench printed\n%s\nwant api native, a closed loop of 2 workers", r.stdout)
+	}
+	results := tableFields(r.stdout[strings.Index(r.stdout, "\n\n")+2:])
+	for _, name := range []string{"elapsed", "calls", "decisions", "allowed", "denied", "errors",
+		"latency p50", "latency p90", "latency p99", "latency p99.9", "latency max", "latency mean"} {
+		if results[name] == "" {
+			t.Errorf("bench printed\n%s\nwant the result %q", r.stdout, name)
+		}
+	}
+	if results["errors"] != "0" || results["denied"] != "0" || results["elapsed"] != "1.5s" {
+		t.Errorf("bench printed\n%s\nwant no errors, nothing denied, 1.5s elapsed", r.stdout)
+	}
+}
+
+// cancelOnProgress is a stderr that cancels a run once a progress line
+// shows recorded calls.
+type cancelOnProgress struct {
+	syncBuffer
+	cancel context.CancelFunc
+}
+
+func (c *cancelOnProgress) Write(p []byte) (int, error) {
+	n, err := c.syncBuffer.Write(p)
+	for _, line := range progressLine.FindAllString(c.String(), -1) {
+		if strings.Contains(line, "running") && !strings.Contains(line, "p99 - ") {
+			c.cancel()
+		}
+	}
+	return n, err
+}
+
+// TestBenchInterrupted: a cancelled context (SIGINT) stops bench early; it
+// prints what it measured and exits 0.
+func TestBenchInterrupted(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, nil, "--durability", "memory")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	stderr := &cancelOnProgress{cancel: cancel}
+	var stdout bytes.Buffer
+	args := []string{"bench", "--addr", n.grpcAddr, "-o", "json", "--duration", "1m", "--warmup", "0", "--concurrency", "4"}
+	start := time.Now()
+	code := runBenchCLI(ctx, nil, args, &stdout, stderr)
+	if d := time.Since(start); d > 20*time.Second {
+		t.Errorf("bench interrupted after its first progress line took %v to stop", d)
+	}
+	if code != exitOK {
+		t.Fatalf("interrupted bench: exit code %d\nstdout:\n%s\nstderr:\n%s\nwant exit code 0", code, stdout.String(), stderr.String())
+	}
+	var rep loadgen.Report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("interrupted bench printed %q: %v", stdout.String(), err)
+	}
+	if !rep.Interrupted || rep.ElapsedS < 1 || rep.ElapsedS > 20 || rep.Calls == 0 || rep.Errors != 0 {
+		t.Errorf("interrupted bench: %+v; want interrupted after 1s or a little more, with calls, no errors", rep)
+	}
+}
+
+// TestBenchEnvironment: the connection flags read SLUICE_<FLAG>; the flags
+// of the load do not.
+func TestBenchEnvironment(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, nil, "--durability", "memory")
+	e := env{"SLUICE_ADDR": n.grpcAddr, "SLUICE_OUTPUT": "json", "SLUICE_BATCH": "0", "SLUICE_API": "grpc", "SLUICE_LIMIT": "x"}
+	r := bench(t, context.Background(), e, "--quiet", "--duration", "200ms", "--warmup", "0", "--concurrency", "2")
+	if r.code != exitOK {
+		t.Fatalf("bench with %v: %v; want exit code 0", e, r)
+	}
+	var rep loadgen.Report
+	if err := json.Unmarshal([]byte(r.stdout), &rep); err != nil {
+		t.Fatalf("bench with SLUICE_OUTPUT=json printed %q: %v", r.stdout, err)
+	}
+	if s := rep.Settings; s.Addr != n.grpcAddr || s.Batch != 1 || s.API != loadgen.Native || s.Limit != 1_000_000_000 {
+		t.Errorf("bench with %v: settings %+v; want the address from SLUICE_ADDR, the defaults of batch, api and limit", e, s)
+	}
+}
+
+// TestBenchBadInput: bad flags, and checks the server refuses, end bench
+// with exit code 1 and one line saying what to change.
+func TestBenchBadInput(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, nil, "--durability", "memory")
+	for _, tc := range []struct {
+		args []string
+		want string // in stderr
+	}{
+		{[]string{"--api", "grpc"}, `invalid argument "grpc" for "--api" flag: want native or envoy`},
+		{[]string{"--concurrency", "0"}, "--concurrency 0: want at least 1 worker"},
+		{[]string{"--concurrency", "4", "--connections", "8"}, "--connections 8: more connections than the 4 workers"},
+		{[]string{"--duration", "0"}, "--duration 0s: want a positive duration"},
+		{[]string{"--warmup", "-1s"}, "--warmup -1s: want 0 or a positive duration"},
+		{[]string{"--rate", "-5"}, "--rate -5: want calls per second, or 0 for a closed loop"},
+		{[]string{"--rate", "fast"}, `invalid argument "fast" for "--rate"`},
+		{[]string{"--keys", "0"}, "--keys 0: want at least 1 key"},
+		{[]string{"--dist", "pareto"}, "want uniform, zipf or hot"},
+		{[]string{"--dist", "zipf", "--zipf-s", "1"}, "--zipf-s 1: want an exponent above 1"},
+		{[]string{"--zipf-s", "2"}, "--zipf-s applies to --dist zipf, not uniform"},
+		{[]string{"--dist", "hot", "--keys", "10"}, "--keys: --dist hot uses one key"},
+		{[]string{"--batch", "0"}, "--batch 0: want at least 1 check per call"},
+		{[]string{"--limit", "0"}, "--limit 0: want at least 1 hit per window"},
+		{[]string{"--window", "0"}, "--window 0s: want a positive duration"},
+		{[]string{"--api", "envoy", "--window", "1500ms"}, "--window 1.5s: Envoy's API counts windows in whole seconds"},
+		{[]string{"--api", "envoy", "--limit", "5000000000"}, "--limit 5000000000: above 4294967295"},
+		{[]string{"--api", "envoy", "--algorithm", "token_bucket"}, "--algorithm token_bucket: Envoy's API has no algorithm field"},
+		{[]string{"--algorithm", "leaky"}, "want sliding_log, sliding_window or token_bucket"},
+		{[]string{"--timeout", "0"}, "--timeout 0s: want a positive deadline per call"},
+		{[]string{"--tls-cert", "c.pem"}, "--tls-cert and --tls-key go together"},
+		{[]string{"-o", "yaml"}, "want table or json"},
+		{[]string{"extra"}, `unknown command "extra" for "sluice bench"`},
+		{[]string{"--addr", ""}, "--addr is empty"},
+		{[]string{"--addr", "127.0.0.1:1"}, "cannot reach 127.0.0.1:1"},
+		// The server refuses these checks: bench stops at the first call,
+		// long before the end of its minute.
+		{[]string{"--addr", n.grpcAddr, "--batch", "5000"}, "5000 checks in one call; the maximum is 1000: split the batch (InvalidArgument)"},
+		{[]string{"--addr", n.grpcAddr, "--window", "100us"}, "InvalidArgument"},
+	} {
+		args := append([]string{"--quiet", "--duration", "1m", "--warmup", "0", "--concurrency", "2"}, tc.args...)
+		start := time.Now()
+		r := bench(t, context.Background(), nil, args...)
+		if r.code != exitError || !strings.Contains(r.stderr, tc.want) || strings.Count(r.stderr, "\n") != 1 || r.stdout != "" {
+			t.Errorf("sluice bench %s: %v\nwant exit code 1, nothing on stdout and one line on stderr containing %q",
+				strings.Join(args, " "), r, tc.want)
+		}
+		if d := time.Since(start); d > 10*time.Second {
+			t.Errorf("sluice bench %s took %v to fail; want a prompt error", strings.Join(args, " "), d)
+		}
+	}
+}
