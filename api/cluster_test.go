@@ -45,10 +45,15 @@ type testCluster struct {
 	clk   *clock.Fake
 	nodes []*testServer
 	seed  string
+	edit  func(*Config)
 }
 
-func newTestCluster(t *testing.T, n int) *testCluster {
-	tc := &testCluster{t: t, clk: clock.NewFake(epoch)}
+func newTestCluster(t *testing.T, n int) *testCluster { return newTestClusterWith(t, n, nil) }
+
+// newTestClusterWith is newTestCluster with edit applied to every node's
+// config.
+func newTestClusterWith(t *testing.T, n int, edit func(*Config)) *testCluster {
+	tc := &testCluster{t: t, clk: clock.NewFake(epoch), edit: edit}
 	for i := 0; i < n; i++ {
 		tc.add()
 	}
@@ -72,6 +77,9 @@ func (tc *testCluster) add() *testServer {
 		cc.Join = []string{tc.seed}
 		c.Cluster = &cc
 		c.Router.HandoffWait = 2 * time.Second
+		if tc.edit != nil {
+			tc.edit(c)
+		}
 	})
 	tc.nodes = append(tc.nodes, ts)
 	return ts
@@ -391,5 +399,30 @@ func TestClusterAdminAnswersAsOne(t *testing.T) {
 		if err != nil || resp.Decisions[0].Limit != 4 {
 			t.Fatalf("check via node %d after the override = %v, %v; want limit 4", i, resp, err)
 		}
+	}
+}
+
+// TestClusterPeerServiceNeedsToken: with an admin token, nodes send it on
+// forwarded checks and handoffs, and a caller without it cannot inject
+// decisions or state through the peer service.
+func TestClusterPeerServiceNeedsToken(t *testing.T) {
+	tc := newTestClusterWith(t, 2, func(c *Config) { c.AdminToken = "s3cret" })
+	for k := 0; k < 20; k++ {
+		resp, err := tc.client(0).Check(tc.nodes[0].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(fmt.Sprintf("tok-%d", k), 5, time.Minute, 1)}})
+		if err != nil || !resp.Decisions[0].Allowed {
+			t.Fatalf("check tok-%d = %v, %v; want allowed (forwarding carries the token)", k, resp, err)
+		}
+	}
+	peer := sluicepb.NewPeerServiceClient(tc.nodes[1].conn)
+	_, err := peer.Forward(tc.nodes[1].ctx(), &sluicepb.ForwardRequest{Checks: []*sluicepb.Check{nativeCheck("x", 5, time.Minute, 1)}})
+	if status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("Forward without the token = %v; want Unauthenticated", err)
+	}
+	stream, err := peer.Handoff(tc.nodes[1].ctx())
+	if err == nil {
+		_, err = stream.CloseAndRecv()
+	}
+	if status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("Handoff without the token = %v; want Unauthenticated", err)
 	}
 }

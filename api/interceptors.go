@@ -12,24 +12,56 @@ import (
 	"google.golang.org/grpc/status"
 )
 
-// adminPrefix is the method prefix of the admin service.
-const adminPrefix = "/sluice.v1.AdminService/"
+// Method prefixes of the services that need the admin token when one is
+// set: the admin API, and the internal peer service (forwarded checks and
+// handoffs must not be injectable by anyone who reaches the port).
+const (
+	adminPrefix = "/sluice.v1.AdminService/"
+	peerPrefix  = "/sluice.v1.PeerService/"
+)
 
-// authorize requires the admin token on admin calls when one is set.
-// Decisions stay open to the proxies.
+// authorize requires the admin token on admin and peer calls when one is
+// set. Decisions stay open to the proxies.
 func (s *Server) authorize(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if s.cfg.AdminToken == "" || !strings.HasPrefix(info.FullMethod, adminPrefix) {
-		return h(ctx, req)
+	if err := s.checkToken(ctx, info.FullMethod); err != nil {
+		return nil, err
+	}
+	return h(ctx, req)
+}
+
+// authorizeStream is authorize for streams (the peer handoff).
+func (s *Server) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if err := s.checkToken(ss.Context(), info.FullMethod); err != nil {
+		return err
+	}
+	return h(srv, ss)
+}
+
+func (s *Server) checkToken(ctx context.Context, method string) error {
+	if s.cfg.AdminToken == "" || !strings.HasPrefix(method, adminPrefix) && !strings.HasPrefix(method, peerPrefix) {
+		return nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	for _, v := range md.Get("authorization") {
 		token, ok := strings.CutPrefix(v, "Bearer ")
 		if ok && subtle.ConstantTimeCompare([]byte(token), []byte(s.cfg.AdminToken)) == 1 {
-			return h(ctx, req)
+			return nil
 		}
 	}
-	return nil, status.Error(codes.Unauthenticated, "admin API: send the admin token as metadata \"authorization: Bearer <token>\" (sluice CLI: --admin-token or SLUICE_ADMIN_TOKEN)")
+	return status.Error(codes.Unauthenticated, "admin API: send the admin token as metadata \"authorization: Bearer <token>\" (sluice CLI: --admin-token or SLUICE_ADMIN_TOKEN; every node of a cluster needs the same token)")
 }
+
+// tokenCredentials sends the admin token on a node's calls to its peers.
+type tokenCredentials struct {
+	token  string
+	secure bool
+}
+
+func (c tokenCredentials) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + c.token}, nil
+}
+
+func (c tokenCredentials) RequireTransportSecurity() bool { return c.secure }
 
 // recoverPanics turns a panic in a handler into an Internal error, so that
 // one bad request cannot take the node down.

@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
@@ -236,6 +237,7 @@ func New(cfg Config) (s *Server, err error) {
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
 		grpc.ChainUnaryInterceptor(s.recoverPanics, s.authorize),
+		grpc.ChainStreamInterceptor(s.authorizeStream),
 	}
 	if s.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(s.tls)))
@@ -405,8 +407,12 @@ func (s *Server) startCluster() error {
 	rcfg := s.cfg.Router
 	rcfg.Membership, rcfg.Engine, rcfg.Self = m, s.engine, s.cfg.NodeName
 	rcfg.Logger, rcfg.Observer = s.log, s.metrics
+	rcfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if s.tls != nil {
 		rcfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(s.peerTLS()))}
+	}
+	if s.cfg.AdminToken != "" {
+		rcfg.DialOptions = append(rcfg.DialOptions, grpc.WithPerRPCCredentials(tokenCredentials{token: s.cfg.AdminToken, secure: s.tls != nil}))
 	}
 	s.router = cluster.NewRouter(rcfg)
 	if err := m.Start(context.Background()); err != nil {
