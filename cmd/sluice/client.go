@@ -48,7 +48,9 @@ func (o *clientOptions) register(fs *pflag.FlagSet) {
 	fs.StringVar(&o.tlsServerName, "tls-server-name", "", "name the server's certificate must carry (default: the host of --addr)")
 	fs.BoolVar(&o.insecure, "insecure", false, "connect with TLS without verifying the server's certificate (tests only)")
 	fs.VarP(newEnumValue(&o.output, "table", "table", "json"), "output", "o", "output format: table for people, json (protojson, proto field names) for scripts")
-	bindAllEnv(fs)
+	// Only the connection flags read the environment, even when fs holds a
+	// command's request flags too.
+	bindEnv(fs, "addr", "admin-token", "timeout", "tls", "tls-ca", "tls-cert", "tls-key", "tls-server-name", "insecure", "output")
 }
 
 // json reports whether the output is JSON.
