@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"os"
@@ -10,6 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluice-io/sluice/actor/clock"
@@ -79,7 +81,15 @@ func (ts *testServer) start() {
 		ts.t.Fatalf("Start: %v", err)
 	}
 	ts.srv = srv
-	ts.conn, err = grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if ts.cfg.TLSCert != "" {
+		tc, err := loadTLS(ts.cfg) // the node's own certificate: trusted, and presented
+		if err != nil {
+			ts.t.Fatal(err)
+		}
+		creds = credentials.NewTLS(&tls.Config{Certificates: tc.Certificates, RootCAs: tc.ClientCAs, MinVersion: tls.VersionTLS12})
+	}
+	ts.conn, err = grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(creds))
 	if err != nil {
 		ts.t.Fatal(err)
 	}
