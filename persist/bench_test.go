@@ -23,9 +23,12 @@ var windows = []int64{int64(time.Second), int64(time.Minute), int64(time.Hour)}
 
 // BenchmarkSubmit measures records/s through Submit, each goroutine waiting
 // for its batch to commit before the next, in ModeCommit and ModeFsync, with
-// batches of 1, 10 and 100 records over 100k random keys already stored.
-// Many more goroutines than CPUs submit at once (SetParallelism), as actors
-// would, so that transactions group the batches of many of them.
+// batches of 1, 10 and 100 records over 100k random keys already stored in
+// the data file. Many more goroutines than CPUs submit at once
+// (SetParallelism), as actors would, so that commits group the batches of
+// many of them. The checkpoints that the WAL's growth starts run during the
+// benchmark, on the checkpointer, as in service; the one of Close does not
+// count.
 func BenchmarkSubmit(b *testing.B) {
 	for _, mode := range []Mode{ModeCommit, ModeFsync} {
 		for _, batch := range []int{1, 10, 100} {
@@ -45,6 +48,9 @@ func benchSubmit(b *testing.B, mode Mode, batch int) {
 		txs     atomic.Int64
 		txRecs  atomic.Int64
 		txNanos atomic.Int64
+		cks     atomic.Int64
+		ckRecs  atomic.Int64
+		ckNanos atomic.Int64
 	)
 	s, err := Open(Options{
 		Path: filepath.Join(dir, fmt.Sprintf("bench-%s-%d.db", mode, batch)),
@@ -53,6 +59,11 @@ func benchSubmit(b *testing.B, mode Mode, batch int) {
 			txs.Add(1)
 			txRecs.Add(int64(records))
 			txNanos.Add(int64(d))
+		},
+		OnCheckpoint: func(records int, d time.Duration) {
+			cks.Add(1)
+			ckRecs.Add(int64(records))
+			ckNanos.Add(int64(d))
 		},
 	})
 	if err != nil {
@@ -80,9 +91,15 @@ func benchSubmit(b *testing.B, mode Mode, batch int) {
 			recs = nil
 		}
 	}
+	if err := s.checkpointNow(); err != nil {
+		b.Fatal(err)
+	}
 	txs.Store(0)
 	txRecs.Store(0)
 	txNanos.Store(0)
+	cks.Store(0)
+	ckRecs.Store(0)
+	ckNanos.Store(0)
 
 	b.SetParallelism(32)
 	b.ReportAllocs()
@@ -117,4 +134,54 @@ func benchSubmit(b *testing.B, mode Mode, batch int) {
 		b.ReportMetric(float64(txRecs.Load())/float64(n), "records/tx")
 		b.ReportMetric(float64(txNanos.Load())/float64(n)/1e6, "ms/tx")
 	}
+	if n := cks.Load(); n > 0 {
+		b.ReportMetric(float64(ckRecs.Load())/float64(n), "keys/ckpt")
+		b.ReportMetric(float64(ckNanos.Load())/float64(n)/1e6, "ms/ckpt")
+	}
+}
+
+// BenchmarkCheckpoint measures one checkpoint of 100k keys, every key of a
+// data file that holds them already, with new values and deadlines: the
+// worst case, where every page of the file is rewritten. It reports the
+// cost per key; the cost per record committed is that divided by how many
+// times each key was written between checkpoints.
+func BenchmarkCheckpoint(b *testing.B) {
+	s, err := Open(Options{Path: filepath.Join(b.TempDir(), "bench-checkpoint.db")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer func() {
+		if err := s.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}()
+	keys := make([]string, benchKeys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("tenant-%03d/user-%08d", i%997, i)
+	}
+	fill := func() {
+		base := time.Now().UnixNano()
+		var recs []Record
+		for i, key := range keys {
+			recs = append(recs, Record{Key: key, Deadline: base + windows[i%len(windows)] + rand.Int64N(int64(time.Second)), Value: make([]byte, benchValueLen)})
+			if len(recs) == 10_000 {
+				submit(b, s, recs...)
+				recs = nil
+			}
+		}
+	}
+	fill()
+	if err := s.checkpointNow(); err != nil {
+		b.Fatal(err)
+	}
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		fill()
+		b.StartTimer()
+		if err := s.checkpointNow(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*benchKeys), "ns/key")
 }

@@ -12,23 +12,24 @@ import (
 type Mode uint8
 
 const (
-	// ModeCommit calls done once the transaction holding the records has been
-	// written to the file with write(2), without fsync (bbolt NoSync). The data
-	// is then in the kernel's page cache: it survives kill -9 of the process,
-	// but a power loss or kernel crash may lose what the OS had not flushed yet
-	// and, because bbolt does not checksum data pages, may leave the file
-	// unreadable (Open then refuses it with ErrFormat). It is the default.
+	// ModeCommit acknowledges a write once the WAL frame holding it has been
+	// written to the WAL file with write(2), without fsync. The data is then
+	// in the kernel's page cache: it survives kill -9 of the process, but a
+	// power loss or kernel crash may lose what the OS had not flushed yet
+	// (and may leave a WAL or data file that Open refuses with ErrFormat). It
+	// is the default.
 	ModeCommit Mode = iota
-	// ModeFsync calls done only after the transaction has been written and
-	// fdatasync'ed (bbolt's own two-step sync: data pages, then the meta page).
-	// An acknowledged write survives power loss.
+	// ModeFsync acknowledges a write only after its WAL frame has been
+	// written and fdatasync'ed. An acknowledged write survives power loss.
+	// Checkpoints into the data file are fsynced too (bbolt's own two-step
+	// sync) before the WAL files they replace are removed.
 	ModeFsync
 	// ModeAsync is for engines that acknowledge a decision without waiting for
 	// its write. The store behaves exactly as in ModeCommit (the writer
-	// commits continuously, a transaction starting as soon as the previous one
+	// commits continuously, a commit starting as soon as the previous one
 	// ends, and done is still called after commit); the mode only tells the
 	// engine not to wait. On kill -9 it loses at most what was queued
-	// (Options.MaxQueue batches) plus the one transaction in flight.
+	// (Options.MaxQueue batches) plus the one commit in flight.
 	ModeAsync
 
 	numModes
@@ -58,9 +59,11 @@ func ParseMode(s string) (Mode, error) {
 
 // Defaults of the Options fields that are left zero.
 const (
-	DefaultOpenTimeout  = time.Second
-	DefaultMaxQueue     = 4096
-	DefaultMaxTxRecords = 50000
+	DefaultOpenTimeout     = time.Second
+	DefaultMaxQueue        = 4096
+	DefaultMaxTxRecords    = 50000
+	DefaultCheckpointKeys  = 256 << 10
+	DefaultCheckpointBytes = 256 << 20
 )
 
 // Options configures a Store. The zero value of every field but Path selects
@@ -84,33 +87,55 @@ type Options struct {
 	// (DefaultMaxQueue).
 	MaxQueue int
 
-	// MaxTxRecords is a soft upper bound, in records, of one transaction: the
-	// writer stops draining the queue once it has this many (a single batch is
-	// never split, so a transaction may exceed it by one batch). Default 50000
-	// (DefaultMaxTxRecords).
+	// MaxTxRecords is a soft upper bound, in records, of one commit (one WAL
+	// frame): the writer stops draining the queue once it has this many (a
+	// single batch is never split, so a commit may exceed it by one batch).
+	// Default 50000 (DefaultMaxTxRecords).
 	MaxTxRecords int
+
+	// CheckpointKeys starts a checkpoint once the records committed since
+	// the last one cover this many distinct keys. Together with
+	// CheckpointBytes it bounds the memory of the overlay (two of them at
+	// most: one being checkpointed, one filling) and the time Open takes to
+	// replay the WAL after a crash. Default 262144 (DefaultCheckpointKeys).
+	CheckpointKeys int
+
+	// CheckpointBytes starts a checkpoint once the WAL file written since the
+	// last one reaches this many bytes. Default 64 MiB
+	// (DefaultCheckpointBytes).
+	CheckpointBytes int64
 
 	// Logger receives the store's logs, with attribute component=persist.
 	// Nil discards them.
 	Logger *slog.Logger
 
 	// OnCommit, if set, is called on the writer goroutine after every
-	// transaction the writer ran, committed or failed, with the number of
-	// records it held (a transaction that only ran a Sweep step holds 0) and
-	// its wall time from begin to the end of commit (including fsync in
-	// ModeFsync). Meant for metrics: it must return quickly.
+	// commit (one WAL frame), succeeded or failed, with the number of
+	// records it held (submitted records and the deletions of a Sweep step)
+	// and its wall time from encoding the frame to the end of the write
+	// (including fdatasync in ModeFsync). Meant for metrics: it must return
+	// quickly.
 	OnCommit func(records int, d time.Duration)
+
+	// OnCheckpoint, if set, is called on the checkpointer goroutine after
+	// every checkpoint, succeeded or failed, with the number of records
+	// (distinct keys) it wrote into the data file and its wall time (the
+	// bbolt transaction, including fsync in ModeFsync). Meant for metrics: it
+	// must return quickly.
+	OnCheckpoint func(records int, d time.Duration)
 }
 
 // DefaultOptions returns Options for the data file at path with every other
 // field set to its default.
 func DefaultOptions(path string) Options {
 	return Options{
-		Path:         path,
-		Mode:         ModeCommit,
-		OpenTimeout:  DefaultOpenTimeout,
-		MaxQueue:     DefaultMaxQueue,
-		MaxTxRecords: DefaultMaxTxRecords,
+		Path:            path,
+		Mode:            ModeCommit,
+		OpenTimeout:     DefaultOpenTimeout,
+		MaxQueue:        DefaultMaxQueue,
+		MaxTxRecords:    DefaultMaxTxRecords,
+		CheckpointKeys:  DefaultCheckpointKeys,
+		CheckpointBytes: DefaultCheckpointBytes,
 	}
 }
 
@@ -133,6 +158,12 @@ func (o Options) Validate() error {
 	if o.MaxTxRecords < 0 {
 		errs = append(errs, fmt.Errorf("persist: options: MaxTxRecords %d is negative (use 0 for the default %d)", o.MaxTxRecords, DefaultMaxTxRecords))
 	}
+	if o.CheckpointKeys < 0 {
+		errs = append(errs, fmt.Errorf("persist: options: CheckpointKeys %d is negative (use 0 for the default %d)", o.CheckpointKeys, DefaultCheckpointKeys))
+	}
+	if o.CheckpointBytes < 0 {
+		errs = append(errs, fmt.Errorf("persist: options: CheckpointBytes %d is negative (use 0 for the default %d)", o.CheckpointBytes, DefaultCheckpointBytes))
+	}
 	return errors.Join(errs...)
 }
 
@@ -146,6 +177,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxTxRecords == 0 {
 		o.MaxTxRecords = DefaultMaxTxRecords
+	}
+	if o.CheckpointKeys == 0 {
+		o.CheckpointKeys = DefaultCheckpointKeys
+	}
+	if o.CheckpointBytes == 0 {
+		o.CheckpointBytes = DefaultCheckpointBytes
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

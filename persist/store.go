@@ -60,6 +60,9 @@ var (
 
 const formatVersion uint32 = 1
 
+// initialMmapSize is the size of bbolt's first mapping of the data file.
+const initialMmapSize = 1 << 30
+
 // Limits of a Record, from bbolt's limits and the layout (the expiry index
 // key is the 8-byte deadline followed by the key).
 const (
@@ -82,8 +85,10 @@ type Record struct {
 	Value []byte
 }
 
-// Store is a bbolt data file with one writer goroutine doing group commit.
-// Its methods are safe for concurrent use.
+// Store is a bbolt data file with a write-ahead log in front of it: one
+// writer goroutine doing group commit into the WAL, and one checkpointer
+// goroutine writing what the WAL holds into the data file. Its methods are
+// safe for concurrent use.
 type Store struct {
 	opts Options // with defaults applied
 	db   *bolt.DB
@@ -95,14 +100,40 @@ type Store struct {
 	mu     sync.RWMutex
 	closed bool
 	queue  chan *Commit
+	shut   atomic.Bool // the data file is closed: Get fails
 
 	errClosed error // ErrClosed with the path, built once
+
+	// ovMu guards cur and frozen (the pointers, and the entries of cur,
+	// which the writer changes). Get reads them holding it for reading.
+	ovMu   sync.RWMutex
+	cur    *overlay // committed since the last checkpoint
+	frozen *overlay // being checkpointed (or whose checkpoint failed), or nil
+
+	nextMu sync.Mutex
+	ovNext int64 // earliest deadline in the overlays, 0 if none
+	dbNext int64 // earliest deadline in bbolt's index, 0 if none
+
+	// dbEmpty says that bbolt's keys bucket is empty: Get skips it. It is
+	// cleared before a checkpoint's overlay is dropped.
+	dbEmpty atomic.Bool
 
 	next    atomic.Int64  // NextDeadline
 	changed chan struct{} // DeadlineChanged, capacity 1
 
+	ckDone chan ckResult // checkpoint results, to the writer; capacity 1
+
+	acks      chan []ack    // from the writer to the acker, in commit order
+	ackFree   chan []ack    // back, for reuse
+	ackerDone chan struct{} // closed when the acker returns
+
 	w          writer        // used by the writer goroutine only
+	ck         checkpointer  // used by the checkpointer goroutine, then by Close
 	writerDone chan struct{} // closed when the writer goroutine returns
+
+	// crashOnClose (tests) makes Close leave everything as kill -9 would:
+	// no final checkpoint, no sync, the WAL files kept.
+	crashOnClose bool
 
 	closeOnce sync.Once
 	closeErr  error
@@ -146,29 +177,24 @@ func Open(o Options) (*Store, error) {
 	// NoFreelistSync: the freelist is not written by every commit (fewer pages
 	// per transaction); Open rebuilds it by walking the file instead.
 	// FreelistMapType: O(1) page allocation however fragmented the file.
+	// InitialMmapSize: address space, not memory; a file that grows within
+	// it is not remapped, and a remap in the middle of a checkpoint copies
+	// every node the transaction has touched to the heap.
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
-		Timeout:        o.OpenTimeout,
-		NoSync:         o.Mode != ModeFsync,
-		NoFreelistSync: true,
-		FreelistType:   bolt.FreelistMapType,
+		Timeout:         o.OpenTimeout,
+		NoSync:          o.Mode != ModeFsync,
+		NoFreelistSync:  true,
+		FreelistType:    bolt.FreelistMapType,
+		InitialMmapSize: initialMmapSize,
 	})
 	if err != nil {
 		return nil, openError(path, o.OpenTimeout, err)
 	}
-	next, err := initFile(db, path)
+	next, pos, err := initFile(db, path)
 	if err != nil {
 		_ = db.Close()
 		return nil, err
 	}
-	if !existed {
-		// Make the new file's directory entry durable, so that a power loss
-		// cannot lose the file itself after commits were fsynced to it.
-		if err := syncDir(dir); err != nil {
-			_ = db.Close()
-			return nil, fmt.Errorf("persist: open %s: sync its directory: %v", path, err)
-		}
-	}
-
 	s := &Store{
 		opts:       o,
 		db:         db,
@@ -176,13 +202,134 @@ func Open(o Options) (*Store, error) {
 		queue:      make(chan *Commit, o.MaxQueue),
 		errClosed:  newError(ErrClosed, "persist: %s: store closed", path),
 		changed:    make(chan struct{}, 1),
+		ckDone:     make(chan ckResult, 1),
+		acks:       make(chan []ack, 16),
+		ackFree:    make(chan []ack, 16),
+		ackerDone:  make(chan struct{}),
 		writerDone: make(chan struct{}),
+		cur:        newOverlay(),
 	}
-	s.next.Store(next)
-	s.w.init(s)
-	s.log.Info("opened data file", "mode", o.Mode.String(), "next_deadline", next)
+	s.dbNext = next
+	if err := s.replay(pos); err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	err = db.View(func(tx *bolt.Tx) error {
+		s.dbEmpty.Store(isEmpty(tx.Bucket(bucketKeys)))
+		return nil
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("persist: open %s: %v", path, err)
+	}
+	wal, err := createWAL(path, s.cur.toGen+1, true)
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("persist: open %s: create WAL file: %v (check the data dir's permissions and free space)", path, err)
+	}
+	if !existed {
+		// Make the new file's directory entry durable, so that a power loss
+		// cannot lose the file itself after commits were fsynced to it.
+		if err := syncDir(dir); err != nil {
+			_ = wal.Close()
+			_ = db.Close()
+			return nil, fmt.Errorf("persist: open %s: sync its directory: %v", path, err)
+		}
+	}
+	gen, seq := s.cur.toGen+1, s.cur.lastSeq+1
+	s.cur.toGen = 0
+	s.next.Store(s.dbNext)
+	s.w.init(s, wal, gen, seq)
+	s.ck.init(s, gen)
+	s.log.Info("opened data file", "mode", o.Mode.String(), "next_deadline", s.dbNext, "wal", wal.Name())
 	go s.w.run()
+	go s.ck.run()
+	go s.acker()
 	return s, nil
+}
+
+// replay writes the records of the WAL files left by the last process into
+// bbolt, in one transaction, syncs it and removes the files. pos is the WAL
+// position the data file holds already: files up to its generation were
+// checkpointed and are only removed. On return s.cur is empty, and its
+// toGen and lastSeq are the last generation and sequence number seen.
+//
+// Every file is read and checked before anything is written: a file that is
+// corrupt (see decodeWAL) is ErrFormat, with the data file and every WAL
+// file left as they were.
+func (s *Store) replay(pos walPos) error {
+	path := s.opts.Path
+	files, err := listWALs(path)
+	if err != nil {
+		return fmt.Errorf("persist: open %s: list WAL files: %v (check the data dir's permissions)", path, err)
+	}
+	ov := s.cur
+	ov.toGen, ov.lastSeq = pos.gen, pos.seq
+	var (
+		replayed []walFile
+		frames   int
+		records  int
+		torn     int
+	)
+	for _, f := range files {
+		if f.gen <= pos.gen {
+			continue // checkpointed already
+		}
+		data, err := os.ReadFile(f.path)
+		if err != nil {
+			return fmt.Errorf("persist: open %s: read WAL file %s: %v (check its permissions)", path, f.path, err)
+		}
+		sc, err := decodeWAL(data, ov.lastSeq+1, func(r walRecord) error {
+			key := ov.keyOf(r.key)
+			if r.del {
+				ov.del(key)
+			} else {
+				ov.put(key, r.deadline, r.value)
+			}
+			return nil
+		})
+		switch {
+		case errors.Is(err, errWALEmpty):
+		case err != nil:
+			return newError(ErrFormat, "persist: open %s: WAL file %s is corrupt: %v (neither it nor the data file was modified; moving the WAL files aside starts from the last checkpoint, losing the records they hold)", path, f.path, err)
+		}
+		if sc.frames > 0 {
+			ov.lastSeq = sc.lastSeq
+		}
+		ov.toGen = f.gen
+		frames += sc.frames
+		records += sc.records
+		torn += sc.torn
+		replayed = append(replayed, f)
+	}
+	if len(replayed) > 0 {
+		ov.bytes = 0
+		var bw bboltWriter
+		next, _, err := bw.writeOverlay(s.db, ov, nil)
+		if err == nil {
+			err = s.db.Sync()
+		}
+		if err != nil {
+			return fmt.Errorf("persist: open %s: replay the WAL into the data file: %v (nothing was removed; check the disk)", path, err)
+		}
+		s.dbNext = next
+		s.log.Info("replayed WAL", "files", len(replayed), "frames", frames, "records", records, "keys", ov.m.len(), "torn_bytes", torn)
+		if torn > 0 {
+			s.log.Warn("ignored the torn end of a WAL file: a commit interrupted by the crash, never acknowledged", "bytes", torn)
+		}
+	}
+	for _, f := range files {
+		if err := removeWAL(f.path); err != nil {
+			s.log.Warn("cannot remove a replayed WAL file; it will be ignored", "file", f.path, "err", err)
+		}
+	}
+	toGen, lastSeq := ov.toGen, ov.lastSeq
+	if n := len(files); n > 0 && files[n-1].gen > toGen {
+		toGen = files[n-1].gen
+	}
+	*ov = *newOverlay()
+	ov.toGen, ov.lastSeq = toGen, lastSeq
+	return nil
 }
 
 // openError maps an error of bolt.Open to the store's errors.
@@ -287,18 +434,29 @@ func walk(tx *bolt.Tx, path string) error {
 	})
 }
 
+// walPos is the WAL position a data file holds: the generation and the
+// sequence number of the last frame checkpointed into it (zero if none).
+type walPos struct{ gen, seq uint64 }
+
 // initFile checks the format of the open file, initialises a new one, and
-// returns the earliest deadline.
-func initFile(db *bolt.DB, path string) (next int64, err error) {
+// returns the earliest deadline and the WAL position it holds.
+func initFile(db *bolt.DB, path string) (next int64, pos walPos, err error) {
 	err = db.View(func(tx *bolt.Tx) error {
 		if err := checkFormat(tx, path); err != nil {
 			return err
 		}
 		next = firstDeadline(tx.Bucket(bucketExpiry))
+		switch v := tx.Bucket(bucketMeta).Get(keyWAL); len(v) {
+		case 0:
+		case 16:
+			pos = walPos{binary.BigEndian.Uint64(v), binary.BigEndian.Uint64(v[8:])}
+		default:
+			return formatError(path, "WAL position of %d bytes in the %q bucket; want 16", len(v), bucketMeta)
+		}
 		return nil
 	})
 	if !errors.Is(err, errEmpty) {
-		return next, err
+		return next, pos, err
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
 		if k, _ := tx.Cursor().First(); k != nil {
@@ -320,7 +478,7 @@ func initFile(db *bolt.DB, path string) (next int64, err error) {
 	if err != nil && !errors.Is(err, ErrFormat) {
 		err = fmt.Errorf("persist: open %s: initialise new data file: %v", path, err)
 	}
-	return 0, err
+	return 0, walPos{}, err
 }
 
 func syncDir(dir string) error {
@@ -350,20 +508,61 @@ func (s *Store) Path() string { return s.opts.Path }
 // Mode returns the durability mode the store was opened with.
 func (s *Store) Mode() Mode { return s.opts.Mode }
 
-// Get reads the records of keys in one read transaction and calls fn, on the
-// calling goroutine, for each key found (i is its index in keys). value is
+// Get reads the records of keys and calls fn, on the calling goroutine, for
+// each key found (i is its index in keys), in no particular order. value is
 // valid only during fn and must not be modified: copy it to keep it.
 //
-// Get sees what is committed, not what is queued: a record submitted but not
-// yet done may be invisible. It returns records whose deadline has passed but
-// that no Sweep has deleted yet; the caller decides what an expired record
-// means. Get is safe to call from many goroutines, concurrently with the
-// writer. fn must not wait for a Commit (see Scan).
+// Get sees every committed record: once a Commit is done, Get returns its
+// records (or, for a deletion, does not find the key), from the overlay of
+// records committed since the last checkpoint, or from the data file; a
+// record submitted but not yet done may be invisible. It returns records
+// whose deadline has passed but that no Sweep has deleted yet; the caller
+// decides what an expired record means. Get is safe to call from many
+// goroutines, concurrently with the writer and the checkpointer. fn must be
+// quick (for keys found in the overlay it runs while the writer cannot apply
+// a commit) and must not call the store or wait for a Commit.
 func (s *Store) Get(keys []string, fn func(i int, deadline int64, value []byte)) error {
+	if s.shut.Load() {
+		return s.errClosed
+	}
+	var small [16]int
+	misses := small[:0]
+	s.ovMu.RLock()
+	cur, frozen := s.cur, s.frozen
+	if cur.m.len() == 0 && frozen == nil {
+		for i := range keys {
+			misses = append(misses, i)
+		}
+	} else {
+		for i, k := range keys {
+			e := cur.m.get(k)
+			if e == nil && frozen != nil {
+				e = frozen.m.get(k)
+			}
+			switch {
+			case e == nil:
+				misses = append(misses, i)
+			case !e.del:
+				v := e.value
+				if v == nil {
+					v = emptyValue
+				}
+				fn(i, e.deadline, v[:len(v):len(v)])
+			}
+		}
+	}
+	s.ovMu.RUnlock()
+	// Read after the overlays: a checkpoint clears it before it drops one.
+	if len(misses) == 0 || s.dbEmpty.Load() {
+		return nil
+	}
+	// The overlays were read first: a record that was in neither is in
+	// bbolt by now (a checkpoint drops an overlay only after its commit).
 	var buf []byte
 	err := s.db.View(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketKeys)
-		for i, k := range keys {
+		for _, i := range misses {
+			k := keys[i]
 			buf = append(buf[:0], k...)
 			v := b.Get(buf)
 			if v == nil {
@@ -384,11 +583,18 @@ func (s *Store) Get(keys []string, fn func(i int, deadline int64, value []byte))
 // them (limit <= 0: no bound), in one read transaction; fn returns false to
 // stop. value is valid only during fn and must not be modified.
 //
-// Like Get, Scan sees committed records only, including expired ones not yet
-// swept. The read transaction stays open while fn runs and, while it is open,
-// the writer cannot grow the file's memory mapping: fn should be quick and
-// must never wait for a Commit, Flush or Close (that can deadlock).
+// Scan first waits for a checkpoint of everything committed before it was
+// called (none if the overlay is empty), then reads the data file: it sees
+// every record committed before the call, and maybe later ones, including
+// expired ones not yet swept. It is meant for the admin API and for
+// handing keys over, not for the decision path. The read transaction stays
+// open while fn runs and, while it is open, the checkpointer cannot grow the
+// file's memory mapping: fn should be quick and must never wait for a
+// Commit, Flush or Close (that can deadlock).
 func (s *Store) Scan(prefix, after string, limit int, fn func(key string, deadline int64, value []byte) bool) error {
+	if err := s.checkpointNow(); err != nil {
+		return err
+	}
 	start := prefix
 	if after > prefix {
 		start = after
@@ -414,6 +620,26 @@ func (s *Store) Scan(prefix, after string, limit int, fn func(key string, deadli
 	return s.readError(err)
 }
 
+// inOverlay reports whether the overlays hold a record of key, newer than
+// the data file's.
+func (s *Store) inOverlay(key []byte) bool {
+	s.ovMu.RLock()
+	defer s.ovMu.RUnlock()
+	if s.cur.m.getBytes(key) != nil {
+		return true
+	}
+	return s.frozen != nil && s.frozen.m.getBytes(key) != nil
+}
+
+// checkpointNow waits until everything committed before the call is in the
+// data file.
+func (s *Store) checkpointNow() error {
+	c := &Commit{kind: kindCheckpoint}
+	s.enqueue(c)
+	<-c.Done()
+	return c.Err()
+}
+
 // readError maps the error of a read transaction: its callback's errors
 // are complete already; bbolt's only own error there is a closed database.
 func (s *Store) readError(err error) error {
@@ -425,33 +651,70 @@ func (s *Store) readError(err error) error {
 
 // NextDeadline returns the earliest deadline of any stored record, in unix
 // nanoseconds, or 0 when the store holds no record. It is an atomic load,
-// updated after every committed transaction (before its done callbacks run)
-// and at Open. Records that are queued but not committed do not count.
+// updated after every commit (before its done callbacks run), checkpoint and
+// Sweep, and at Open. Records that are queued but not committed do not
+// count. It may be earlier than the earliest live deadline, when a record
+// in the data file was rewritten since the last checkpoint with a later
+// deadline: a Sweep at that time deletes nothing live and moves it on.
 func (s *Store) NextDeadline() int64 { return s.next.Load() }
 
 // DeadlineChanged returns a channel (capacity 1, sent to without blocking)
-// that receives whenever a committed transaction made NextDeadline earlier
-// than it was, or non-zero when it was 0. A transaction that makes it later
-// (a Sweep, a deletion) does not signal. A receiver should reload
-// NextDeadline after each receive; signals coalesce.
+// that receives whenever NextDeadline became earlier than it was, or
+// non-zero when it was 0. A change that makes it later (a Sweep, a
+// deletion) does not signal. A receiver should reload NextDeadline after
+// each receive; signals coalesce.
 func (s *Store) DeadlineChanged() <-chan struct{} { return s.changed }
 
-// Submit queues recs for the next transaction and returns at once, unless
+// setOverlayNext and setDBNext publish the earliest deadline of the
+// overlays (from the writer) and of bbolt (from the checkpointer).
+func (s *Store) setOverlayNext(n int64) {
+	s.nextMu.Lock()
+	s.ovNext = n
+	s.publishNext()
+}
+
+func (s *Store) setDBNext(n int64) {
+	s.nextMu.Lock()
+	s.dbNext = n
+	s.publishNext()
+}
+
+// publishNext runs with nextMu held and unlocks it.
+func (s *Store) publishNext() {
+	next := s.ovNext
+	if s.dbNext != 0 && (next == 0 || s.dbNext < next) {
+		next = s.dbNext
+	}
+	old := s.next.Swap(next)
+	s.nextMu.Unlock()
+	if next != 0 && (old == 0 || next < old) {
+		select {
+		case s.changed <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// Submit queues recs for the next commit and returns at once, unless
 // MaxQueue batches are already queued: then it blocks until the writer makes
 // room (Close also waits for it, so a batch that got into Submit before Close
 // is committed, not refused).
 //
-// done (may be nil) is called on the writer goroutine after the transaction
-// holding recs has committed (err == nil) or failed; callbacks run in
-// submission order, each after the previous one returned. done must not block
-// and must not call Submit, Sweep, Flush or Close: the writer waits for it.
-// The returned Commit reports the same outcome; its Done channel closes after
-// done has returned.
+// A commit appends everything the writer took from the queue to the WAL as
+// one frame (write(2), and fdatasync in ModeFsync) and applies it to the
+// overlay that Get reads. done (may be nil) is called on the writer
+// goroutine after the commit holding recs succeeded (err == nil) or failed;
+// callbacks run in submission order, each after the previous one returned.
+// done must not block and must not call Submit, Sweep, Flush, Scan or
+// Close: the writer waits for it. The returned Commit reports the same
+// outcome; its Done channel closes after done has returned.
 //
 // recs and every Value slice belong to the store until done is called: the
-// caller must not modify them before. Records of the same key are applied in
-// order, so the last one submitted wins, within a batch and across batches.
-// A batch is all or nothing: it is committed in a single transaction.
+// caller must not modify them before (the store copies the values; it keeps
+// the Key strings). Records of the same key are applied in order, so the
+// last one submitted wins, within a batch and across batches. A batch is all
+// or nothing: it is committed in a single WAL frame, which a crash leaves
+// whole or ignores whole.
 //
 // If recs holds an invalid record (empty or too long key, Value not nil with
 // Deadline <= 0, value too long), nothing of the batch is queued. After Close,
@@ -498,13 +761,15 @@ func (s *Store) enqueue(c *Commit) {
 }
 
 // Sweep queues a pass that deletes every record whose deadline is <= now
-// (unix nanoseconds), with its index entry. The writer runs it in the next
-// transaction, with whatever else is queued, walking the deadline index from
-// its start: no record is decoded and no key outside the expired range is
-// touched. A record is deleted only if its stored deadline still equals the
-// index entry's. A pass deletes at most 10000 records per transaction and
-// continues in the following ones (interleaved with submitted batches) until
-// nothing expired as of now remains.
+// (unix nanoseconds). Its first part runs on the writer, with whatever else
+// is queued: it takes the expired records of the overlay from its deadline
+// heap and commits their deletions through the WAL (so that a replay does
+// not bring them back), at most 10000 per commit, continuing in the next
+// ones (interleaved with submitted batches) until none is left. Its second
+// part runs on the checkpointer: it walks the data file's deadline index
+// from its start, deleting at most 10000 records per transaction; no record
+// is decoded and no key outside the expired range is touched. A record is
+// deleted only if its stored deadline still equals the index entry's.
 //
 // The returned Commit is done when the pass is complete (or failed; or
 // abandoned with ErrClosed by Close, which does not finish a long pass), so a
@@ -516,10 +781,11 @@ func (s *Store) Sweep(now int64) *Commit {
 	return c
 }
 
-// Flush waits until everything submitted before the call is committed (and
-// fsynced in ModeFsync). It returns an error if a transaction failed since
-// the previous Flush returned (or since Open), even if it held only records
-// submitted after this call began; ErrClosed after Close.
+// Flush waits until everything submitted before the call is committed to
+// the WAL (and fsynced in ModeFsync); it does not wait for a checkpoint. It
+// returns an error if a commit or a checkpoint failed since the previous
+// Flush returned (or since Open), even if it held only records submitted
+// after this call began; ErrClosed after Close.
 func (s *Store) Flush() error {
 	c := &Commit{kind: kindFlush}
 	s.enqueue(c)
@@ -527,11 +793,14 @@ func (s *Store) Flush() error {
 	return c.Err()
 }
 
-// Close stops accepting work (Submit, Sweep and Flush then fail with
+// Close stops accepting work (Submit, Sweep, Flush and Scan then fail with
 // ErrClosed), commits everything already queued, abandons the rest of a
-// Sweep pass, syncs the file to disk whatever the mode, closes it, and waits
-// for the writer goroutine. It returns the first error: a transaction that
-// failed since the last Flush, the sync, or the close. Close is idempotent;
+// Sweep pass, writes every committed record into the data file (a last
+// checkpoint), syncs it to disk whatever the mode, removes the WAL files,
+// closes the file, and waits for the store's goroutines. If the last
+// checkpoint fails, the WAL files stay and the next Open replays them. It
+// returns the first error: a commit or checkpoint that failed since the last
+// Flush, the last checkpoint, the sync, or the close. Close is idempotent;
 // later calls return the same error.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
@@ -541,10 +810,8 @@ func (s *Store) Close() error {
 		close(s.queue)
 		<-s.writerDone
 
-		err := s.w.unreported
-		if serr := s.db.Sync(); serr != nil && err == nil {
-			err = fmt.Errorf("persist: close %s: sync: %v (the last transactions may not be on disk)", s.opts.Path, serr)
-		}
+		err := s.w.closeErr
+		s.shut.Store(true)
 		if cerr := s.db.Close(); cerr != nil && err == nil {
 			err = fmt.Errorf("persist: close %s: %v", s.opts.Path, cerr)
 		}
@@ -560,16 +827,18 @@ const (
 	kindBatch commitKind = iota
 	kindFlush
 	kindSweep
+	kindCheckpoint // Scan: wait until the overlay is in bbolt
 )
 
 // Commit is the outcome of a Submit (or a Sweep): it is done once the
-// transaction holding the batch has committed or failed.
+// commit holding the batch has succeeded or failed.
 type Commit struct {
 	// Set before the Commit is queued, read by the writer.
 	recs []Record
 	done func(error)
 	kind commitKind
-	now  int64 // kindSweep
+	now  int64  // kindSweep
+	gen  uint64 // kindCheckpoint: the WAL generation to checkpoint, set by the writer
 
 	mu       sync.Mutex
 	ch       chan struct{} // made on the first Done call

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +22,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if path := os.Getenv(crashChildEnv); path != "" {
+		start, _ := strconv.Atoi(os.Getenv("SLUICE_PERSIST_CRASH_START"))
+		runCrashChild(path, start)
+		return
+	}
 	goleak.VerifyTestMain(m)
 }
 
@@ -126,10 +132,19 @@ func dump(t testing.TB, s *Store) map[string]stored {
 	return got
 }
 
-// checkIndex checks that the expiry index holds exactly one entry per
-// record, with the record's deadline.
+// checkpoint waits until every committed record is in the data file.
+func checkpoint(t testing.TB, s *Store) {
+	t.Helper()
+	if err := s.checkpointNow(); err != nil {
+		t.Fatalf("checkpoint: %v", err)
+	}
+}
+
+// checkIndex checkpoints, then checks that the expiry index holds exactly
+// one entry per record, with the record's deadline.
 func checkIndex(t testing.TB, s *Store) {
 	t.Helper()
+	checkpoint(t, s)
 	err := s.db.View(func(tx *bolt.Tx) error {
 		want := make(map[string]bool)
 		err := tx.Bucket(bucketKeys).ForEach(func(k, v []byte) error {
@@ -195,6 +210,8 @@ func TestOptionsValidate(t *testing.T) {
 		{"negative timeout", Options{Path: "x", OpenTimeout: -1}, "OpenTimeout"},
 		{"negative queue", Options{Path: "x", MaxQueue: -1}, "MaxQueue"},
 		{"negative tx", Options{Path: "x", MaxTxRecords: -1}, "MaxTxRecords"},
+		{"negative checkpoint keys", Options{Path: "x", CheckpointKeys: -1}, "CheckpointKeys"},
+		{"negative checkpoint bytes", Options{Path: "x", CheckpointBytes: -1}, "CheckpointBytes"},
 	}
 	for _, tt := range tests {
 		err := tt.o.Validate()
@@ -525,6 +542,7 @@ func TestSweep(t *testing.T) {
 	s := openStore(t, testOptions(t))
 	submit(t, s, put("a", 10, "a"), put("b", 20, "b"), put("c", 5, "c"), put("d", 25, "d"), put("e", 40, "e"), put("f", 50, "f"))
 	submit(t, s, put("c", 30, "c2"), del("f")) // c moved past the sweep, f gone
+	checkpoint(t, s)                           // into the data file, where the index is
 	// A stale index entry, as if a put had moved "e" without cleaning up:
 	// the sweep must drop the entry and keep the record.
 	err := s.db.Update(func(tx *bolt.Tx) error {
@@ -752,7 +770,7 @@ func TestCommitFailure(t *testing.T) {
 		t.Fatal(err)
 	}
 	var fail atomic.Bool
-	s.w.beforeCommit = func(*bolt.Tx) error { // the writer is idle: it reads it after the first send
+	s.w.beforeWrite = func() error { // the writer is idle: it reads it after the first send
 		if fail.Load() {
 			return errors.New("injected failure")
 		}
@@ -835,11 +853,20 @@ func TestOpenRefuses(t *testing.T) {
 		}, "shorter than its deadline"},
 		{"truncated", func(t *testing.T, path string) {
 			makeStore(t, path, 5000)
-			info, err := os.Stat(path)
+			// Cut the file in the middle of the pages in use (bbolt grows
+			// the file ahead of them).
+			db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := os.Truncate(path, info.Size()/2); err != nil {
+			var used int64
+			if err := db.View(func(tx *bolt.Tx) error { used = tx.Size(); return nil }); err != nil {
+				t.Fatal(err)
+			}
+			if err := db.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Truncate(path, used/2); err != nil {
 				t.Fatal(err)
 			}
 		}, "truncated"},

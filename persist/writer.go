@@ -1,73 +1,92 @@
 package persist
 
 import (
-	"bytes"
-	"encoding/binary"
 	"fmt"
+	"os"
 	"time"
-
-	bolt "go.etcd.io/bbolt"
 )
 
-// defaultSweepBudget is how many index entries one transaction of a Sweep
-// pass deletes at most.
+// defaultSweepBudget is how many records one step of a Sweep pass deletes
+// at most: tombstones in one WAL frame, or deletions in one bbolt
+// transaction.
 const defaultSweepBudget = 10000
 
-// expiryFillPercent is how full bbolt leaves the pages of the expiry index
-// it splits (its default, for random inserts, is 0.5).
-const expiryFillPercent = 0.9
-
-// maxKeptArena is the largest arena, in bytes, kept for the next transaction.
-const maxKeptArena = 16 << 20
-
-// emptyValue is the value of every expiry index entry.
-var emptyValue = []byte{}
+// maxKeptFrame is the largest frame buffer, in bytes, kept for the next
+// commit.
+const maxKeptFrame = 16 << 20
 
 // writer is the state of the writer goroutine; nothing else touches it
-// while the goroutine runs (Close reads unreported after it ended).
+// while the goroutine runs (Close reads closeErr after it ended).
 type writer struct {
 	s           *Store
 	maxRecs     int
 	sweepBudget int
 
-	// beforeCommit, if set (by tests), runs at the end of every write
-	// transaction; an error fails it.
-	beforeCommit func(*bolt.Tx) error
+	// beforeWrite, if set (by tests), runs before every WAL write; an
+	// error fails it.
+	beforeWrite func() error
 
-	batch  []*Commit // batches and flushes of the transaction, in queue order
+	batch  []*Commit // batches and flushes of the commit, in queue order
 	nrecs  int       // records in batch
 	closed bool      // the queue is closed and drained
 
-	sweeping bool      // a Sweep pass is under way
-	sweepNew bool      // a Sweep joined it since its last transaction
+	sweeping bool      // the overlay part of a Sweep pass is under way
+	sweepNew bool      // a Sweep joined it since its last step
 	sweepNow int64     // its time: delete deadlines <= sweepNow
 	sweepers []*Commit // the Sweep calls it answers
 
-	// unreported is the first transaction error that no Flush has returned.
+	// The step of the commit under way: tombstones to write, and the heap
+	// entries popped to find them (pushed back if the write fails).
+	tombs       []string
+	swept       []heapItem
+	sweptFrozen []heapItem
+
+	// unreported is the first commit or checkpoint error that no Flush
+	// has returned.
 	unreported error
 
-	arena []byte // keys and values of the transaction, see alloc
+	wal     *os.File
+	walSize int64  // bytes of wal written so far
+	gen     uint64 // wal's generation
+	seq     uint64 // the sequence number of the next frame
+	broken  error  // set when the WAL cannot be written any more
+	enc     frameEncoder
+
+	ckRunning bool      // the checkpointer is writing s.frozen
+	ckRetryAt int64     // after a failed checkpoint: cur.bytes at which to try again
+	ckWaiters []*Commit // checkpoint requests (Scan), each waiting for its gen
+	doneGen   uint64    // every WAL generation <= doneGen is in bbolt
+	spare     *overlay  // the last checkpointed overlay, emptied for reuse
+
+	closeErr error // the outcome of the final checkpoint, for Close
 }
 
-func (w *writer) init(s *Store) {
+func (w *writer) init(s *Store, wal *os.File, gen, seq uint64) {
 	w.s = s
 	w.maxRecs = s.opts.MaxTxRecords
 	w.sweepBudget = defaultSweepBudget
+	w.wal, w.walSize, w.gen, w.seq = wal, walHeaderLen, gen, seq
+	w.doneGen = gen - 1
 }
 
-// run is the writer goroutine: collect what is queued, write it in one
-// transaction, acknowledge, repeat; sleep on the queue when there is nothing
-// to do.
+// run is the writer goroutine: collect what is queued, append it to the WAL
+// in one frame, apply it to the overlay, acknowledge, repeat; sleep on the
+// queue when there is nothing to do.
 func (w *writer) run() {
 	defer close(w.s.writerDone)
+	defer func() {
+		close(w.s.acks)
+		<-w.s.ackerDone
+	}()
 	for {
 		w.collect()
 		// Once the queue is closed, a pass under way stops, but a Sweep
-		// that was queued gets its transaction, as a batch would.
+		// that was queued gets its step, as a batch would.
 		if w.closed && len(w.batch) == 0 && !w.sweepNew {
 			if w.sweeping {
 				w.finishSweep(w.s.errClosed)
 			}
+			w.closeErr = w.shutdown()
 			return
 		}
 		w.commit()
@@ -76,7 +95,7 @@ func (w *writer) run() {
 
 // collect fills batch: it blocks for the first item unless a Sweep pass has
 // more to do, then takes what else is queued without blocking, until
-// maxRecs records.
+// maxRecs records. While it waits, it takes the results of checkpoints.
 func (w *writer) collect() {
 	w.batch = w.batch[:0]
 	w.nrecs = 0
@@ -84,12 +103,21 @@ func (w *writer) collect() {
 		return
 	}
 	if !w.sweeping {
-		c, ok := <-w.s.queue
-		if !ok {
-			w.closed = true
-			return
+		for {
+			select {
+			case res := <-w.s.ckDone:
+				w.checkpointed(res)
+				w.serveWaiters()
+				continue
+			case c, ok := <-w.s.queue:
+				if !ok {
+					w.closed = true
+					return
+				}
+				w.add(c)
+			}
+			break
 		}
-		w.add(c)
 	}
 	for w.nrecs < w.maxRecs {
 		select {
@@ -106,7 +134,8 @@ func (w *writer) collect() {
 }
 
 func (w *writer) add(c *Commit) {
-	if c.kind == kindSweep {
+	switch c.kind {
+	case kindSweep:
 		if !w.sweeping || c.now > w.sweepNow {
 			w.sweepNow = c.now
 		}
@@ -114,229 +143,493 @@ func (w *writer) add(c *Commit) {
 		w.sweepNew = true
 		w.sweepers = append(w.sweepers, c)
 		return
+	case kindCheckpoint:
+		w.requestCheckpoint(c)
+		return
 	}
 	w.batch = append(w.batch, c)
 	w.nrecs += len(c.recs)
 }
 
-// commit writes batch and a step of the Sweep pass in one transaction and
-// acknowledges them.
+// commit writes batch and a step of the Sweep pass as one WAL frame, applies
+// them to the overlay, and acknowledges them.
 func (w *writer) commit() {
 	s := w.s
 	if w.nrecs == 0 && !w.sweeping {
 		// Only flushes and empty batches: everything before them is
 		// committed (and synced in ModeFsync) already.
 		w.finishBatch(nil)
+		w.serveWaiters()
 		return
 	}
 
 	start := time.Now()
-	var (
-		next      int64
-		deleted   int
-		sweepDone bool
-	)
-	err := s.db.Update(func(tx *bolt.Tx) error {
-		keys, exp := tx.Bucket(bucketKeys), tx.Bucket(bucketExpiry)
-		// Deadlines are mostly the time of the write plus a window, so
-		// the index grows at its end (one end per window): pages that split
-		// are left fuller than bbolt's default of half.
-		exp.FillPercent = expiryFillPercent
-		if err := w.apply(keys, exp); err != nil {
+	sweepDone := false
+	if w.sweeping {
+		w.sweepNew = false
+		sweepDone = w.pickExpired()
+	}
+	n := len(w.tombs) + w.nrecs
+	var err error
+	if n > 0 {
+		err = w.write()
+		d := time.Since(start)
+		if err == nil {
+			w.apply()
+		} else {
+			w.unpick()
+			err = fmt.Errorf("persist: commit to %s: %v (nothing of this commit was written; check the disk)", s.opts.Path, err)
+			s.log.Error("commit failed", "records", n, "err", err)
+		}
+		if s.opts.OnCommit != nil {
+			s.opts.OnCommit(n, d)
+		}
+	}
+	w.tombs = w.tombs[:0]
+	clear(w.swept)
+	clear(w.sweptFrozen)
+	w.swept, w.sweptFrozen = w.swept[:0], w.sweptFrozen[:0]
+
+	w.finishBatch(err)
+	if w.sweeping {
+		switch {
+		case err != nil:
+			w.finishSweep(err)
+		case sweepDone:
+			// The overlay holds nothing expired as of sweepNow: bbolt's
+			// turn, on the checkpointer, which finishes the Sweep calls.
+			s.ck.sweep(sweepJob{now: w.sweepNow, budget: w.sweepBudget, sweepers: w.sweepers})
+			w.sweepers = nil
+			w.sweeping = false
+			w.sweepNow = 0
+		}
+	}
+	if err == nil {
+		w.maybeCheckpoint()
+	}
+	w.serveWaiters()
+}
+
+// write encodes the tombstones and batch as one frame and appends it to
+// the WAL (fdatasync'ed in ModeFsync).
+func (w *writer) write() error {
+	if w.broken != nil {
+		return w.broken
+	}
+	e := &w.enc
+	e.begin(w.seq)
+	for _, k := range w.tombs {
+		e.del(k)
+	}
+	for _, c := range w.batch {
+		for i := range c.recs {
+			r := &c.recs[i]
+			if r.Value == nil {
+				e.del(r.Key)
+			} else {
+				e.put(r.Key, r.Deadline, r.Value)
+			}
+		}
+	}
+	frame, err := e.end()
+	defer e.reset(maxKeptFrame)
+	if err != nil {
+		return err
+	}
+	if w.beforeWrite != nil {
+		if err := w.beforeWrite(); err != nil {
 			return err
 		}
-		if w.sweeping {
-			w.sweepNew = false
-			var err error
-			if deleted, sweepDone, err = w.sweep(keys, exp); err != nil {
-				return err
-			}
-		}
-		if w.beforeCommit != nil {
-			if err := w.beforeCommit(tx); err != nil {
-				return err
-			}
-		}
-		next = firstDeadline(exp)
-		return nil
-	})
-	d := time.Since(start)
-	w.resetArena()
-	if s.opts.OnCommit != nil {
-		s.opts.OnCommit(w.nrecs, d)
 	}
-
+	_, err = w.wal.WriteAt(frame, w.walSize)
+	if err == nil && w.s.opts.Mode == ModeFsync {
+		if err = fdatasync(w.wal); err != nil {
+			// After a failed fsync, what reached the disk is unknown:
+			// stop writing rather than acknowledge on top of it.
+			w.broken = fmt.Errorf("WAL %s: fdatasync failed earlier: %v (restart sluice)", w.wal.Name(), err)
+		}
+	}
 	if err != nil {
-		err = fmt.Errorf("persist: commit to %s: %v (nothing of this transaction was written; check the disk)", s.opts.Path, err)
-		s.log.Error("transaction failed", "records", w.nrecs, "sweep", w.sweeping, "err", err)
-	} else {
-		if deleted > 0 {
-			s.log.Debug("swept expired records", "deleted", deleted, "done", sweepDone)
+		if terr := w.wal.Truncate(w.walSize); terr != nil && w.broken == nil {
+			w.broken = fmt.Errorf("WAL %s: cannot truncate a failed write: %v (restart sluice)", w.wal.Name(), terr)
 		}
-		old := s.next.Swap(next)
-		if next != 0 && (old == 0 || next < old) {
-			select {
-			case s.changed <- struct{}{}:
-			default:
+		return err
+	}
+	w.walSize += int64(len(frame))
+	w.s.cur.bytes += int64(len(frame))
+	w.s.cur.lastSeq = w.seq
+	w.seq++
+	return nil
+}
+
+// apply records the frame just written in the current overlay, which makes
+// it visible to Get, and updates NextDeadline.
+func (w *writer) apply() {
+	s := w.s
+	cur := s.cur
+	s.ovMu.Lock()
+	for _, k := range w.tombs {
+		cur.del(k)
+	}
+	for _, c := range w.batch {
+		for i := range c.recs {
+			r := &c.recs[i]
+			if r.Value == nil {
+				cur.del(r.Key)
+			} else {
+				cur.put(r.Key, r.Deadline, r.Value)
 			}
 		}
 	}
-	w.finishBatch(err)
-	if w.sweeping && (err != nil || sweepDone) {
-		w.finishSweep(err)
+	s.ovMu.Unlock()
+	w.updateNext()
+}
+
+// updateNext publishes the earliest deadline of the overlays, after
+// settling the tops of their heaps.
+func (w *writer) updateNext() {
+	s := w.s
+	var next int64
+	if it, ok := s.cur.settle(nil); ok {
+		next = it.deadline
+	}
+	if s.frozen != nil {
+		if it, ok := s.frozen.settle(w.shadowed); ok && (next == 0 || it.deadline < next) {
+			next = it.deadline
+		}
+	}
+	s.setOverlayNext(next)
+}
+
+// shadowed reports whether the current overlay holds key: the frozen
+// overlay's record of it is not the latest.
+func (w *writer) shadowed(key string) bool { return w.s.cur.m.get(key) != nil }
+
+// pickExpired pops, from the overlays' heaps, the records whose deadline
+// is <= sweepNow, at most sweepBudget of them, into tombs. done reports
+// that none is left.
+func (w *writer) pickExpired() (done bool) {
+	if w.sweepNow <= 0 {
+		return true // deadlines are > 0
+	}
+	cur, frozen := w.s.cur, w.s.frozen
+	for len(w.tombs) < w.sweepBudget {
+		// A settled top is a put whose deadline is the item's.
+		if it, ok := cur.settle(nil); ok && it.deadline <= w.sweepNow {
+			w.swept = append(w.swept, cur.pop())
+			it.e.heaped = false
+			w.tombs = append(w.tombs, it.e.key)
+			continue
+		}
+		if frozen != nil {
+			if it, ok := frozen.settle(w.shadowed); ok && it.deadline <= w.sweepNow {
+				w.sweptFrozen = append(w.sweptFrozen, frozen.pop())
+				it.e.heaped = false
+				w.tombs = append(w.tombs, it.e.key)
+				continue
+			}
+		}
+		return true
+	}
+	return false
+}
+
+// unpick puts back what pickExpired popped, after a failed write.
+func (w *writer) unpick() {
+	for _, it := range w.swept {
+		it.e.heaped = true
+		w.s.cur.push(it)
+	}
+	for _, it := range w.sweptFrozen {
+		it.e.heaped = true
+		w.s.frozen.push(it)
 	}
 }
 
-// finishBatch acknowledges batch in queue order. A flush gets the first
-// error of a batch before it that no earlier flush reported.
+// finishBatch hands batch, in queue order, to the acknowledging goroutine.
+// A flush gets the first error of a batch before it that no earlier flush
+// reported.
 func (w *writer) finishBatch(err error) {
+	if len(w.batch) == 0 {
+		return
+	}
+	acks := w.nextAcks()
 	pending := w.unreported
 	for i, c := range w.batch {
 		w.batch[i] = nil
 		if c.kind == kindFlush {
-			c.finish(pending)
+			acks = append(acks, ack{c, pending})
 			pending = nil
 			continue
 		}
 		if err != nil && pending == nil {
 			pending = err
 		}
-		c.finish(err)
+		acks = append(acks, ack{c, err})
 	}
 	w.unreported = pending
+	w.s.acks <- acks
+}
+
+// ack is a Commit to finish, and how.
+type ack struct {
+	c   *Commit
+	err error
+}
+
+// nextAcks returns an empty slice for finishBatch, reused once the
+// acknowledging goroutine is done with it.
+func (w *writer) nextAcks() []ack {
+	select {
+	case a := <-w.s.ackFree:
+		return a[:0]
+	default:
+		return make([]ack, 0, 64)
+	}
+}
+
+// acker is the acknowledging goroutine: it finishes the Commits of each
+// commit in order, calling their done callbacks, so that the writer goes on
+// to the next commit meanwhile.
+func (s *Store) acker() {
+	defer close(s.ackerDone)
+	for acks := range s.acks {
+		for i, a := range acks {
+			a.c.finish(a.err)
+			acks[i] = ack{}
+		}
+		select {
+		case s.ackFree <- acks:
+		default:
+		}
+	}
 }
 
 func (w *writer) finishSweep(err error) {
-	for i, c := range w.sweepers {
-		w.sweepers[i] = nil
-		c.finish(err)
-	}
+	finishAll(w.sweepers, err)
+	clear(w.sweepers)
 	w.sweepers = w.sweepers[:0]
 	w.sweeping = false
 	w.sweepNow = 0
 }
 
-// apply writes the records of batch in submission order, so that the last
-// record of a key wins. (Sorting them by key first was measured: it made
-// transactions slower, not faster; bbolt keeps the nodes it touched in memory
-// until commit whatever the order.)
-func (w *writer) apply(keys, exp *bolt.Bucket) error {
-	need := 0
-	for _, c := range w.batch {
-		for i := range c.recs {
-			r := &c.recs[i]
-			need += 3*len(r.Key) + 24 + len(r.Value)
+func (w *writer) report(err error) {
+	if w.unreported == nil {
+		w.unreported = err
+	}
+}
+
+// maybeCheckpoint freezes the current overlay once it holds
+// CheckpointKeys keys or CheckpointBytes of WAL. If the previous checkpoint
+// still runs, it waits for it first: that bounds the memory of the
+// overlays to two of them.
+func (w *writer) maybeCheckpoint() {
+	s := w.s
+	cur := s.cur
+	if cur.m.len() < s.opts.CheckpointKeys && cur.bytes < s.opts.CheckpointBytes {
+		return
+	}
+	if cur.bytes < w.ckRetryAt {
+		return // a checkpoint failed: retry when the WAL has grown again
+	}
+	if w.ckRunning {
+		w.checkpointed(<-s.ckDone)
+	}
+	if s.frozen != nil {
+		// The last checkpoint failed: the frozen overlay goes first.
+		w.ckRunning = true
+		s.ck.checkpoint(s.frozen)
+		w.checkpointed(<-s.ckDone)
+		if s.frozen != nil {
+			return
 		}
 	}
-	if cap(w.arena) < need {
-		w.arena = make([]byte, 0, need+need/4)
+	if err := w.freeze(); err != nil {
+		w.ckRetryAt = cur.bytes + s.opts.CheckpointBytes
+		w.report(err)
+		s.log.Error("cannot start a checkpoint", "err", err)
 	}
-	for _, c := range w.batch {
-		for i := range c.recs {
-			if err := w.put(keys, exp, &c.recs[i]); err != nil {
-				return err
-			}
-		}
+}
+
+// freeze starts a new WAL generation and hands the current overlay to the
+// checkpointer. No checkpoint may be under way or failed.
+func (w *writer) freeze() error {
+	s := w.s
+	f, err := createWAL(s.opts.Path, w.gen+1, s.opts.Mode == ModeFsync)
+	if err != nil {
+		return fmt.Errorf("persist: checkpoint to %s: start a new WAL file: %v", s.opts.Path, err)
 	}
+	if err := w.wal.Close(); err != nil {
+		s.log.Warn("closing a WAL file", "err", err)
+	}
+	cur := s.cur
+	cur.toGen = w.gen
+	w.wal, w.walSize, w.gen = f, walHeaderLen, w.gen+1
+	next := w.spare
+	if next == nil {
+		next = newOverlay()
+	}
+	w.spare = nil
+	next.lastSeq = cur.lastSeq
+	s.ovMu.Lock()
+	s.frozen, s.cur = cur, next
+	s.ovMu.Unlock()
+	w.ckRetryAt = 0
+	w.ckRunning = true
+	s.ck.checkpoint(cur)
 	return nil
 }
 
-// put writes (or deletes) one record and keeps the expiry index in step:
-// the old entry, found from the stored deadline, goes; the new one comes.
-func (w *writer) put(keys, exp *bolt.Bucket, r *Record) error {
-	k := w.alloc(len(r.Key))
-	copy(k, r.Key)
-	old := keys.Get(k)
-	var oldDL []byte
-	if len(old) >= 8 {
-		oldDL = old[:8]
-	}
-	if r.Value == nil {
-		if old == nil {
-			return nil
-		}
-		if oldDL != nil {
-			if err := exp.Delete(w.expiryKey(oldDL, r.Key)); err != nil {
-				return err
-			}
-		}
-		return keys.Delete(k)
-	}
-	v := w.alloc(8 + len(r.Value))
-	binary.BigEndian.PutUint64(v, uint64(r.Deadline))
-	copy(v[8:], r.Value)
-	if oldDL == nil || !bytes.Equal(oldDL, v[:8]) {
-		if oldDL != nil {
-			if err := exp.Delete(w.expiryKey(oldDL, r.Key)); err != nil {
-				return err
-			}
-		}
-		if err := exp.Put(w.expiryKey(v[:8], r.Key), emptyValue); err != nil {
-			return err
-		}
-	}
-	return keys.Put(k, v)
-}
-
-// sweep deletes, from the start of the expiry index, the entries with a
-// deadline <= sweepNow and their records, at most sweepBudget of them. done
-// reports that none is left.
-func (w *writer) sweep(keys, exp *bolt.Bucket) (deleted int, done bool, err error) {
-	if w.sweepNow <= 0 {
-		return 0, true, nil // deadlines are > 0
-	}
-	var now [8]byte
-	binary.BigEndian.PutUint64(now[:], uint64(w.sweepNow))
-	c := exp.Cursor()
-	for {
-		// First after each Delete: a bbolt cursor must not step on after
-		// deleting under it.
-		k, _ := c.First()
-		if k == nil || bytes.Compare(k[:min(8, len(k))], now[:]) > 0 {
-			return deleted, true, nil
-		}
-		if deleted >= w.sweepBudget {
-			return deleted, false, nil
-		}
-		if len(k) > 8 {
-			key := k[8:]
-			if v := keys.Get(key); len(v) >= 8 && bytes.Equal(v[:8], k[:8]) {
-				if err := keys.Delete(key); err != nil {
-					return deleted, false, err
-				}
-			}
-		}
-		if err := c.Delete(); err != nil {
-			return deleted, false, err
-		}
-		deleted++
-	}
-}
-
-// alloc returns n bytes of the arena. The arena is sized for the whole
-// transaction before it starts and never reallocated during it, because
-// bbolt keeps the key and value slices it is given until commit.
-func (w *writer) alloc(n int) []byte {
-	l := len(w.arena)
-	if l+n > cap(w.arena) {
-		return make([]byte, n) // unreachable when need was computed right
-	}
-	w.arena = w.arena[:l+n]
-	return w.arena[l : l+n : l+n]
-}
-
-// expiryKey returns the index key [deadline][key].
-func (w *writer) expiryKey(deadline []byte, key string) []byte {
-	b := w.alloc(8 + len(key))
-	copy(b, deadline)
-	copy(b[8:], key)
-	return b
-}
-
-func (w *writer) resetArena() {
-	if cap(w.arena) > maxKeptArena {
-		w.arena = nil
+// checkpointed takes the result of a checkpoint: on success the frozen
+// overlay is dropped (bbolt has it all), on failure it stays, still read by
+// Get, and is written again by the next checkpoint.
+func (w *writer) checkpointed(res ckResult) {
+	s := w.s
+	w.ckRunning = false
+	if res.err != nil {
+		w.report(res.err)
+		w.ckRetryAt = s.cur.bytes + s.opts.CheckpointBytes
+		w.failWaiters(res.ov.toGen, res.err)
 		return
 	}
-	w.arena = w.arena[:0]
+	s.ovMu.Lock()
+	s.frozen = nil
+	s.ovMu.Unlock()
+	// No Get can reach it now: its map, heap and entries serve again.
+	res.ov.recycle()
+	w.spare = res.ov
+	w.doneGen = res.ov.toGen
+	w.updateNext()
+	kept := w.ckWaiters[:0]
+	for _, c := range w.ckWaiters {
+		if c.gen <= w.doneGen {
+			c.finish(nil)
+		} else {
+			kept = append(kept, c)
+		}
+	}
+	clear(w.ckWaiters[len(kept):])
+	w.ckWaiters = kept
+}
+
+func (w *writer) failWaiters(gen uint64, err error) {
+	kept := w.ckWaiters[:0]
+	for _, c := range w.ckWaiters {
+		if c.gen <= gen {
+			c.finish(err)
+		} else {
+			kept = append(kept, c)
+		}
+	}
+	clear(w.ckWaiters[len(kept):])
+	w.ckWaiters = kept
+}
+
+// requestCheckpoint registers c, a request that everything committed so far
+// reach bbolt.
+func (w *writer) requestCheckpoint(c *Commit) {
+	s := w.s
+	switch {
+	case s.cur.m.len() > 0:
+		c.gen = w.gen
+	case s.frozen != nil:
+		c.gen = s.frozen.toGen
+	default:
+		c.finish(nil)
+		return
+	}
+	w.ckWaiters = append(w.ckWaiters, c)
+}
+
+// serveWaiters starts the checkpoint the waiting requests need, unless one
+// runs.
+func (w *writer) serveWaiters() {
+	s := w.s
+	if len(w.ckWaiters) == 0 || w.ckRunning {
+		return
+	}
+	if s.frozen != nil {
+		w.ckRunning = true // retry the failed one
+		s.ck.checkpoint(s.frozen)
+		return
+	}
+	if s.cur.m.len() == 0 {
+		for _, c := range w.ckWaiters {
+			c.finish(nil)
+		}
+		clear(w.ckWaiters)
+		w.ckWaiters = w.ckWaiters[:0]
+		return
+	}
+	if err := w.freeze(); err != nil {
+		w.report(err)
+		w.failWaiters(w.gen, err)
+	}
+}
+
+// shutdown runs once the queue is closed and drained: it waits for the
+// checkpoint under way, stops the checkpointer, writes the overlays into
+// bbolt, syncs it and removes the WAL files. If a checkpoint fails, the
+// WAL files stay, and the next Open replays them.
+func (w *writer) shutdown() error {
+	s := w.s
+	if w.ckRunning {
+		w.checkpointed(<-s.ckDone)
+	}
+	s.ck.shutdown()
+	werr := w.wal.Close()
+	if s.crashOnClose {
+		return nil
+	}
+	err := w.unreported
+	ckerr := w.finalCheckpoint()
+	if ckerr == nil && werr != nil {
+		ckerr = fmt.Errorf("persist: close %s: close WAL file: %v", s.opts.Path, werr)
+	}
+	w.failWaiters(w.gen, s.errClosed)
+	if ckerr != nil {
+		s.log.Error("final checkpoint failed; the WAL will be replayed at the next open", "err", ckerr)
+		if err == nil {
+			err = ckerr
+		}
+		return err
+	}
+	if serr := s.db.Sync(); serr != nil {
+		if err == nil {
+			err = fmt.Errorf("persist: close %s: sync: %v (the WAL is kept and will be replayed at the next open)", s.opts.Path, serr)
+		}
+		return err
+	}
+	s.ck.removeWALs(w.gen)
+	return err
+}
+
+// finalCheckpoint writes the frozen overlay, if a checkpoint of it failed,
+// then the current one, on the writer goroutine.
+func (w *writer) finalCheckpoint() error {
+	s := w.s
+	for _, ov := range []*overlay{s.frozen, s.cur} {
+		if ov == nil {
+			continue
+		}
+		if ov == s.cur {
+			ov.toGen = w.gen
+		}
+		if err := s.ck.write(ov); err != nil {
+			return err
+		}
+		s.ovMu.Lock()
+		if ov == s.frozen {
+			s.frozen = nil
+		} else {
+			s.cur = newOverlay()
+		}
+		s.ovMu.Unlock()
+		w.doneGen = ov.toGen
+	}
+	for _, c := range w.ckWaiters {
+		c.finish(nil)
+	}
+	w.ckWaiters = nil
+	return nil
 }

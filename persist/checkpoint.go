@@ -1,0 +1,430 @@
+package persist
+
+import (
+	"bytes"
+	"encoding/binary"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// expiryFillPercent is how full bbolt leaves the pages of the expiry index
+// it splits (its default, for random inserts, is 0.5).
+const expiryFillPercent = 0.9
+
+// emptyValue is the value of every expiry index entry, and what Get passes
+// for an empty value.
+var emptyValue = []byte{}
+
+// checkpointer is the goroutine that writes to bbolt: frozen overlays
+// (checkpoints) and the bbolt part of Sweep passes. It runs one job at a
+// time, checkpoints first; the writer goroutine hands it jobs and never
+// waits for bbolt, except when a checkpoint is due while the previous one
+// still runs.
+type checkpointer struct {
+	s *Store
+
+	mu     sync.Mutex
+	ckpt   *overlay      // a checkpoint to run
+	sweeps []sweepJob    // bbolt sweeps to run, in order
+	stop   bool          // Close: abandon sweeps, exit when idle
+	wake   chan struct{} // capacity 1
+	done   chan struct{} // closed when the goroutine returns
+
+	// oldest is the oldest WAL generation that may still exist: the
+	// files from oldest up to a checkpoint's generation are removed after it.
+	oldest uint64
+
+	bw bboltWriter // used by one goroutine at a time: this one, then the writer's Close
+
+	// beforeCommit, if set (by tests), runs at the end of every checkpoint
+	// transaction; an error fails it.
+	beforeCommit func(*bolt.Tx) error
+}
+
+// sweepJob is the bbolt part of a Sweep pass.
+type sweepJob struct {
+	now      int64
+	budget   int
+	sweepers []*Commit
+}
+
+// ckResult is the outcome of a checkpoint, sent to the writer.
+type ckResult struct {
+	ov  *overlay
+	err error
+}
+
+func (c *checkpointer) init(s *Store, oldest uint64) {
+	c.s = s
+	c.oldest = oldest
+	c.wake = make(chan struct{}, 1)
+	c.done = make(chan struct{})
+}
+
+func (c *checkpointer) signal() {
+	select {
+	case c.wake <- struct{}{}:
+	default:
+	}
+}
+
+// checkpoint hands ov to the goroutine; its result goes to Store.ckDone.
+func (c *checkpointer) checkpoint(ov *overlay) {
+	c.mu.Lock()
+	c.ckpt = ov
+	c.mu.Unlock()
+	c.signal()
+}
+
+// sweep queues the bbolt part of a Sweep pass; it joins a queued one.
+func (c *checkpointer) sweep(j sweepJob) {
+	c.mu.Lock()
+	if n := len(c.sweeps); n > 0 {
+		last := &c.sweeps[n-1]
+		last.now = max(last.now, j.now)
+		last.sweepers = append(last.sweepers, j.sweepers...)
+	} else {
+		c.sweeps = append(c.sweeps, j)
+	}
+	c.mu.Unlock()
+	c.signal()
+}
+
+// shutdown stops the goroutine once it is idle, abandoning Sweep passes
+// with ErrClosed, and waits for it. No checkpoint may be under way.
+func (c *checkpointer) shutdown() {
+	c.mu.Lock()
+	c.stop = true
+	c.mu.Unlock()
+	c.signal()
+	<-c.done
+}
+
+func (c *checkpointer) stopping() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stop
+}
+
+func (c *checkpointer) run() {
+	defer close(c.done)
+	for {
+		c.mu.Lock()
+		ov, stop := c.ckpt, c.stop
+		var j sweepJob
+		hasSweep := false
+		switch {
+		case ov != nil:
+			c.ckpt = nil
+		case len(c.sweeps) > 0:
+			j, hasSweep = c.sweeps[0], true
+			c.sweeps[0] = sweepJob{}
+			c.sweeps = c.sweeps[1:]
+		}
+		c.mu.Unlock()
+		switch {
+		case ov != nil:
+			err := c.write(ov)
+			if err == nil {
+				c.removeWALs(ov.toGen)
+			}
+			c.s.ckDone <- ckResult{ov, err}
+		case hasSweep && stop:
+			finishAll(j.sweepers, c.s.errClosed)
+		case hasSweep:
+			c.runSweep(j)
+		case stop:
+			return
+		default:
+			<-c.wake
+		}
+	}
+}
+
+// write writes ov into bbolt in one transaction and reports to
+// OnCheckpoint. The WAL files ov came from can go once it returns nil (and,
+// for a graceful Close in ModeCommit, once the file is synced).
+func (c *checkpointer) write(ov *overlay) error {
+	s := c.s
+	start := time.Now()
+	next, empty, err := c.bw.writeOverlay(s.db, ov, c.beforeCommit)
+	d := time.Since(start)
+	if s.opts.OnCheckpoint != nil {
+		s.opts.OnCheckpoint(ov.m.len(), d)
+	}
+	if err != nil {
+		err = fmt.Errorf("persist: checkpoint to %s: %v (the records stay in the WAL and in memory; check the disk)", s.opts.Path, err)
+		s.log.Error("checkpoint failed", "records", ov.m.len(), "err", err)
+		return err
+	}
+	s.dbEmpty.Store(empty)
+	s.setDBNext(next)
+	s.log.Debug("checkpoint", "records", ov.m.len(), "wal_bytes", ov.bytes, "gen", ov.toGen, "duration", d)
+	return nil
+}
+
+// removeWALs removes the WAL files up to generation gen, all in bbolt now.
+// A file that cannot be removed is tried again after the next checkpoint;
+// meanwhile, the generation recorded in the data file tells Open to ignore
+// it.
+func (c *checkpointer) removeWALs(gen uint64) {
+	for ; c.oldest <= gen; c.oldest++ {
+		if err := removeWAL(walName(c.s.opts.Path, c.oldest)); err != nil {
+			c.s.log.Warn("cannot remove a checkpointed WAL file", "err", err)
+			return
+		}
+	}
+}
+
+// runSweep deletes expired records from bbolt, budget per transaction,
+// until none is left or Close stops it, then finishes the Sweep calls.
+func (c *checkpointer) runSweep(j sweepJob) {
+	s := c.s
+	for {
+		var (
+			deleted int
+			done    bool
+			next    int64
+			empty   bool
+		)
+		err := s.db.Update(func(tx *bolt.Tx) error {
+			keys, exp := tx.Bucket(bucketKeys), tx.Bucket(bucketExpiry)
+			var err error
+			if deleted, done, err = sweepBolt(keys, exp, j.now, j.budget, s.inOverlay); err != nil {
+				return err
+			}
+			next = firstDeadline(exp)
+			empty = isEmpty(keys)
+			return nil
+		})
+		if err != nil {
+			err = fmt.Errorf("persist: sweep %s: %v (nothing of this transaction was written; check the disk)", s.opts.Path, err)
+			s.log.Error("sweep failed", "err", err)
+			finishAll(j.sweepers, err)
+			return
+		}
+		s.dbEmpty.Store(empty)
+		s.setDBNext(next)
+		if deleted > 0 {
+			s.log.Debug("swept expired records", "deleted", deleted, "done", done)
+		}
+		if done {
+			finishAll(j.sweepers, nil)
+			return
+		}
+		if c.stopping() {
+			finishAll(j.sweepers, s.errClosed)
+			return
+		}
+	}
+}
+
+func finishAll(cs []*Commit, err error) {
+	for _, c := range cs {
+		c.finish(err)
+	}
+}
+
+// sweepBolt deletes, from the start of the expiry index, the entries with a
+// deadline <= now and their records, at most budget of them. A record is
+// deleted only if its stored deadline equals the entry's (an entry a later
+// put left behind is dropped alone), and only if the overlay does not hold
+// a newer record of its key (inOverlay): then the entry is dropped alone,
+// and the checkpoint that writes the newer record replaces or deletes the
+// old one. done reports that none is left.
+func sweepBolt(keys, exp *bolt.Bucket, now int64, budget int, inOverlay func(key []byte) bool) (deleted int, done bool, err error) {
+	if now <= 0 {
+		return 0, true, nil // deadlines are > 0
+	}
+	var nowKey [8]byte
+	binary.BigEndian.PutUint64(nowKey[:], uint64(now))
+	c := exp.Cursor()
+	for {
+		// First after each Delete: a bbolt cursor must not step on after
+		// deleting under it.
+		k, _ := c.First()
+		if k == nil || bytes.Compare(k[:min(8, len(k))], nowKey[:]) > 0 {
+			return deleted, true, nil
+		}
+		if deleted >= budget {
+			return deleted, false, nil
+		}
+		if len(k) > 8 && !inOverlay(k[8:]) {
+			key := k[8:]
+			if v := keys.Get(key); len(v) >= 8 && bytes.Equal(v[:8], k[:8]) {
+				if err := keys.Delete(key); err != nil {
+					return deleted, false, err
+				}
+			}
+		}
+		if err := c.Delete(); err != nil {
+			return deleted, false, err
+		}
+		deleted++
+	}
+}
+
+// bboltWriter writes overlays into bbolt; it keeps its buffers from one
+// transaction to the next.
+type bboltWriter struct {
+	arena []byte
+	ents  []*entry
+	dels  [][]byte // expiry index entries to delete
+	ins   [][]byte // expiry index entries to insert
+}
+
+// maxKeptArena is the largest arena, in bytes, kept for the next checkpoint.
+const maxKeptArena = 64 << 20
+
+// writeOverlay writes every entry of ov, and the WAL position it reaches, in
+// one transaction, and returns the earliest deadline in the index after it
+// and whether the keys bucket is empty.
+//
+// Records go in key order, so that each page of the keys bucket is visited
+// once. The expiry index changes go after them: deletions first (each in a
+// node of page size), then insertions, in deadline order. bbolt splits a
+// node only at commit,
+// and new deadlines all land at the ends of the index (one end per window):
+// inserted in random order, each would move the ever longer tail of one
+// node (quadratic: seconds for 100k records); in order, each is appended.
+func (w *bboltWriter) writeOverlay(db *bolt.DB, ov *overlay, hook func(*bolt.Tx) error) (next int64, empty bool, err error) {
+	w.ents = w.ents[:0]
+	need := 16
+	ov.m.each(func(e *entry) {
+		w.ents = append(w.ents, e)
+		need += 3*len(e.key) + 24 + len(e.value)
+	})
+	slices.SortFunc(w.ents, func(a, b *entry) int { return strings.Compare(a.key, b.key) })
+	if cap(w.arena) < need {
+		w.arena = make([]byte, 0, need+need/4)
+	}
+	defer func() {
+		clear(w.ents)
+		clear(w.dels)
+		clear(w.ins)
+		w.ents, w.dels, w.ins = w.ents[:0], w.dels[:0], w.ins[:0]
+		if cap(w.arena) > maxKeptArena {
+			w.arena = nil
+		} else {
+			w.arena = w.arena[:0]
+		}
+	}()
+	err = db.Update(func(tx *bolt.Tx) error {
+		keys, exp := tx.Bucket(bucketKeys), tx.Bucket(bucketExpiry)
+		// Deadlines are mostly the time of the write plus a window, so
+		// the index grows at its ends: pages that split are left fuller
+		// than bbolt's default of half.
+		exp.FillPercent = expiryFillPercent
+		for _, e := range w.ents {
+			if err := w.put(keys, e); err != nil {
+				return err
+			}
+		}
+		for _, k := range w.dels {
+			if err := exp.Delete(k); err != nil {
+				return err
+			}
+		}
+		sortIndexKeys(w.ins)
+		for _, k := range w.ins {
+			if err := exp.Put(k, emptyValue); err != nil {
+				return err
+			}
+		}
+		if ov.toGen != 0 {
+			pos := w.alloc(16)
+			binary.BigEndian.PutUint64(pos, ov.toGen)
+			binary.BigEndian.PutUint64(pos[8:], ov.lastSeq)
+			if err := tx.Bucket(bucketMeta).Put(keyWAL, pos); err != nil {
+				return err
+			}
+		}
+		if hook != nil {
+			if err := hook(tx); err != nil {
+				return err
+			}
+		}
+		next = firstDeadline(exp)
+		empty = isEmpty(keys)
+		return nil
+	})
+	return next, empty, err
+}
+
+// isEmpty reports whether b holds no key.
+func isEmpty(b *bolt.Bucket) bool {
+	k, _ := b.Cursor().First()
+	return k == nil
+}
+
+// sortIndexKeys sorts expiry index keys ([8-byte big-endian deadline][key])
+// by deadline, then key: the deadlines compare as integers, and most differ.
+func sortIndexKeys(ks [][]byte) {
+	slices.SortFunc(ks, func(a, b []byte) int {
+		da, db := binary.BigEndian.Uint64(a), binary.BigEndian.Uint64(b)
+		switch {
+		case da < db:
+			return -1
+		case da > db:
+			return 1
+		}
+		return bytes.Compare(a[8:], b[8:])
+	})
+}
+
+// put writes (or deletes) the record of e and notes the changes of the
+// expiry index: the old entry, found from the stored deadline, goes; the
+// new one comes.
+func (w *bboltWriter) put(keys *bolt.Bucket, e *entry) error {
+	k := w.alloc(len(e.key))
+	copy(k, e.key)
+	old := keys.Get(k)
+	var oldDL []byte
+	if len(old) >= 8 {
+		oldDL = old[:8]
+	}
+	if e.del {
+		if old == nil {
+			return nil
+		}
+		if oldDL != nil {
+			w.dels = append(w.dels, w.expiryKey(oldDL, e.key))
+		}
+		return keys.Delete(k)
+	}
+	v := w.alloc(8 + len(e.value))
+	binary.BigEndian.PutUint64(v, uint64(e.deadline))
+	copy(v[8:], e.value)
+	if oldDL == nil || !bytes.Equal(oldDL, v[:8]) {
+		if oldDL != nil {
+			w.dels = append(w.dels, w.expiryKey(oldDL, e.key))
+		}
+		w.ins = append(w.ins, w.expiryKey(v[:8], e.key))
+	}
+	return keys.Put(k, v)
+}
+
+// alloc returns n bytes of the arena. The arena is sized for the whole
+// transaction before it starts and never reallocated during it, because
+// bbolt keeps the key and value slices it is given until commit.
+func (w *bboltWriter) alloc(n int) []byte {
+	l := len(w.arena)
+	if l+n > cap(w.arena) {
+		return make([]byte, n) // unreachable when need was computed right
+	}
+	w.arena = w.arena[:l+n]
+	return w.arena[l : l+n : l+n]
+}
+
+// expiryKey returns the index key [deadline][key].
+func (w *bboltWriter) expiryKey(deadline []byte, key string) []byte {
+	b := w.alloc(8 + len(key))
+	copy(b, deadline)
+	copy(b[8:], key)
+	return b
+}
