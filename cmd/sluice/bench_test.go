@@ -4,9 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
 	"regexp"
 	"strings"
 	"testing"
@@ -16,37 +13,6 @@ import (
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
-// runBenchCLI runs the command line args in-process, like run, with ctx
-// and the environment e. It adds bench to the command tree when the root
-// does not have it yet.
-func runBenchCLI(ctx context.Context, e env, args []string, stdout, stderr io.Writer) int {
-	c := &cli{stdout: stdout, stderr: stderr, getenv: e.get}
-	root := c.rootCommand()
-	if cmd, _, err := root.Find([]string{"bench"}); err != nil || cmd == root {
-		root.AddCommand(c.benchCommand())
-	}
-	root.SetArgs(args)
-	root.SetOut(stdout)
-	root.SetErr(stderr)
-	cmd, err := root.ExecuteContextC(ctx)
-	if err == nil {
-		return exitOK
-	}
-	name := "sluice"
-	if cmd != nil {
-		name = cmd.CommandPath()
-	}
-	code := exitError
-	var ce *exitCodeError
-	if errors.As(err, &ce) {
-		code, err = ce.code, ce.err
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", name, err)
-	}
-	return code
-}
-
 // bench runs "sluice bench args" with ctx (30s at most) in the
 // environment e.
 func bench(t testing.TB, ctx context.Context, e env, args ...string) result {
@@ -54,7 +20,7 @@ func bench(t testing.TB, ctx context.Context, e env, args ...string) result {
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	var stdout, stderr bytes.Buffer
-	code := runBenchCLI(ctx, e, append([]string{"bench"}, args...), &stdout, &stderr)
+	code := run(ctx, append([]string{"bench"}, args...), &stdout, &stderr, e.get)
 	return result{stdout: stdout.String(), stderr: stderr.String(), code: code}
 }
 
@@ -290,7 +256,7 @@ func TestBenchInterrupted(t *testing.T) {
 	var stdout bytes.Buffer
 	args := []string{"bench", "--addr", n.grpcAddr, "-o", "json", "--duration", "1m", "--warmup", "0", "--concurrency", "4"}
 	start := time.Now()
-	code := runBenchCLI(ctx, nil, args, &stdout, stderr)
+	code := run(ctx, args, &stdout, stderr, env(nil).get)
 	if d := time.Since(start); d > 20*time.Second {
 		t.Errorf("bench interrupted after its first progress line took %v to stop", d)
 	}
