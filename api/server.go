@@ -392,6 +392,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	return s.shutdownErr
 }
 
+// joinTimeout bounds how long Start tries to join the cluster.
+const joinTimeout = 2 * time.Minute
+
 // startCluster joins the cluster and starts forwarding and handoff.
 func (s *Server) startCluster() error {
 	ccfg := *s.cfg.Cluster
@@ -415,7 +418,11 @@ func (s *Server) startCluster() error {
 		rcfg.DialOptions = append(rcfg.DialOptions, grpc.WithPerRPCCredentials(tokenCredentials{token: s.cfg.AdminToken, secure: s.tls != nil}))
 	}
 	s.router = cluster.NewRouter(rcfg)
-	if err := m.Start(context.Background()); err != nil {
+	// Start joins before the node reports ready; a join list that never
+	// answers fails start-up after joinTimeout instead of hanging.
+	jctx, cancel := context.WithTimeout(context.Background(), joinTimeout)
+	defer cancel()
+	if err := m.Start(jctx); err != nil {
 		s.router.Close()
 		s.router = nil
 		return err
