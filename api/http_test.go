@@ -71,3 +71,15 @@ func TestHealthReadyMetrics(t *testing.T) {
 		t.Fatal("/readyz still answers after shutdown")
 	}
 }
+
+// TestPprof: profiles are served only when asked for.
+func TestPprof(t *testing.T) {
+	off := newTestServer(t, nil)
+	if code, _ := httpGet(t, "http://"+off.srv.HTTPAddr()+"/debug/pprof/"); code != http.StatusNotFound {
+		t.Fatalf("/debug/pprof/ without Pprof = %d; want 404", code)
+	}
+	on := newTestServer(t, func(c *Config) { c.Pprof = true })
+	if code, body := httpGet(t, "http://"+on.srv.HTTPAddr()+"/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {
+		t.Fatalf("/debug/pprof/ with Pprof = %d; want 200 with the profile index", code)
+	}
+}

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"path/filepath"
 	"sync"
@@ -69,6 +70,9 @@ type Config struct {
 	// RateLimitHeaders makes Envoy responses carry the IETF RateLimit-Policy
 	// and RateLimit header fields and Retry-After for the client.
 	RateLimitHeaders bool
+	// Pprof serves Go's profiles on the HTTP listener under /debug/pprof/.
+	// Off by default: profiles reveal internals and cost CPU while taken.
+	Pprof bool
 	// MaxMessageBytes bounds a gRPC request. Default 4 MiB.
 	MaxMessageBytes int
 	// ShutdownTimeout bounds a graceful shutdown before in-flight calls are
@@ -262,6 +266,13 @@ func New(cfg Config) (s *Server, err error) {
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	if cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	s.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, TLSConfig: s.tls}
 	return s, nil
 }
