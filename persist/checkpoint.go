@@ -111,6 +111,9 @@ func (c *checkpointer) stopping() bool {
 	return c.stop
 }
 
+// run is the checkpointer goroutine: run the checkpoint handed over, else
+// the oldest Sweep pass queued, else sleep until signalled; return once
+// stopped and idle.
 func (c *checkpointer) run() {
 	defer close(c.done)
 	for {

@@ -94,15 +94,18 @@ type Options struct {
 	MaxTxRecords int
 
 	// CheckpointKeys starts a checkpoint once the records committed since
-	// the last one cover this many distinct keys. Together with
-	// CheckpointBytes it bounds the memory of the overlay (two of them at
-	// most: one being checkpointed, one filling) and the time Open takes to
-	// replay the WAL after a crash. Default 262144 (DefaultCheckpointKeys).
+	// the last one cover this many distinct keys. It bounds the memory of
+	// the overlay: two of them at most (one being checkpointed, one
+	// filling), of about 200 bytes a key. Default 262144
+	// (DefaultCheckpointKeys).
 	CheckpointKeys int
 
-	// CheckpointBytes starts a checkpoint once the WAL file written since the
-	// last one reaches this many bytes. Default 64 MiB
-	// (DefaultCheckpointBytes).
+	// CheckpointBytes starts a checkpoint once the WAL written since the
+	// last one reaches this many bytes. It bounds the WAL on disk (twice
+	// this at most) and the time Open takes to replay it after a crash
+	// (about a second per 256 MiB); the larger, the more writes of a key
+	// one checkpoint coalesces. Memory does not grow with it. Default
+	// 256 MiB (DefaultCheckpointBytes).
 	CheckpointBytes int64
 
 	// Logger receives the store's logs, with attribute component=persist.

@@ -123,10 +123,6 @@ type Store struct {
 
 	ckDone chan ckResult // checkpoint results, to the writer; capacity 1
 
-	acks      chan []ack    // from the writer to the acker, in commit order
-	ackFree   chan []ack    // back, for reuse
-	ackerDone chan struct{} // closed when the acker returns
-
 	w          writer        // used by the writer goroutine only
 	ck         checkpointer  // used by the checkpointer goroutine, then by Close
 	writerDone chan struct{} // closed when the writer goroutine returns
@@ -140,13 +136,18 @@ type Store struct {
 }
 
 // Open opens the data file at o.Path, creating it (and its parent
-// directories) if it does not exist, and starts the writer goroutine.
+// directories) if it does not exist, replays the WAL files a crash left
+// next to it, starts a new WAL file, and starts the writer and checkpointer
+// goroutines.
 //
 // An existing file is read once from end to end before it is opened for
 // writing; if it is not a bbolt file, is corrupt or truncated, is a bbolt file
 // without the meta bucket, or has an unknown format version, Open returns an
-// error matching ErrFormat and leaves the file untouched. If another process
-// or Store holds the file, Open waits up to o.OpenTimeout and returns an error
+// error matching ErrFormat and leaves the file untouched. Every WAL file is
+// read and checked before its records are written into the data file; one
+// that is corrupt other than in its last frame (see doc.go) is ErrFormat
+// too, and neither it nor the data file is modified. If another process or
+// Store holds the file, Open waits up to o.OpenTimeout and returns an error
 // matching ErrLocked.
 func Open(o Options) (*Store, error) {
 	if err := o.Validate(); err != nil {
@@ -203,9 +204,6 @@ func Open(o Options) (*Store, error) {
 		errClosed:  newError(ErrClosed, "persist: %s: store closed", path),
 		changed:    make(chan struct{}, 1),
 		ckDone:     make(chan ckResult, 1),
-		acks:       make(chan []ack, 16),
-		ackFree:    make(chan []ack, 16),
-		ackerDone:  make(chan struct{}),
 		writerDone: make(chan struct{}),
 		cur:        newOverlay(),
 	}
@@ -244,7 +242,6 @@ func Open(o Options) (*Store, error) {
 	s.log.Info("opened data file", "mode", o.Mode.String(), "next_deadline", s.dbNext, "wal", wal.Name())
 	go s.w.run()
 	go s.ck.run()
-	go s.acker()
 	return s, nil
 }
 
@@ -275,21 +272,12 @@ func (s *Store) replay(pos walPos) error {
 		if f.gen <= pos.gen {
 			continue // checkpointed already
 		}
-		data, err := os.ReadFile(f.path)
-		if err != nil {
-			return fmt.Errorf("persist: open %s: read WAL file %s: %v (check its permissions)", path, f.path, err)
-		}
-		sc, err := decodeWAL(data, ov.lastSeq+1, func(r walRecord) error {
-			key := ov.keyOf(r.key)
-			if r.del {
-				ov.del(key)
-			} else {
-				ov.put(key, r.deadline, r.value)
-			}
-			return nil
-		})
+		sc, err := replayFile(f.path, ov)
+		var rerr walReadError
 		switch {
 		case errors.Is(err, errWALEmpty):
+		case errors.As(err, &rerr):
+			return fmt.Errorf("persist: open %s: read WAL file %s: %v (check its permissions)", path, f.path, rerr.err)
 		case err != nil:
 			return newError(ErrFormat, "persist: open %s: WAL file %s is corrupt: %v (neither it nor the data file was modified; moving the WAL files aside starts from the last checkpoint, losing the records they hold)", path, f.path, err)
 		}
@@ -330,6 +318,29 @@ func (s *Store) replay(pos walPos) error {
 	*ov = *newOverlay()
 	ov.toGen, ov.lastSeq = toGen, lastSeq
 	return nil
+}
+
+// replayFile applies the records of the WAL file at name to ov; its first
+// frame must follow ov.lastSeq.
+func replayFile(name string, ov *overlay) (walScan, error) {
+	f, err := os.Open(name)
+	if err != nil {
+		return walScan{}, walReadError{err}
+	}
+	defer func() { _ = f.Close() }()
+	info, err := f.Stat()
+	if err != nil {
+		return walScan{}, walReadError{err}
+	}
+	return decodeWAL(f, info.Size(), ov.lastSeq+1, func(r walRecord) error {
+		key := ov.keyOf(r.key)
+		if r.del {
+			ov.del(key)
+		} else {
+			ov.put(key, r.deadline, r.value)
+		}
+		return nil
+	})
 }
 
 // openError maps an error of bolt.Open to the store's errors.

@@ -46,6 +46,16 @@ func (t *table) get(key string) *entry {
 	}
 }
 
+// warm loads the home slot of key and the entry there, and returns a value
+// read from them, for the caller to keep (so that the loads happen).
+func (t *table) warm(key string) int64 {
+	s := &t.slots[maphash.String(t.seed, key)&uint64(len(t.slots)-1)]
+	if s.e == nil {
+		return 0
+	}
+	return s.e.deadline
+}
+
 // getBytes is get for a key held in a byte slice.
 func (t *table) getBytes(key []byte) *entry {
 	h := maphash.Bytes(t.seed, key)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -182,37 +183,75 @@ type walScan struct {
 // a prefix of it (its creation was interrupted).
 var errWALEmpty = errors.New("empty")
 
-// decodeWAL checks the header of a WAL file and calls fn for every record of
-// every complete frame, in order. wantSeq is the sequence number the first
-// frame must have; each next frame must have the next one.
+// walReadError is an I/O error of decodeWAL, not a sign of a bad file.
+type walReadError struct{ err error }
+
+func (e walReadError) Error() string { return e.err.Error() }
+
+// decodeWAL checks the header of a WAL file of size bytes, read from r, and
+// calls fn for every record of every complete frame, in order. It holds one
+// frame in memory at a time; a record's slices are valid only during fn.
+// wantSeq is the sequence number the first frame must have; each next frame
+// must have the next one.
 //
 // The last frame may be torn: shorter than its length says, unreadable, or
 // failing its checksum with nothing valid after it. It was never
 // acknowledged; decodeWAL ignores it and reports its size. A frame that
 // fails its checksum while a later frame is intact, a frame whose records
 // do not parse, or a sequence number out of order is an error: a message
-// for formatError.
-func decodeWAL(data []byte, wantSeq uint64, fn func(walRecord) error) (walScan, error) {
+// for formatError. A read that fails is a walReadError.
+func decodeWAL(r io.ReaderAt, size int64, wantSeq uint64, fn func(walRecord) error) (walScan, error) {
 	var sc walScan
-	if len(data) < walHeaderLen {
-		if bytes.HasPrefix(walHeader, data) || allZero(data) {
-			sc.torn = len(data)
+	read := func(b []byte, off int64) error {
+		if _, err := r.ReadAt(b, off); err != nil {
+			return walReadError{err}
+		}
+		return nil
+	}
+	hdr := make([]byte, min(size, walHeaderLen))
+	if err := read(hdr, 0); err != nil {
+		return sc, err
+	}
+	if len(hdr) < walHeaderLen {
+		if bytes.HasPrefix(walHeader, hdr) || allZero(hdr) {
+			sc.torn = len(hdr)
 			return sc, errWALEmpty
 		}
-		return sc, fmt.Errorf("%d bytes, not a Sluice WAL file", len(data))
+		return sc, fmt.Errorf("%d bytes, not a Sluice WAL file", len(hdr))
 	}
-	if string(data[:len(walMagic)]) != walMagic {
-		return sc, fmt.Errorf("not a Sluice WAL file (magic %q)", data[:len(walMagic)])
+	if string(hdr[:len(walMagic)]) != walMagic {
+		return sc, fmt.Errorf("not a Sluice WAL file (magic %q)", hdr[:len(walMagic)])
 	}
-	if v := binary.LittleEndian.Uint32(data[len(walMagic):]); v != walVersion {
+	if v := binary.LittleEndian.Uint32(hdr[len(walMagic):]); v != walVersion {
 		return sc, fmt.Errorf("WAL format version %d; this build reads version %d only (run the sluice release that wrote it)", v, walVersion)
 	}
-	off := walHeaderLen
-	for off < len(data) {
-		body, why := frameAt(data, off)
+	var buf []byte
+	for off := int64(walHeaderLen); off < size; {
+		// Read the frame its header announces, if the file holds it.
+		var body []byte
+		if size-off >= frameHeaderLen {
+			buf = slices.Grow(buf[:0], frameHeaderLen)[:frameHeaderLen]
+			if err := read(buf, off); err != nil {
+				return sc, err
+			}
+			if n := int64(binary.LittleEndian.Uint32(buf)); n >= frameMinBody && n <= maxFrameBody && off+frameHeaderLen+n <= size {
+				buf = slices.Grow(buf, int(n))[:frameHeaderLen+n]
+				if err := read(buf[frameHeaderLen:], off+frameHeaderLen); err != nil {
+					return sc, err
+				}
+				body, _ = frameAt(buf, 0)
+			}
+		}
 		if body == nil {
-			if tornTail(data, off, wantSeq) {
-				sc.torn = len(data) - off
+			// Not an intact frame: look at the rest of the file, in
+			// memory (a torn frame is short; a longer rest means trouble).
+			rest := make([]byte, size-off)
+			if err := read(rest, off); err != nil {
+				return sc, err
+			}
+			_, why := frameAt(rest, 0)
+			if tornTail(rest, 0, wantSeq) {
+				sc.torn = len(rest)
 				return sc, nil
 			}
 			return sc, fmt.Errorf("frame %d at offset %d: %s, and an intact frame follows it: the file is corrupt in its middle", sc.frames+1, off, why)
@@ -229,7 +268,7 @@ func decodeWAL(data []byte, wantSeq uint64, fn func(walRecord) error) (walScan, 
 		sc.records += n
 		sc.lastSeq = seq
 		wantSeq = seq + 1
-		off += frameHeaderLen + len(body)
+		off += frameHeaderLen + int64(len(body))
 	}
 	return sc, nil
 }

@@ -716,7 +716,7 @@ func FuzzDecodeWAL(f *testing.F) {
 	f.Add([]byte("SLUIC"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var recs []walRecord
-		sc, err := decodeWAL(data, 1, func(r walRecord) error {
+		sc, err := decodeWAL(bytes.NewReader(data), int64(len(data)), 1, func(r walRecord) error {
 			recs = append(recs, r)
 			return nil
 		})

@@ -59,6 +59,8 @@ type writer struct {
 	spare     *overlay  // the last checkpointed overlay, emptied for reuse
 
 	closeErr error // the outcome of the final checkpoint, for Close
+
+	sink int64 // keeps the loads of table.warm
 }
 
 func (w *writer) init(s *Store, wal *os.File, gen, seq uint64) {
@@ -74,10 +76,6 @@ func (w *writer) init(s *Store, wal *os.File, gen, seq uint64) {
 // queue when there is nothing to do.
 func (w *writer) run() {
 	defer close(w.s.writerDone)
-	defer func() {
-		close(w.s.acks)
-		<-w.s.ackerDone
-	}()
 	for {
 		w.collect()
 		// Once the queue is closed, a pass under way stops, but a Sweep
@@ -267,6 +265,16 @@ func (w *writer) write() error {
 func (w *writer) apply() {
 	s := w.s
 	cur := s.cur
+	// Load each record's slot and entry first: these loads do not depend
+	// on each other, so the processor overlaps their cache misses, which
+	// the lookups below, one after the other, would each wait for.
+	var sink int64
+	for _, c := range w.batch {
+		for i := range c.recs {
+			sink += cur.m.warm(c.recs[i].Key)
+		}
+	}
+	w.sink = sink
 	s.ovMu.Lock()
 	for _, k := range w.tombs {
 		cur.del(k)
@@ -346,63 +354,23 @@ func (w *writer) unpick() {
 	}
 }
 
-// finishBatch hands batch, in queue order, to the acknowledging goroutine.
-// A flush gets the first error of a batch before it that no earlier flush
-// reported.
+// finishBatch acknowledges batch in queue order. A flush gets the first
+// error of a batch before it that no earlier flush reported.
 func (w *writer) finishBatch(err error) {
-	if len(w.batch) == 0 {
-		return
-	}
-	acks := w.nextAcks()
 	pending := w.unreported
 	for i, c := range w.batch {
 		w.batch[i] = nil
 		if c.kind == kindFlush {
-			acks = append(acks, ack{c, pending})
+			c.finish(pending)
 			pending = nil
 			continue
 		}
 		if err != nil && pending == nil {
 			pending = err
 		}
-		acks = append(acks, ack{c, err})
+		c.finish(err)
 	}
 	w.unreported = pending
-	w.s.acks <- acks
-}
-
-// ack is a Commit to finish, and how.
-type ack struct {
-	c   *Commit
-	err error
-}
-
-// nextAcks returns an empty slice for finishBatch, reused once the
-// acknowledging goroutine is done with it.
-func (w *writer) nextAcks() []ack {
-	select {
-	case a := <-w.s.ackFree:
-		return a[:0]
-	default:
-		return make([]ack, 0, 64)
-	}
-}
-
-// acker is the acknowledging goroutine: it finishes the Commits of each
-// commit in order, calling their done callbacks, so that the writer goes on
-// to the next commit meanwhile.
-func (s *Store) acker() {
-	defer close(s.ackerDone)
-	for acks := range s.acks {
-		for i, a := range acks {
-			a.c.finish(a.err)
-			acks[i] = ack{}
-		}
-		select {
-		case s.ackFree <- acks:
-		default:
-		}
-	}
 }
 
 func (w *writer) finishSweep(err error) {
@@ -487,9 +455,10 @@ func (w *writer) checkpointed(res ckResult) {
 	s := w.s
 	w.ckRunning = false
 	if res.err != nil {
+		// Every request waits for this overlay first: they all fail.
 		w.report(res.err)
 		w.ckRetryAt = s.cur.bytes + s.opts.CheckpointBytes
-		w.failWaiters(res.ov.toGen, res.err)
+		w.failWaiters(w.gen, res.err)
 		return
 	}
 	s.ovMu.Lock()
