@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
@@ -65,5 +64,4 @@ func benchEngine(b *testing.B, mode string, keys, batch int) {
 	})
 	b.ReportMetric(float64(b.N*batch)/b.Elapsed().Seconds(), "decisions/s")
 	b.ReportMetric(0, "ns/op")
-	_ = runtime.GOMAXPROCS(0)
 }
