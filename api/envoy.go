@@ -46,9 +46,9 @@ func (e *envoyService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimit
 	s := e.s
 	start := time.Now()
 	resp, err := s.shouldRateLimit(ctx, req)
-	s.metrics.latency.WithLabelValues("envoy").Observe(time.Since(start).Seconds())
+	s.metrics.envoy.latency.Observe(time.Since(start).Seconds())
 	if err != nil {
-		s.metrics.decisions.WithLabelValues("envoy", "error").Add(float64(max(len(req.GetDescriptors()), 1)))
+		s.metrics.envoy.errored.Add(float64(max(len(req.GetDescriptors()), 1)))
 		return nil, toStatus(err)
 	}
 	return resp, nil
@@ -120,9 +120,15 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	descs := make([]envoyDescriptor, n)
 	rules := make([]*limits.Rule, n)
 	counted := make([][]limits.Entry, n) // the entries each descriptor is counted under
+	nentries := 0
+	for _, pd := range req.Descriptors {
+		nentries += len(pd.GetEntries())
+	}
+	all := make([]limits.Entry, 0, nentries) // every descriptor's entries, one allocation
 	for i, pd := range req.Descriptors {
-		entries, err := envoyEntries(i, pd)
-		if err != nil {
+		var entries []limits.Entry
+		var err error
+		if entries, all, err = envoyEntries(i, pd, all); err != nil {
 			return nil, err
 		}
 		d := &descs[i]
@@ -138,8 +144,8 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	rules = limits.ApplyReplaces(rules)
 
-	var checks []actor.Check
-	var checkDesc []int // descriptor of each check
+	checks := make([]actor.Check, 0, n)
+	checkDesc := make([]int, 0, n) // descriptor of each check
 	for i := range descs {
 		d := &descs[i]
 		d.key = envoyKey(req.Domain, counted[i])
@@ -214,6 +220,18 @@ type envoyOutcome struct {
 // decisions, and counts the decisions.
 func (s *Server) envoyResponse(descs []envoyDescriptor, out []actor.Decision) *rlsv3.RateLimitResponse {
 	resp := &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs))}
+	// The messages of the statuses, allocated together: a response costs a
+	// few allocations, not a few per descriptor.
+	statuses := make([]rlsv3.RateLimitResponse_DescriptorStatus, len(descs))
+	var limitsOut []rlsv3.RateLimitResponse_RateLimit
+	var resets []durationpb.Duration
+	for i := range descs {
+		if k := descs[i].kind; k == envoyCheck || k == envoyBlocked {
+			limitsOut = make([]rlsv3.RateLimitResponse_RateLimit, len(descs))
+			resets = make([]durationpb.Duration, len(descs))
+			break
+		}
+	}
 	var allowed, denied, shadowDenied int
 	var enforced []envoyOutcome // outcomes of the limited, non-shadow descriptors
 	overLimit := false
@@ -223,11 +241,15 @@ func (s *Server) envoyResponse(descs []envoyDescriptor, out []actor.Decision) *r
 		var o envoyOutcome
 		switch d.kind {
 		case envoyNoLimit:
-			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+			st := &statuses[i]
+			st.Code = rlsv3.RateLimitResponse_OK
+			resp.Statuses[i] = st
 			allowed++
 			continue
 		case envoyUnlimited:
-			resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+			st := &statuses[i]
+			st.Code, st.LimitRemaining = rlsv3.RateLimitResponse_OK, math.MaxUint32
+			resp.Statuses[i] = st
 			allowed++
 			continue
 		case envoyBlocked:
@@ -258,12 +280,12 @@ func (s *Server) envoyResponse(descs []envoyDescriptor, out []actor.Decision) *r
 				overLimit = true
 			}
 		}
-		resp.Statuses[i] = &rlsv3.RateLimitResponse_DescriptorStatus{
-			Code:               code,
-			CurrentLimit:       currentLimit(d),
-			LimitRemaining:     clampUint32(o.remaining),
-			DurationUntilReset: durationpb.New(o.reset),
-		}
+		st := &statuses[i]
+		st.Code = code
+		st.CurrentLimit = currentLimit(d, &limitsOut[i])
+		st.LimitRemaining = clampUint32(o.remaining)
+		st.DurationUntilReset = setDuration(&resets[i], o.reset)
+		resp.Statuses[i] = st
 	}
 	// quota_mode (an envoyproxy/ratelimit extension): quota descriptors fail
 	// the request only when all of them are over their limit.
@@ -275,44 +297,50 @@ func (s *Server) envoyResponse(descs []envoyDescriptor, out []actor.Decision) *r
 	if s.cfg.RateLimitHeaders {
 		resp.ResponseHeadersToAdd = rateLimitHeaders(enforced, overLimit)
 	}
-	m := s.metrics.decisions
-	m.WithLabelValues("envoy", "allowed").Add(float64(allowed))
-	m.WithLabelValues("envoy", "denied").Add(float64(denied))
+	m := &s.metrics.envoy
+	m.allowed.Add(float64(allowed))
+	m.denied.Add(float64(denied))
 	if shadowDenied > 0 {
-		m.WithLabelValues("envoy", "shadow_denied").Add(float64(shadowDenied))
+		m.shadowDenied.Add(float64(shadowDenied))
 	}
 	return resp
 }
 
-// currentLimit describes d's limit for the response.
-func currentLimit(d *envoyDescriptor) *rlsv3.RateLimitResponse_RateLimit {
-	rl := &rlsv3.RateLimitResponse_RateLimit{
-		Name:            d.name,
-		RequestsPerUnit: clampUint32(d.limit),
-		Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(d.unit),
-	}
+// currentLimit describes d's limit for the response in rl, and returns rl.
+func currentLimit(d *envoyDescriptor, rl *rlsv3.RateLimitResponse_RateLimit) *rlsv3.RateLimitResponse_RateLimit {
+	rl.Name = d.name
+	rl.RequestsPerUnit = clampUint32(d.limit)
+	rl.Unit = rlsv3.RateLimitResponse_RateLimit_Unit(d.unit)
 	if d.mult > 1 {
 		rl.UnitMultiplier = wrapperspb.UInt32(d.mult)
 	}
 	return rl
 }
 
-// envoyEntries checks descriptor i's entries and returns them. Values may
-// be empty (as in envoyproxy/ratelimit, where an empty value matches the
-// key's default descriptor); keys may not (Envoy's API requires them).
-func envoyEntries(i int, pd *ratelimitv3.RateLimitDescriptor) ([]limits.Entry, error) {
+// setDuration sets dst to d, as durationpb.New does, and returns dst.
+func setDuration(dst *durationpb.Duration, d time.Duration) *durationpb.Duration {
+	dst.Seconds = int64(d / time.Second)
+	dst.Nanos = int32(d % time.Second)
+	return dst
+}
+
+// envoyEntries checks descriptor i's entries and returns them, appended to
+// all (and all). Values may be empty (as in envoyproxy/ratelimit, where an
+// empty value matches the key's default descriptor); keys may not (Envoy's
+// API requires them).
+func envoyEntries(i int, pd *ratelimitv3.RateLimitDescriptor, all []limits.Entry) (entries, _ []limits.Entry, _ error) {
 	pes := pd.GetEntries()
 	if len(pes) == 0 {
-		return nil, badInput("descriptor %d has no entries: a descriptor needs at least one key and value", i)
+		return nil, all, badInput("descriptor %d has no entries: a descriptor needs at least one key and value", i)
 	}
-	entries := make([]limits.Entry, len(pes))
+	start := len(all)
 	for j, pe := range pes {
 		if pe.GetKey() == "" {
-			return nil, badInput("descriptor %d, entry %d: the key is empty: every entry needs a key (its value may be empty)", i, j)
+			return nil, all, badInput("descriptor %d, entry %d: the key is empty: every entry needs a key (its value may be empty)", i, j)
 		}
-		entries[j] = limits.Entry{Key: pe.GetKey(), Value: pe.GetValue()}
+		all = append(all, limits.Entry{Key: pe.GetKey(), Value: pe.GetValue()})
 	}
-	return entries, nil
+	return all[start:len(all):len(all)], all, nil
 }
 
 // envoyCost returns a descriptor's hits: its own hits_addend when set (0

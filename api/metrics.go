@@ -30,6 +30,26 @@ type metrics struct {
 	withoutHandoff    prometheus.Counter
 	membershipChanges *prometheus.CounterVec
 	members           prometheus.Gauge
+
+	// The children of decisions and latency that the decision APIs use,
+	// looked up once rather than on every call.
+	native, envoy apiMetrics
+}
+
+// apiMetrics are the decision metrics of one API.
+type apiMetrics struct {
+	latency                                prometheus.Observer
+	allowed, denied, shadowDenied, errored prometheus.Counter
+}
+
+func newAPIMetrics(m *metrics, api string) apiMetrics {
+	return apiMetrics{
+		latency:      m.latency.WithLabelValues(api),
+		allowed:      m.decisions.WithLabelValues(api, "allowed"),
+		denied:       m.decisions.WithLabelValues(api, "denied"),
+		shadowDenied: m.decisions.WithLabelValues(api, "shadow_denied"),
+		errored:      m.decisions.WithLabelValues(api, "error"),
+	}
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -118,6 +138,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.withoutHandoff, m.membershipChanges, m.members)
 	reg.MustRegister(m.decisions, m.latency, m.keys, m.evictions, m.expired, m.queueDepth,
 		m.batchChecks, m.commitLatency, m.commitRecords, m.limitsReloads)
+	m.native, m.envoy = newAPIMetrics(m, "native"), newAPIMetrics(m, "envoy")
 	return m
 }
 

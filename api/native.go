@@ -21,9 +21,9 @@ func (n *nativeService) Check(ctx context.Context, req *sluicepb.CheckRequest) (
 	s := n.s
 	start := time.Now()
 	resp, err := n.check(ctx, req)
-	s.metrics.latency.WithLabelValues("native").Observe(time.Since(start).Seconds())
+	s.metrics.native.latency.Observe(time.Since(start).Seconds())
 	if err != nil {
-		s.metrics.decisions.WithLabelValues("native", "error").Add(float64(max(len(req.GetChecks()), 1)))
+		s.metrics.native.errored.Add(float64(max(len(req.GetChecks()), 1)))
 		return nil, toStatus(err)
 	}
 	return resp, nil
@@ -50,23 +50,23 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest) (
 		return nil, err
 	}
 	resp := &sluicepb.CheckResponse{Decisions: make([]*sluicepb.Decision, len(out))}
+	// The messages of the decisions, allocated together.
+	decs := make([]sluicepb.Decision, len(out))
+	durs := make([]durationpb.Duration, 2*len(out))
 	allowed := 0
 	for i := range out {
 		d := &out[i]
 		if d.Allowed {
 			allowed++
 		}
-		resp.Decisions[i] = &sluicepb.Decision{
-			Allowed:    d.Allowed,
-			Limit:      d.Limit,
-			Remaining:  d.Remaining,
-			RetryAfter: durationpb.New(d.RetryAfter),
-			ResetAfter: durationpb.New(d.ResetAfter),
-			Node:       nodes[i],
-		}
+		pd := &decs[i]
+		pd.Allowed, pd.Limit, pd.Remaining, pd.Node = d.Allowed, d.Limit, d.Remaining, nodes[i]
+		pd.RetryAfter = setDuration(&durs[2*i], d.RetryAfter)
+		pd.ResetAfter = setDuration(&durs[2*i+1], d.ResetAfter)
+		resp.Decisions[i] = pd
 	}
-	s.metrics.decisions.WithLabelValues("native", "allowed").Add(float64(allowed))
-	s.metrics.decisions.WithLabelValues("native", "denied").Add(float64(len(out) - allowed))
+	s.metrics.native.allowed.Add(float64(allowed))
+	s.metrics.native.denied.Add(float64(len(out) - allowed))
 	return resp, nil
 }
 
