@@ -76,6 +76,7 @@ import (
 // merge never panics, whatever the states.
 func (s *state) merge(now int64, o *state, maxRuns int) {
 	maxRuns = max(1, min(maxRuns, maxMaxRuns))
+	defer func() { s.rewrite = true }()
 	if !o.valid() {
 		return
 	}

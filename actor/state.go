@@ -69,6 +69,11 @@ type state struct {
 	// head is the index of the oldest run in buf[:cap(buf)].
 	head uint32
 	algo Algorithm
+	// rewrite is set when the log changed other than by hits added at its
+	// newest end (a new key, a new limit or window, a refund, a release, a
+	// trim, a merge, a decode): the store's copy can then not be brought up
+	// to date by appending (see appendTail).
+	rewrite bool
 }
 
 // maxMaxRuns bounds the maxRuns argument of decide (and so the runs of one
@@ -154,7 +159,7 @@ func (s *state) reset(now int64, algo Algorithm, limit, window int64) {
 	if algo != SlidingLog {
 		buf = nil // give the log's memory back
 	}
-	*s = state{algo: algo, limit: limit, window: window, buf: buf}
+	*s = state{algo: algo, limit: limit, window: window, buf: buf, rewrite: true}
 	switch algo {
 	case SlidingWindow:
 		s.at = floorDiv(now, window) * window
@@ -207,6 +212,7 @@ func (s *state) resize(now, limit, window int64) {
 	case SlidingLog:
 		s.logPrune(now) // what expired under the old window stays expired
 		s.limit, s.window = limit, window
+		s.rewrite = true
 	case SlidingWindow:
 		if window != s.window {
 			s.windowAdvance(now)
@@ -432,6 +438,7 @@ func (s *state) logAdd(now, n int64, maxRuns int) {
 // logRefund removes up to n of the newest hits and returns how many.
 func (s *state) logRefund(n int64) int64 {
 	var done int64
+	s.rewrite = true
 	for n > 0 && len(s.buf) > 0 {
 		last := s.runAt(len(s.buf) - 1)
 		if last.n > n {
@@ -452,6 +459,7 @@ func (s *state) logRefund(n int64) int64 {
 
 // logTrim drops the oldest hits until at most keep remain.
 func (s *state) logTrim(keep int64) {
+	s.rewrite = true
 	for s.cur > keep && len(s.buf) > 0 {
 		first := s.runAt(0)
 		if excess := s.cur - keep; first.n > excess {
@@ -716,9 +724,11 @@ func (s *state) bucketWait(need float64) int64 {
 
 // --- Encoding ---------------------------------------------------------------
 //
-// Version 1:
+// A stored state is one segment, or, for the sliding log only, a full segment
+// followed by tail segments, each holding hits added to the log since the
+// segment before (see appendTail). A segment:
 //
-//	byte     version (1)
+//	byte     version: 1 for a full segment, 2 for a tail segment
 //	byte     algorithm
 //	uvarint  limit (> 0)
 //	uvarint  window in ns (> 0)
@@ -730,15 +740,24 @@ func (s *state) bucketWait(need float64) int64 {
 //	TokenBucket:   varint time of the last refill, 8 bytes little-endian
 //	               float64 tokens in [0, limit]
 //
-// A full log of limit 100 with one hit per ms takes about 9 + 100*3 bytes.
+// The log of a chain is the runs of its segments in order; the first run of a
+// tail segment may have the time of the run before it (more hits at that
+// time), never an earlier one. The limit and window are the last segment's.
+// A tail segment alone is a valid state too: the store keeps it alone when
+// the value it followed was deleted, which happens only once every hit of
+// that value has expired.
+//
+// A full log of limit 100 with one hit per ms takes about 9 + 100*3 bytes; a
+// tail segment of one hit about 20.
 
-const stateVersion = 1
+const (
+	stateVersion = 1 // a full segment; what versions before tails wrote
+	tailVersion  = 2
+)
 
-// appendBinary appends the encoding of s to b.
+// appendBinary appends the full encoding of s to b: one full segment.
 func (s *state) appendBinary(b []byte) []byte {
-	b = append(b, stateVersion, byte(s.algo))
-	b = binary.AppendUvarint(b, uint64(s.limit))
-	b = binary.AppendUvarint(b, uint64(s.window))
+	b = s.appendHeader(b, stateVersion)
 	switch s.algo {
 	case SlidingLog:
 		b = binary.AppendUvarint(b, uint64(len(s.buf)))
@@ -764,6 +783,97 @@ func (s *state) appendBinary(b []byte) []byte {
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(s.tokens))
 	}
 	return b
+}
+
+func (s *state) appendHeader(b []byte, version byte) []byte {
+	b = append(b, version, byte(s.algo))
+	b = binary.AppendUvarint(b, uint64(s.limit))
+	return binary.AppendUvarint(b, uint64(s.window))
+}
+
+// saved is what the store holds of a key's sliding log, kept by the actor
+// next to the state so that a write can append the hits recorded since the
+// last one (appendTail) instead of the whole log. The zero value knows
+// nothing: the next write is a full one.
+type saved struct {
+	// at and n are the newest run of the log as last written; ok says the
+	// store holds the log as of that write.
+	at, n int64
+	ok    bool
+	// disk is the length of the stored value; full that of its full segment.
+	disk, full uint32
+}
+
+// written records that the store now holds the full encoding of s, of n
+// bytes.
+func (s *state) written(sv *saved, n int) {
+	*sv = saved{}
+	s.rewrite = false
+	if s.algo != SlidingLog || len(s.buf) == 0 || n > math.MaxUint32/4 {
+		return
+	}
+	last := s.runAt(len(s.buf) - 1)
+	*sv = saved{at: last.at, n: last.n, ok: true, disk: uint32(n), full: uint32(n)}
+}
+
+// appendTail appends to b a tail segment holding the hits recorded since the
+// store's copy was written (see saved), and reports whether it did. It does
+// not when only a full write can bring the store up to date (no copy known,
+// or the log changed other than by new hits), or when the stored value has
+// grown to twice its full segment (plus a little): expired runs pile up in
+// a chain, and a full write now and then sheds them, for an amortized
+// constant number of bytes per hit.
+func (s *state) appendTail(b []byte, sv *saved) ([]byte, bool) {
+	if !sv.ok || s.rewrite || s.algo != SlidingLog || len(s.buf) == 0 {
+		return b, false
+	}
+	// The runs newer than the saved newest run, and the hits added to that
+	// run (if it has not expired since).
+	i := len(s.buf)
+	for i > 0 && s.runAt(i-1).at > sv.at {
+		i--
+	}
+	var more int64
+	if i > 0 {
+		if r := s.runAt(i - 1); r.at == sv.at {
+			more = r.n - sv.n
+		}
+	}
+	count := len(s.buf) - i
+	if more > 0 {
+		count++
+	}
+	if count == 0 || more < 0 {
+		return b, false
+	}
+	start := len(b)
+	b = s.appendHeader(b, tailVersion)
+	b = binary.AppendUvarint(b, uint64(count))
+	prev := int64(0)
+	first := true
+	if more > 0 {
+		b = binary.AppendVarint(b, sv.at)
+		b = binary.AppendUvarint(b, uint64(more))
+		prev, first = sv.at, false
+	}
+	for j := i; j < len(s.buf); j++ {
+		r := s.runAt(j)
+		if first {
+			b = binary.AppendVarint(b, r.at)
+			first = false
+		} else {
+			b = binary.AppendUvarint(b, uint64(r.at-prev))
+		}
+		b = binary.AppendUvarint(b, uint64(r.n))
+		prev = r.at
+	}
+	n := len(b) - start
+	if uint64(sv.disk)+uint64(n) > 2*uint64(sv.full)+512 {
+		return b[:start], false
+	}
+	last := s.runAt(len(s.buf) - 1)
+	sv.at, sv.n, sv.disk = last.at, last.n, sv.disk+uint32(n)
+	return b, true
 }
 
 // decoder reads the encoding; its first error sticks.
@@ -813,19 +923,46 @@ func (d *decoder) fail(format string, args ...any) {
 }
 
 // decode replaces s with the state encoded in b. It returns an error, and
-// leaves s as it was, for any input that appendBinary did not produce.
+// leaves s as it was, for any input that appendBinary and appendTail did not
+// produce.
 func (s *state) decode(b []byte) error {
 	if len(b) < 2 {
 		return fmt.Errorf("actor: decode state: %d bytes; want at least 2", len(b))
 	}
-	if b[0] != stateVersion {
-		return fmt.Errorf("actor: decode state: unknown encoding version %d (want %d)", b[0], stateVersion)
+	var t state
+	for seg := 0; len(b) > 0; seg++ {
+		if len(b) < 2 {
+			return fmt.Errorf("actor: decode state: segment %d: %d bytes; want at least 2", seg, len(b))
+		}
+		switch {
+		case b[0] != stateVersion && b[0] != tailVersion:
+			return fmt.Errorf("actor: decode state: segment %d: unknown encoding version %d (want %d or %d)", seg, b[0], stateVersion, tailVersion)
+		case seg > 0 && b[0] != tailVersion:
+			return fmt.Errorf("actor: decode state: segment %d: version %d after the first segment; want %d", seg, b[0], tailVersion)
+		case b[1] >= byte(numAlgorithms):
+			return fmt.Errorf("actor: decode state: unknown algorithm %d", b[1])
+		case seg > 0 && Algorithm(b[1]) != SlidingLog:
+			return fmt.Errorf("actor: decode state: segment %d: only a sliding log has more than one segment", seg)
+		}
+		t.algo = Algorithm(b[1])
+		d := decoder{b: b[2:]}
+		t.decodeSegment(&d, seg)
+		if d.err != nil {
+			return fmt.Errorf("actor: decode state: %s: %v", t.algo, d.err)
+		}
+		if t.algo != SlidingLog && len(d.b) > 0 {
+			return fmt.Errorf("actor: decode state: %s: %d trailing bytes", t.algo, len(d.b))
+		}
+		b = d.b
 	}
-	t := state{algo: Algorithm(b[1])}
-	if t.algo >= numAlgorithms {
-		return fmt.Errorf("actor: decode state: unknown algorithm %d", b[1])
-	}
-	d := decoder{b: b[2:]}
+	t.rewrite = true
+	*s = t
+	return nil
+}
+
+// decodeSegment reads the rest of segment seg (after its version and
+// algorithm) into t, appending to t's log.
+func (t *state) decodeSegment(d *decoder, seg int) {
 	t.limit = d.uvarint("limit")
 	t.window = d.uvarint("window")
 	if d.err == nil && t.limit <= 0 {
@@ -842,15 +979,15 @@ func (s *state) decode(b []byte) error {
 		if d.err == nil && count > int64(len(d.b)/2) {
 			d.fail("log of %d runs in %d bytes", count, len(d.b))
 		}
-		if d.err == nil && count > maxMaxRuns {
-			d.fail("log of %d runs; at most %d", count, maxMaxRuns)
+		if d.err == nil && count+int64(len(t.buf)) > maxMaxRuns {
+			d.fail("log of %d runs; at most %d", count+int64(len(t.buf)), maxMaxRuns)
 		}
 		if d.err != nil || count == 0 {
-			break
+			return
 		}
 		// Capacity rounded to the allocation's size class, as when the log
 		// grows in logAdd (the ring wraps at cap(buf)).
-		t.buf = slices.Grow([]run(nil), int(count))
+		t.buf = slices.Grow(t.buf, int(count))
 		var at int64
 		for i := range count {
 			if i == 0 {
@@ -858,24 +995,36 @@ func (s *state) decode(b []byte) error {
 			} else {
 				delta := d.uvarint("timestamp delta")
 				if d.err == nil && delta == 0 {
-					d.fail("run %d: timestamp equal to the previous one", i)
+					d.fail("segment %d, run %d: timestamp equal to the previous one", seg, i)
 				}
 				if d.err == nil && at > math.MaxInt64-delta {
-					d.fail("run %d: timestamp overflows int64", i)
+					d.fail("segment %d, run %d: timestamp overflows int64", seg, i)
 				}
 				at += delta
 			}
 			n := d.uvarint("count")
 			if d.err == nil && n <= 0 {
-				d.fail("run %d: count %d is not positive", i, n)
+				d.fail("segment %d, run %d: count %d is not positive", seg, i, n)
 			}
 			if d.err == nil && t.cur > math.MaxInt64-n {
-				d.fail("run %d: total count overflows int64", i)
+				d.fail("segment %d, run %d: total count overflows int64", seg, i)
 			}
 			if d.err != nil {
-				break
+				return
 			}
 			t.cur += n
+			if k := len(t.buf); k > 0 && i == 0 {
+				// The first run of a tail segment: the same time as the
+				// run before adds to it; an earlier one is not a log.
+				switch last := &t.buf[k-1]; {
+				case at == last.at:
+					last.n += n
+					continue
+				case at < last.at:
+					d.fail("segment %d: run at %d before the previous segment's last run at %d", seg, at, last.at)
+					return
+				}
+			}
 			t.buf = append(t.buf, run{at, n})
 		}
 	case SlidingWindow:
@@ -895,14 +1044,6 @@ func (s *state) decode(b []byte) error {
 			}
 		}
 	}
-	if d.err == nil && len(d.b) > 0 {
-		d.fail("%d trailing bytes", len(d.b))
-	}
-	if d.err != nil {
-		return fmt.Errorf("actor: decode state: %s: %v", t.algo, d.err)
-	}
-	*s = t
-	return nil
 }
 
 // --- Arithmetic ---------------------------------------------------------------

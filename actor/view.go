@@ -114,6 +114,7 @@ func (s *state) release(mark, n int64) bool {
 			if r.at != mark {
 				continue
 			}
+			s.rewrite = true
 			take := min(n, r.n)
 			r.n -= take
 			s.cur -= take

@@ -33,13 +33,48 @@ func BenchmarkSubmit(b *testing.B) {
 	for _, mode := range []Mode{ModeCommit, ModeFsync} {
 		for _, batch := range []int{1, 10, 100} {
 			b.Run(fmt.Sprintf("mode=%s/batch=%d", mode, batch), func(b *testing.B) {
-				benchSubmit(b, mode, batch)
+				benchSubmit(b, benchCase{mode: mode, batch: batch, valueLen: benchValueLen})
 			})
 		}
 	}
 }
 
-func benchSubmit(b *testing.B, mode Mode, batch int) {
+// benchLogLen is the size of a long sliding log's value, and benchRunLen
+// what a hit adds to it.
+const (
+	benchLogLen = 2 << 10
+	benchRunLen = 8
+)
+
+// BenchmarkSubmitLog compares the two ways to store a hit on a long
+// sliding log, as BenchmarkSubmit runs them: the 100k keys hold values of
+// 2 KiB, and each record either puts a value of 2 KiB (the whole log again)
+// or appends 8 bytes (the run the hit adds) to it. The appended values grow
+// by 8 bytes per record, about 80 bytes per key per million records.
+func BenchmarkSubmitLog(b *testing.B) {
+	for _, mode := range []Mode{ModeCommit, ModeFsync} {
+		for _, batch := range []int{1, 10} {
+			b.Run(fmt.Sprintf("mode=%s/batch=%d/op=put", mode, batch), func(b *testing.B) {
+				benchSubmit(b, benchCase{mode: mode, batch: batch, valueLen: benchLogLen})
+			})
+			b.Run(fmt.Sprintf("mode=%s/batch=%d/op=append", mode, batch), func(b *testing.B) {
+				benchSubmit(b, benchCase{mode: mode, batch: batch, valueLen: benchLogLen, appendLen: benchRunLen})
+			})
+		}
+	}
+}
+
+// benchCase is a run of benchSubmit: the keys hold values of valueLen bytes;
+// each record puts one, or, if appendLen > 0, appends that many bytes.
+type benchCase struct {
+	mode      Mode
+	batch     int
+	valueLen  int
+	appendLen int
+}
+
+func benchSubmit(b *testing.B, bc benchCase) {
+	mode, batch := bc.mode, bc.batch
 	dir := b.TempDir()
 	if d := os.Getenv("SLUICE_BENCH_DIR"); d != "" {
 		dir = d // to measure another file system than the temporary one
@@ -53,7 +88,7 @@ func benchSubmit(b *testing.B, mode Mode, batch int) {
 		ckNanos atomic.Int64
 	)
 	s, err := Open(Options{
-		Path: filepath.Join(dir, fmt.Sprintf("bench-%s-%d.db", mode, batch)),
+		Path: filepath.Join(dir, fmt.Sprintf("bench-%s-%d-%d-%d.db", mode, batch, bc.valueLen, bc.appendLen)),
 		Mode: mode,
 		OnCommit: func(records int, d time.Duration) {
 			txs.Add(1)
@@ -85,7 +120,7 @@ func benchSubmit(b *testing.B, mode Mode, batch int) {
 	base := time.Now().UnixNano()
 	var recs []Record
 	for i, key := range keys {
-		recs = append(recs, Record{Key: key, Deadline: base + windows[i%len(windows)], Value: make([]byte, benchValueLen)})
+		recs = append(recs, Record{Key: key, Deadline: base + windows[i%len(windows)], Value: make([]byte, bc.valueLen)})
 		if len(recs) == 10_000 {
 			submit(b, s, recs...)
 			recs = nil
@@ -108,7 +143,14 @@ func benchSubmit(b *testing.B, mode Mode, batch int) {
 	b.RunParallel(func(pb *testing.PB) {
 		rng := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 		recs := make([]Record, batch)
-		values := make([]byte, batch*benchValueLen)
+		n := bc.valueLen
+		if bc.appendLen > 0 {
+			n = bc.appendLen
+		}
+		values := make([]byte, batch*n)
+		for i := range values {
+			values[i] = 1 // an append's value must not be empty
+		}
 		for pb.Next() {
 			// The store owns recs until the commit is done; we wait for it,
 			// so the same slices serve again.
@@ -116,7 +158,8 @@ func benchSubmit(b *testing.B, mode Mode, batch int) {
 				recs[i] = Record{
 					Key:      keys[rng.IntN(benchKeys)],
 					Deadline: time.Now().UnixNano() + windows[rng.IntN(len(windows))],
-					Value:    values[i*benchValueLen : (i+1)*benchValueLen],
+					Value:    values[i*n : (i+1)*n],
+					Append:   bc.appendLen > 0,
 				}
 			}
 			c := s.Submit(recs, nil)

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -35,6 +36,11 @@ type checkpointer struct {
 	wake   chan struct{} // capacity 1
 	done   chan struct{} // closed when the goroutine returns
 
+	// swept is the id of the last Sweep pass finished (done, failed or
+	// abandoned), set before its Sweep calls are finished: the writer reads
+	// it to know that no pass may still delete a record it reads.
+	swept atomic.Uint64
+
 	// oldest is the oldest WAL generation that may still exist: the
 	// files from oldest up to a checkpoint's generation are removed after it.
 	oldest uint64
@@ -48,6 +54,7 @@ type checkpointer struct {
 
 // sweepJob is the bbolt part of a Sweep pass.
 type sweepJob struct {
+	id       uint64 // the writer's count of passes handed over
 	now      int64
 	budget   int
 	sweepers []*Commit
@@ -86,6 +93,7 @@ func (c *checkpointer) sweep(j sweepJob) {
 	c.mu.Lock()
 	if n := len(c.sweeps); n > 0 {
 		last := &c.sweeps[n-1]
+		last.id = j.id
 		last.now = max(last.now, j.now)
 		last.sweepers = append(last.sweepers, j.sweepers...)
 	} else {
@@ -138,7 +146,7 @@ func (c *checkpointer) run() {
 			}
 			c.s.ckDone <- ckResult{ov, err}
 		case hasSweep && stop:
-			finishAll(j.sweepers, c.s.errClosed)
+			c.finishSweep(j, c.s.errClosed)
 		case hasSweep:
 			c.runSweep(j)
 		case stop:
@@ -208,7 +216,7 @@ func (c *checkpointer) runSweep(j sweepJob) {
 		if err != nil {
 			err = fmt.Errorf("persist: sweep %s: %v (nothing of this transaction was written; check the disk)", s.opts.Path, err)
 			s.log.Error("sweep failed", "err", err)
-			finishAll(j.sweepers, err)
+			c.finishSweep(j, err)
 			return
 		}
 		s.dbEmpty.Store(empty)
@@ -217,14 +225,21 @@ func (c *checkpointer) runSweep(j sweepJob) {
 			s.log.Debug("swept expired records", "deleted", deleted, "done", done)
 		}
 		if done {
-			finishAll(j.sweepers, nil)
+			c.finishSweep(j, nil)
 			return
 		}
 		if c.stopping() {
-			finishAll(j.sweepers, s.errClosed)
+			c.finishSweep(j, s.errClosed)
 			return
 		}
 	}
+}
+
+// finishSweep records that pass j deletes nothing any more, then finishes
+// its Sweep calls.
+func (c *checkpointer) finishSweep(j sweepJob, err error) {
+	c.swept.Store(j.id)
+	finishAll(j.sweepers, err)
 }
 
 func finishAll(cs []*Commit, err error) {

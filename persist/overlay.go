@@ -92,6 +92,57 @@ func (o *overlay) put(key string, deadline int64, value []byte) {
 	e.deadline = deadline
 }
 
+// appendTo records an append of value to the value of key, whose entry in
+// o is e (nil if o holds none), and sets the key's deadline: value is added
+// to e's value if e is a put; to base (nil: none, value alone) if o holds no
+// entry; to nothing after a deletion. If the result would be longer than
+// limit bytes, value alone is stored and appendTo returns false. value and
+// base are copied.
+//
+// Appending to a put grows its array in place, geometrically (Go's append):
+// the appends of a key between two puts cost amortized O(len(value)) each. An
+// entry's value may thus move from e.small to a heap array; the next put
+// keeps using that array, as it does for a long value.
+func (o *overlay) appendTo(e *entry, key string, deadline int64, value, base []byte, limit int) (ok bool) {
+	ok = true
+	switch {
+	case e == nil:
+		e = o.newEntry(key)
+	case e.del:
+		base = nil
+	case len(e.value)+len(value) <= limit:
+		e.value = append(e.value, value...)
+		o.setDeadline(e, deadline)
+		return true
+	default:
+		base, ok = nil, false
+	}
+	if len(base)+len(value) > limit {
+		base, ok = nil, false
+	}
+	if len(base)+len(value) <= inlineValue && cap(e.value) <= inlineValue {
+		e.value = append(append(e.small[:0], base...), value...)
+	} else {
+		e.value = append(append(e.value[:0], base...), value...)
+	}
+	e.del = false
+	o.setDeadline(e, deadline)
+	return ok
+}
+
+// setDeadline sets the deadline of e, a put, and pushes a heap item if the
+// deadline moved earlier than the entry's current item (see heapItem). put
+// does the same inline: it is the commit path's hottest function.
+func (o *overlay) setDeadline(e *entry, deadline int64) {
+	if !e.heaped || deadline < e.low {
+		e.ver++
+		e.heaped = true
+		e.low = deadline
+		o.push(heapItem{deadline, e, e.ver})
+	}
+	e.deadline = deadline
+}
+
 // del records a deletion of key.
 func (o *overlay) del(key string) {
 	e := o.m.get(key)

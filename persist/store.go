@@ -72,17 +72,37 @@ const (
 	MaxValueLen = bolt.MaxValueSize - 8
 )
 
-// Record is the stored state of one key, or its deletion.
+// Record is the stored state of one key, its deletion, or bytes to append
+// to its state.
+//
+// A put (Append false, Value not nil) replaces the key's value. An append
+// (Append true) adds Value, which must not be empty, to the end of the key's
+// current value, and sets the key's deadline to Deadline: the WAL holds only
+// the appended bytes, so a commit costs the size of what it adds, not of the
+// whole value. The current value is the latest committed one (the store
+// reads the overlays, then the data file). If the key has none (never
+// written, deleted, or deleted by Sweep), the stored value is Value alone;
+// so is it, with a warning in the log, if the concatenation would be longer
+// than MaxValueLen (the commit does not fail: it is in the WAL already).
+// The caller chooses values so that both are valid: Value alone must be a
+// valid value, losing a deleted or swept value must be harmless, and the
+// caller bounds how long its values grow (by a put that rewrites a value
+// now and then). The store never decodes a value.
 type Record struct {
 	// Key is the key, 1 to MaxKeyLen bytes.
 	Key string
 	// Deadline is the time, in unix nanoseconds, at which the key's state
 	// becomes empty and the record may be deleted by Sweep. It must be > 0
-	// when Value is not nil; it is ignored for a deletion.
+	// when Value is not nil; it is ignored for a deletion. An append sets
+	// the key's deadline to it, whatever the deadline was.
 	Deadline int64
 	// Value is the encoded state, opaque to the store. Nil deletes the key
-	// (an empty non-nil slice stores an empty value).
+	// (an empty non-nil slice stores an empty value). For an append, the
+	// bytes to append: 1 to MaxValueLen of them.
 	Value []byte
+	// Append makes the record an append of Value to the key's value,
+	// instead of a put that replaces it.
+	Append bool
 }
 
 // Store is a bbolt data file with a write-ahead log in front of it: one
@@ -268,16 +288,29 @@ func (s *Store) replay(pos walPos) error {
 		records  int
 		torn     int
 	)
+	// Appends add to the values the data file holds, for keys the WAL did
+	// not write before them: read them in one transaction, open until the
+	// files are all read, and ended before the write (a write transaction
+	// that grows the file's mapping waits for every read transaction to
+	// end).
+	tx, err := s.db.Begin(false)
+	if err != nil {
+		return fmt.Errorf("persist: open %s: read the data file: %v", path, err)
+	}
+	rp := replayer{ov: ov, keys: tx.Bucket(bucketKeys), path: path}
+	defer func() { _ = tx.Rollback() }()
 	for _, f := range files {
 		if f.gen <= pos.gen {
 			continue // checkpointed already
 		}
-		sc, err := replayFile(f.path, ov)
+		sc, err := rp.file(f.path)
 		var rerr walReadError
 		switch {
 		case errors.Is(err, errWALEmpty):
 		case errors.As(err, &rerr):
 			return fmt.Errorf("persist: open %s: read WAL file %s: %v (check its permissions)", path, f.path, rerr.err)
+		case errors.As(err, new(dataFileError)):
+			return err
 		case err != nil:
 			return newError(ErrFormat, "persist: open %s: WAL file %s is corrupt: %v (neither it nor the data file was modified; moving the WAL files aside starts from the last checkpoint, losing the records they hold)", path, f.path, err)
 		}
@@ -289,6 +322,12 @@ func (s *Store) replay(pos walPos) error {
 		records += sc.records
 		torn += sc.torn
 		replayed = append(replayed, f)
+	}
+	if err := tx.Rollback(); err != nil {
+		return fmt.Errorf("persist: open %s: read the data file: %v", path, err)
+	}
+	if rp.long > 0 {
+		s.log.Warn("WAL appends would have made values longer than the longest the data file stores: stored the appended bytes alone, dropping the values they were appended to (the caller must bound how long its values grow)", "appends", rp.long, "max_bytes", MaxValueLen)
 	}
 	if len(replayed) > 0 {
 		ov.bytes = 0
@@ -320,9 +359,25 @@ func (s *Store) replay(pos walPos) error {
 	return nil
 }
 
-// replayFile applies the records of the WAL file at name to ov; its first
-// frame must follow ov.lastSeq.
-func replayFile(name string, ov *overlay) (walScan, error) {
+// replayer applies the records of WAL files to ov, the replay overlay.
+type replayer struct {
+	ov   *overlay
+	keys *bolt.Bucket // the data file's, in a read transaction
+	path string
+	long int // appends that would have made a value too long
+}
+
+// dataFileError is an error of the data file met during the replay (which
+// verifyFile makes unlikely): its message is complete.
+type dataFileError struct{ error }
+
+// file applies the records of the WAL file at name to ov; its first frame
+// must follow ov.lastSeq. An append adds to the replay overlay's value of
+// its key if it has an entry for it (after a deletion: to nothing), else to
+// the data file's value, else to nothing; as on the writer, a value that
+// would be longer than MaxValueLen is the appended bytes alone.
+func (rp *replayer) file(name string) (walScan, error) {
+	ov := rp.ov
 	f, err := os.Open(name)
 	if err != nil {
 		return walScan{}, walReadError{err}
@@ -333,6 +388,26 @@ func replayFile(name string, ov *overlay) (walScan, error) {
 		return walScan{}, walReadError{err}
 	}
 	return decodeWAL(f, info.Size(), ov.lastSeq+1, func(r walRecord) error {
+		if r.app {
+			e := ov.m.getBytes(r.key)
+			if e != nil {
+				if !ov.appendTo(e, e.key, r.deadline, r.value, nil, MaxValueLen) {
+					rp.long++
+				}
+				return nil
+			}
+			base := rp.keys.Get(r.key)
+			if base != nil && len(base) < 8 {
+				return dataFileError{fmt.Errorf("persist: open %s: record %q is %d bytes, shorter than its deadline (the data file is corrupt)", rp.path, r.key, len(base))}
+			}
+			if base != nil {
+				base = base[8:]
+			}
+			if !ov.appendTo(nil, string(r.key), r.deadline, r.value, base, MaxValueLen) {
+				rp.long++
+			}
+			return nil
+		}
 		key := ov.keyOf(r.key)
 		if r.del {
 			ov.del(key)
@@ -722,41 +797,53 @@ func (s *Store) publishNext() {
 //
 // recs and every Value slice belong to the store until done is called: the
 // caller must not modify them before (the store copies the values; it keeps
-// the Key strings). Records of the same key are applied in order, so the
-// last one submitted wins, within a batch and across batches. A batch is all
-// or nothing: it is committed in a single WAL frame, which a crash leaves
-// whole or ignores whole.
+// the Key strings). Records of the same key are applied in order, within a
+// batch and across batches: the last put or deletion submitted wins, and an
+// append adds to the value the records before it left (after a deletion,
+// its Value alone is stored). A batch is all or nothing: it is committed in
+// a single WAL frame, which a crash leaves whole or ignores whole.
 //
 // If recs holds an invalid record (empty or too long key, Value not nil with
-// Deadline <= 0, value too long), nothing of the batch is queued. After Close,
-// and for an invalid batch, Submit calls done synchronously, before it
-// returns, and returns a Commit that is already done with the error (matching
-// ErrClosed after Close).
+// Deadline <= 0, value too long, an append of an empty or nil Value),
+// nothing of the batch is queued. After Close, and for an invalid batch,
+// Submit calls done synchronously, before it returns, and returns a Commit
+// that is already done with the error (matching ErrClosed after Close).
 func (s *Store) Submit(recs []Record, done func(error)) *Commit {
 	c := &Commit{recs: recs, done: done}
-	if err := s.checkRecords(recs); err != nil {
+	appends, err := s.checkRecords(recs)
+	if err != nil {
 		c.finish(err)
 		return c
 	}
+	c.appends = appends
 	s.enqueue(c)
 	return c
 }
 
-func (s *Store) checkRecords(recs []Record) error {
+// checkRecords returns an error naming the first invalid record of recs,
+// or the number of appends among them (counted here, on the caller's
+// goroutine, so that the writer looks for them only in batches that hold
+// some).
+func (s *Store) checkRecords(recs []Record) (appends int, err error) {
 	for i := range recs {
 		r := &recs[i]
 		switch {
 		case r.Key == "":
-			return fmt.Errorf("persist: submit to %s: record %d has an empty key (nothing of the batch was written)", s.opts.Path, i)
+			return 0, fmt.Errorf("persist: submit to %s: record %d has an empty key (nothing of the batch was written)", s.opts.Path, i)
 		case len(r.Key) > MaxKeyLen:
-			return fmt.Errorf("persist: submit to %s: record %d: key of %d bytes is longer than %d (nothing of the batch was written)", s.opts.Path, i, len(r.Key), MaxKeyLen)
+			return 0, fmt.Errorf("persist: submit to %s: record %d: key of %d bytes is longer than %d (nothing of the batch was written)", s.opts.Path, i, len(r.Key), MaxKeyLen)
+		case r.Append && len(r.Value) == 0:
+			return 0, fmt.Errorf("persist: submit to %s: record %d (key %q) appends an empty value; an append needs at least one byte (nothing of the batch was written)", s.opts.Path, i, r.Key)
 		case r.Value != nil && r.Deadline <= 0:
-			return fmt.Errorf("persist: submit to %s: record %d (key %q) has a value and deadline %d; a stored record needs a deadline > 0 (nothing of the batch was written)", s.opts.Path, i, r.Key, r.Deadline)
+			return 0, fmt.Errorf("persist: submit to %s: record %d (key %q) has a value and deadline %d; a stored record needs a deadline > 0 (nothing of the batch was written)", s.opts.Path, i, r.Key, r.Deadline)
 		case len(r.Value) > MaxValueLen:
-			return fmt.Errorf("persist: submit to %s: record %d (key %q): value of %d bytes is longer than %d (nothing of the batch was written)", s.opts.Path, i, r.Key, len(r.Value), MaxValueLen)
+			return 0, fmt.Errorf("persist: submit to %s: record %d (key %q): value of %d bytes is longer than %d (nothing of the batch was written)", s.opts.Path, i, r.Key, len(r.Value), MaxValueLen)
+		}
+		if r.Append {
+			appends++
 		}
 	}
-	return nil
+	return appends, nil
 }
 
 // enqueue hands c to the writer, or finishes it with ErrClosed.
@@ -781,6 +868,12 @@ func (s *Store) enqueue(c *Commit) {
 // from its start, deleting at most 10000 records per transaction; no record
 // is decoded and no key outside the expired range is touched. A record is
 // deleted only if its stored deadline still equals the index entry's.
+//
+// While the data file's part of a pass may still run, an append to a key
+// that only the data file holds, with a deadline <= now, stores its bytes
+// alone (the commit deletes the key first, through the WAL): the pass was
+// queued before the append and may delete that record at any moment, and a
+// replay after a crash must find what the store showed.
 //
 // The returned Commit is done when the pass is complete (or failed; or
 // abandoned with ErrClosed by Close, which does not finish a long pass), so a
@@ -845,11 +938,12 @@ const (
 // commit holding the batch has succeeded or failed.
 type Commit struct {
 	// Set before the Commit is queued, read by the writer.
-	recs []Record
-	done func(error)
-	kind commitKind
-	now  int64  // kindSweep
-	gen  uint64 // kindCheckpoint: the WAL generation to checkpoint, set by the writer
+	recs    []Record
+	appends int // appends among recs
+	done    func(error)
+	kind    commitKind
+	now     int64  // kindSweep
+	gen     uint64 // kindCheckpoint: the WAL generation to checkpoint, set by the writer
 
 	mu       sync.Mutex
 	ch       chan struct{} // made on the first Done call

@@ -15,11 +15,14 @@ import (
 	"strings"
 )
 
-// WAL file format, version 1; see doc.go.
+// WAL file format, version 2; see doc.go. Version 1 is version 2 without
+// appends: this build writes version 2 and reads both.
 const (
-	walMagic     = "SLUICWAL"
-	walVersion   = uint32(1)
-	walHeaderLen = 16 // magic, version, reserved
+	walMagic       = "SLUICWAL"
+	walVersion     = uint32(2)
+	walMinVersion  = uint32(1)
+	walAppendSince = uint32(2) // the first version with walOpAppend
+	walHeaderLen   = 16        // magic, version, reserved
 
 	frameHeaderLen = 8  // body length, CRC-32C of the body
 	frameMinBody   = 12 // sequence number, record count
@@ -29,6 +32,7 @@ const (
 
 	walOpPut    = byte(1)
 	walOpDelete = byte(2)
+	walOpAppend = byte(3)
 )
 
 // keyWAL, in the meta bucket, holds the WAL generation and the sequence
@@ -126,7 +130,17 @@ func (e *frameEncoder) begin(seq uint64) {
 }
 
 func (e *frameEncoder) put(key string, deadline int64, value []byte) {
-	e.buf = append(e.buf, walOpPut)
+	e.value(walOpPut, key, deadline, value)
+}
+
+// appendValue encodes an append: the same layout as a put, another byte.
+func (e *frameEncoder) appendValue(key string, deadline int64, value []byte) {
+	e.value(walOpAppend, key, deadline, value)
+}
+
+// value encodes a record with a value: a put or an append.
+func (e *frameEncoder) value(op byte, key string, deadline int64, value []byte) {
+	e.buf = append(e.buf, op)
 	e.buf = binary.AppendUvarint(e.buf, uint64(len(key)))
 	e.buf = append(e.buf, key...)
 	e.buf = binary.LittleEndian.AppendUint64(e.buf, uint64(deadline))
@@ -166,6 +180,7 @@ func (e *frameEncoder) reset(max int) {
 // file's bytes.
 type walRecord struct {
 	del      bool
+	app      bool // an append; else, unless del, a put
 	key      []byte
 	deadline int64
 	value    []byte
@@ -183,6 +198,12 @@ type walScan struct {
 // a prefix of it (its creation was interrupted).
 var errWALEmpty = errors.New("empty")
 
+// callbackError is an error of decodeWAL's callback, which decodeWAL
+// returns as it is: not a sign of a bad file.
+type callbackError struct{ err error }
+
+func (e callbackError) Error() string { return e.err.Error() }
+
 // walReadError is an I/O error of decodeWAL, not a sign of a bad file.
 type walReadError struct{ err error }
 
@@ -199,7 +220,8 @@ func (e walReadError) Error() string { return e.err.Error() }
 // acknowledged; decodeWAL ignores it and reports its size. A frame that
 // fails its checksum while a later frame is intact, a frame whose records
 // do not parse, or a sequence number out of order is an error: a message
-// for formatError. A read that fails is a walReadError.
+// for formatError. A read that fails is a walReadError; an error of fn is
+// returned as it is.
 func decodeWAL(r io.ReaderAt, size int64, wantSeq uint64, fn func(walRecord) error) (walScan, error) {
 	var sc walScan
 	read := func(b []byte, off int64) error {
@@ -222,8 +244,9 @@ func decodeWAL(r io.ReaderAt, size int64, wantSeq uint64, fn func(walRecord) err
 	if string(hdr[:len(walMagic)]) != walMagic {
 		return sc, fmt.Errorf("not a Sluice WAL file (magic %q)", hdr[:len(walMagic)])
 	}
-	if v := binary.LittleEndian.Uint32(hdr[len(walMagic):]); v != walVersion {
-		return sc, fmt.Errorf("WAL format version %d; this build reads version %d only (run the sluice release that wrote it)", v, walVersion)
+	version := binary.LittleEndian.Uint32(hdr[len(walMagic):])
+	if version < walMinVersion || version > walVersion {
+		return sc, fmt.Errorf("WAL format version %d; this build reads versions %d to %d only (run the sluice release that wrote it)", version, walMinVersion, walVersion)
 	}
 	var buf []byte
 	for off := int64(walHeaderLen); off < size; {
@@ -260,7 +283,11 @@ func decodeWAL(r io.ReaderAt, size int64, wantSeq uint64, fn func(walRecord) err
 		if seq != wantSeq {
 			return sc, fmt.Errorf("frame %d at offset %d has sequence number %d; want %d (frames are missing)", sc.frames+1, off, seq, wantSeq)
 		}
-		n, err := decodeFrame(body, fn)
+		n, err := decodeFrame(body, version, fn)
+		var cerr callbackError
+		if errors.As(err, &cerr) {
+			return sc, cerr.err
+		}
 		if err != nil {
 			return sc, fmt.Errorf("frame %d at offset %d: %v", sc.frames+1, off, err)
 		}
@@ -317,8 +344,9 @@ func tornTail(data []byte, off int, wantSeq uint64) bool {
 	return true
 }
 
-// decodeFrame calls fn for each record of an intact frame's body.
-func decodeFrame(body []byte, fn func(walRecord) error) (int, error) {
+// decodeFrame calls fn for each record of an intact frame's body, from a
+// file of WAL format version.
+func decodeFrame(body []byte, version uint32, fn func(walRecord) error) (int, error) {
 	count := int(binary.LittleEndian.Uint32(body[8:]))
 	p := body[frameMinBody:]
 	for i := range count {
@@ -337,7 +365,11 @@ func decodeFrame(body []byte, fn func(walRecord) error) (int, error) {
 		switch op {
 		case walOpDelete:
 			r.del = true
-		case walOpPut:
+		case walOpPut, walOpAppend:
+			if op == walOpAppend && version < walAppendSince {
+				return i, fmt.Errorf("record %d of %d (key %q): an append, in a file of WAL format version %d, which has none", i+1, count, r.key, version)
+			}
+			r.app = op == walOpAppend
 			if len(p) < 8 {
 				return i, fmt.Errorf("record %d of %d (key %q): missing deadline", i+1, count, r.key)
 			}
@@ -350,13 +382,16 @@ func decodeFrame(body []byte, fn func(walRecord) error) (int, error) {
 			if r.deadline <= 0 {
 				return i, fmt.Errorf("record %d of %d (key %q): deadline %d", i+1, count, r.key, r.deadline)
 			}
+			if r.app && vlen == 0 {
+				return i, fmt.Errorf("record %d of %d (key %q): an append of nothing", i+1, count, r.key)
+			}
 			r.value = p[n : n+int(vlen) : n+int(vlen)]
 			p = p[n+int(vlen):]
 		default:
 			return i, fmt.Errorf("record %d of %d: unknown operation %d", i+1, count, op)
 		}
 		if err := fn(r); err != nil {
-			return i, err
+			return i, callbackError{err}
 		}
 	}
 	if len(p) != 0 {

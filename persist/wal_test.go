@@ -36,13 +36,18 @@ const (
 // crashKey is the key of goroutine g's n-th record.
 func crashKey(g, n int) string { return fmt.Sprintf("g%d/k%02d", g, n%crashKeysPer) }
 
+// crashLogKey is the key to which goroutine g appends the number of the
+// last record of each of its batches.
+func crashLogKey(g int) string { return fmt.Sprintf("g%d/log", g) }
+
 // crashDeadline is far in the future: nothing expires during the test.
 const crashDeadline = int64(1) << 62
 
 // runCrashChild is the child process of TestCrashKeepsAcknowledged: each
-// goroutine submits batches of crashBatch records in ModeCommit, with small
-// checkpoint thresholds so that checkpoints run all along, and prints
-// "g n" once the batch that ends with its record n is acknowledged, until
+// goroutine submits batches of crashBatch records in ModeCommit, plus an
+// append of n to its log key, with small checkpoint thresholds so that
+// checkpoints run all along, and prints "g n" once the batch that ends with
+// its record n is acknowledged, until
 // the parent kills it (or a minute has passed: it never outlives a parent
 // that failed to kill it).
 func runCrashChild(path string, start int) {
@@ -56,11 +61,12 @@ func runCrashChild(path string, start int) {
 	for g := range crashGoroutines {
 		go func() {
 			for n := start; time.Now().Before(deadline); {
-				recs := make([]Record, crashBatch)
+				recs := make([]Record, crashBatch, crashBatch+1)
 				for i := range recs {
 					n++
 					recs[i] = Record{Key: crashKey(g, n), Deadline: crashDeadline, Value: binary.BigEndian.AppendUint64(nil, uint64(n))}
 				}
+				recs = append(recs, Record{Key: crashLogKey(g), Deadline: crashDeadline, Value: binary.BigEndian.AppendUint64(nil, uint64(n)), Append: true})
 				c := s.Submit(recs, nil)
 				<-c.Done()
 				if err := c.Err(); err != nil {
@@ -79,14 +85,18 @@ func runCrashChild(path string, start int) {
 
 // TestCrashKeepsAcknowledged: kill -9 in ModeCommit, at any point (in the
 // middle of a WAL write, a rotation or a checkpoint), loses no acknowledged
-// record, and Open accepts what the crash left. Three rounds crash on the
-// same files, each child starting from what the previous one left.
+// record, and Open accepts what the crash left. The appends to each
+// goroutine's log key are all there, each once, in order: the batches'
+// numbers with no gap up to the last acknowledged one at least. Three rounds
+// crash on the same files, each child starting from what the previous one
+// left.
 func TestCrashKeepsAcknowledged(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts child processes")
 	}
 	path := filepath.Join(t.TempDir(), "sluice.db")
 	acked := make(map[string]int) // key -> highest acknowledged value
+	ackedLog := make([]int, crashGoroutines)
 	for round := range 3 {
 		start := round * 1_000_000
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
@@ -110,6 +120,7 @@ func TestCrashKeepsAcknowledged(t *testing.T) {
 			for i := last - crashBatch + 1; i <= last; i++ {
 				acked[crashKey(g, i)] = max(acked[crashKey(g, i)], i)
 			}
+			ackedLog[g] = max(ackedLog[g], last)
 			if n++; n == want {
 				if err := cmd.Process.Kill(); err != nil { // SIGKILL
 					t.Fatal(err)
@@ -135,11 +146,41 @@ func TestCrashKeepsAcknowledged(t *testing.T) {
 				}
 			}
 		}
+		for g := range crashGoroutines {
+			if err := checkCrashLog(got[crashLogKey(g)].Value, ackedLog[g]); err != nil {
+				t.Errorf("round %d: after kill -9, log of goroutine %d: %v", round, g, err)
+			}
+		}
 		t.Logf("round %d: %d batches acknowledged, %d keys checked, %d lost", round, n, len(acked), lost)
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
 		}
 	}
+}
+
+// checkCrashLog checks a log of the crash child: numbers of 8 bytes, each
+// crashBatch after the previous one, except the first of a round (the
+// millions say which), which is its crashBatch-th; and the last is at least
+// acked.
+func checkCrashLog(log string, acked int) error {
+	if len(log)%8 != 0 {
+		return fmt.Errorf("%d bytes, not a sequence of 8-byte numbers", len(log))
+	}
+	prev := 0
+	for i := 0; i < len(log); i += 8 {
+		n := int(binary.BigEndian.Uint64([]byte(log[i : i+8])))
+		switch {
+		case n/1_000_000 == prev/1_000_000 && n != prev+crashBatch:
+			return fmt.Errorf("entry %d is %d after %d; want %d", i/8, n, prev, prev+crashBatch)
+		case n/1_000_000 != prev/1_000_000 && (n/1_000_000 < prev/1_000_000 || n%1_000_000 != crashBatch):
+			return fmt.Errorf("entry %d is %d after %d; want the first batch of a later round", i/8, n, prev)
+		}
+		prev = n
+	}
+	if prev < acked {
+		return fmt.Errorf("ends at %d; the append of %d was acknowledged", prev, acked)
+	}
+	return nil
 }
 
 // crash closes s as kill -9 would leave it: no checkpoint, no sync, the WAL
@@ -706,6 +747,7 @@ func FuzzDecodeWAL(f *testing.F) {
 	for seq := uint64(1); seq <= 3; seq++ {
 		e.begin(seq)
 		e.put(fmt.Sprint("key", seq), int64(seq*10), []byte("value"))
+		e.appendValue(fmt.Sprint("key", seq), int64(seq*10+1), []byte("+more"))
 		e.del("gone")
 		frame, _ := e.end()
 		file = append(file, frame...)

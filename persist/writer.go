@@ -1,9 +1,12 @@
 package persist
 
 import (
+	"encoding/binary"
 	"fmt"
 	"os"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
 // defaultSweepBudget is how many records one step of a Sweep pass deletes
@@ -26,9 +29,26 @@ type writer struct {
 	// error fails it.
 	beforeWrite func() error
 
-	batch  []*Commit // batches and flushes of the commit, in queue order
-	nrecs  int       // records in batch
-	closed bool      // the queue is closed and drained
+	batch    []*Commit // batches and flushes of the commit, in queue order
+	nrecs    int       // records in batch
+	nappends int       // appends among them
+	closed   bool      // the queue is closed and drained
+
+	// The values that the appends of the commit add to, read from the data
+	// file for keys that neither overlay holds (see readBases).
+	bases    map[string]baseRef
+	baseKeys []string
+	baseBuf  []byte
+	keyBuf   []byte
+
+	maxValue   int    // the longest value an append may make: MaxValueLen (tests lower it)
+	longWarned bool   // a too long append was logged
+	longKey    string // the key of one in the commit being applied, if any
+
+	// Sweep passes handed to the checkpointer: the id of the last one, and
+	// the latest time of those that may not be finished (0 once all are).
+	sweepID     uint64
+	sweepMaxNow int64
 
 	sweeping bool      // the overlay part of a Sweep pass is under way
 	sweepNew bool      // a Sweep joined it since its last step
@@ -67,6 +87,7 @@ func (w *writer) init(s *Store, wal *os.File, gen, seq uint64) {
 	w.s = s
 	w.maxRecs = s.opts.MaxTxRecords
 	w.sweepBudget = defaultSweepBudget
+	w.maxValue = MaxValueLen
 	w.wal, w.walSize, w.gen, w.seq = wal, walHeaderLen, gen, seq
 	w.doneGen = gen - 1
 }
@@ -96,7 +117,7 @@ func (w *writer) run() {
 // maxRecs records. While it waits, it takes the results of checkpoints.
 func (w *writer) collect() {
 	w.batch = w.batch[:0]
-	w.nrecs = 0
+	w.nrecs, w.nappends = 0, 0
 	if w.closed {
 		return
 	}
@@ -147,6 +168,7 @@ func (w *writer) add(c *Commit) {
 	}
 	w.batch = append(w.batch, c)
 	w.nrecs += len(c.recs)
+	w.nappends += c.appends
 }
 
 // commit writes batch and a step of the Sweep pass as one WAL frame, applies
@@ -167,10 +189,17 @@ func (w *writer) commit() {
 		w.sweepNew = false
 		sweepDone = w.pickExpired()
 	}
-	n := len(w.tombs) + w.nrecs
 	var err error
+	if w.nappends > 0 {
+		if err = w.readBases(); err != nil {
+			err = fmt.Errorf("read the values to append to: %v", err)
+		}
+	}
+	n := len(w.tombs) + w.nrecs
 	if n > 0 {
-		err = w.write()
+		if err == nil {
+			err = w.write()
+		}
 		d := time.Since(start)
 		if err == nil {
 			w.apply()
@@ -184,6 +213,9 @@ func (w *writer) commit() {
 		}
 	}
 	w.tombs = w.tombs[:0]
+	if cap(w.baseBuf) > maxKeptFrame {
+		w.baseBuf = nil
+	}
 	clear(w.swept)
 	clear(w.sweptFrozen)
 	w.swept, w.sweptFrozen = w.swept[:0], w.sweptFrozen[:0]
@@ -196,7 +228,9 @@ func (w *writer) commit() {
 		case sweepDone:
 			// The overlay holds nothing expired as of sweepNow: bbolt's
 			// turn, on the checkpointer, which finishes the Sweep calls.
-			s.ck.sweep(sweepJob{now: w.sweepNow, budget: w.sweepBudget, sweepers: w.sweepers})
+			w.sweepID++
+			w.sweepMaxNow = max(w.sweepMaxNow, w.sweepNow)
+			s.ck.sweep(sweepJob{id: w.sweepID, now: w.sweepNow, budget: w.sweepBudget, sweepers: w.sweepers})
 			w.sweepers = nil
 			w.sweeping = false
 			w.sweepNow = 0
@@ -222,9 +256,12 @@ func (w *writer) write() error {
 	for _, c := range w.batch {
 		for i := range c.recs {
 			r := &c.recs[i]
-			if r.Value == nil {
+			switch {
+			case r.Value == nil:
 				e.del(r.Key)
-			} else {
+			case r.Append:
+				e.appendValue(r.Key, r.Deadline, r.Value)
+			default:
 				e.put(r.Key, r.Deadline, r.Value)
 			}
 		}
@@ -282,15 +319,148 @@ func (w *writer) apply() {
 	for _, c := range w.batch {
 		for i := range c.recs {
 			r := &c.recs[i]
-			if r.Value == nil {
+			switch {
+			case r.Value == nil:
 				cur.del(r.Key)
-			} else {
+			case r.Append:
+				w.applyAppend(r)
+			default:
 				cur.put(r.Key, r.Deadline, r.Value)
 			}
 		}
 	}
 	s.ovMu.Unlock()
+	if w.longKey != "" {
+		if !w.longWarned {
+			w.longWarned = true
+			s.log.Warn("an append would make a value longer than the longest the data file stores: stored the appended bytes alone, dropping the value they were appended to (the caller must bound how long its values grow); later cases are not logged", "key", w.longKey, "max_bytes", w.maxValue)
+		}
+		w.longKey = ""
+	}
 	w.updateNext()
+}
+
+// applyAppend applies an append to the current overlay, holding ovMu. The
+// overlay keeps whole values: the bytes go at the end of the key's entry if
+// it has one (a put; after a deletion they are the value alone), else at the
+// end of a copy of the key's latest value: the frozen overlay's, else the
+// data file's, read by readBases.
+func (w *writer) applyAppend(r *Record) {
+	cur := w.s.cur
+	e := cur.m.get(r.Key)
+	var base []byte
+	if e == nil {
+		base = w.baseOf(r.Key)
+	}
+	if !cur.appendTo(e, r.Key, r.Deadline, r.Value, base, w.maxValue) {
+		w.longKey = r.Key
+	}
+}
+
+// baseOf returns the latest value of key when the current overlay holds no
+// entry of it: the frozen overlay's (nil for a deletion), else the data
+// file's as readBases found it (nil if none).
+//
+// The frozen overlay is read-only while the checkpointer writes it, so this
+// goroutine reads it without ovMu. Only this goroutine drops it (s.frozen set
+// to nil in checkpointed, once its checkpoint is committed in the data file)
+// or freezes another, and never between readBases and the apply of the same
+// commit: a key that readBases did not find in the frozen overlay is not in
+// it here, and its latest value is the one readBases read from the data
+// file; a key found there is still there.
+func (w *writer) baseOf(key string) []byte {
+	if f := w.s.frozen; f != nil {
+		if e := f.m.get(key); e != nil {
+			if e.del {
+				return nil
+			}
+			return e.value
+		}
+	}
+	if b, ok := w.bases[key]; ok && b.found {
+		return w.baseBuf[b.off:b.end:b.end]
+	}
+	return nil
+}
+
+// baseRef locates in writer.baseBuf the value the data file holds for a key
+// appended to; found is false if it holds none.
+type baseRef struct {
+	off, end int
+	found    bool
+}
+
+// readBases runs before a commit with appends is written: it finds the
+// appends whose key neither overlay holds, and reads the values of those keys
+// from the data file, all in one read transaction (the writer is the commit
+// path: one transaction per frame, not per key), copying them into baseBuf
+// (bbolt's slices are valid only inside the transaction). An append whose
+// key an earlier record of the same frame writes does not need its value,
+// which is read all the same: the frame is applied in order, after.
+//
+// A value read there that has expired may belong to a Sweep pass handed to
+// the checkpointer and not finished: the pass may delete it at any moment
+// (the overlay does not hold its key yet, so the pass does not skip it), and
+// appending to a value that a replay after a crash finds deleted would make
+// the overlay disagree with the replay. Such a key, whose deadline is not
+// after the time of a pass that may not be finished, gets a tombstone at the
+// start of this frame instead, applied before the append, which then stores
+// its bytes alone: the pass was queued first, and deletes every record whose
+// deadline is not after its time.
+func (w *writer) readBases() error {
+	s := w.s
+	clear(w.bases)
+	w.baseKeys = w.baseKeys[:0]
+	w.baseBuf = w.baseBuf[:0]
+	cur, frozen := s.cur, s.frozen
+	for _, c := range w.batch {
+		if c.appends == 0 {
+			continue
+		}
+		for i := range c.recs {
+			r := &c.recs[i]
+			if !r.Append || cur.m.get(r.Key) != nil || frozen != nil && frozen.m.get(r.Key) != nil {
+				continue
+			}
+			if _, ok := w.bases[r.Key]; ok {
+				continue
+			}
+			if w.bases == nil {
+				w.bases = make(map[string]baseRef)
+			}
+			w.bases[r.Key] = baseRef{}
+			w.baseKeys = append(w.baseKeys, r.Key)
+		}
+	}
+	// The checkpointer clears dbEmpty before it sends the result of the
+	// checkpoint that wrote a key; a key written by one is in the frozen
+	// overlay until this goroutine takes that result.
+	if len(w.baseKeys) == 0 || s.dbEmpty.Load() {
+		return nil
+	}
+	if s.ck.swept.Load() >= w.sweepID {
+		w.sweepMaxNow = 0 // every pass handed over is finished
+	}
+	return s.db.View(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketKeys)
+		for _, k := range w.baseKeys {
+			w.keyBuf = append(w.keyBuf[:0], k...)
+			v := b.Get(w.keyBuf)
+			switch {
+			case v == nil:
+				continue
+			case len(v) < 8:
+				return fmt.Errorf("record %q is %d bytes, shorter than its deadline (the data file is corrupt)", k, len(v))
+			case int64(binary.BigEndian.Uint64(v)) <= w.sweepMaxNow:
+				w.tombs = append(w.tombs, k)
+				continue
+			}
+			off := len(w.baseBuf)
+			w.baseBuf = append(w.baseBuf, v[8:]...)
+			w.bases[k] = baseRef{off, len(w.baseBuf), true}
+		}
+		return nil
+	})
 }
 
 // updateNext publishes the earliest deadline of the overlays, after
