@@ -359,7 +359,7 @@ func (a *actor) persist(now int64) {
 		// whole log.
 		start := len(f.buf)
 		var tail bool
-		if f.buf, tail = ent.st.appendTail(f.buf, &ent.saved); !tail {
+		if f.buf, tail = ent.st.appendTail(f.buf, &ent.saved, now); !tail {
 			f.buf = ent.st.appendBinary(f.buf)
 			ent.st.written(&ent.saved, len(f.buf)-start)
 		}

@@ -819,12 +819,14 @@ func (s *state) written(sv *saved, n int) {
 // appendTail appends to b a tail segment holding the hits recorded since the
 // store's copy was written (see saved), and reports whether it did. It does
 // not when only a full write can bring the store up to date (no copy known,
-// or the log changed other than by new hits), or when the stored value has
+// or the log changed other than by new hits); when every hit of the copy has
+// expired at now (the full log is then just the new hits, and the store
+// need not look for a value that may be gone); or when the stored value has
 // grown to twice its full segment (plus a little): expired runs pile up in
 // a chain, and a full write now and then sheds them, for an amortized
 // constant number of bytes per hit.
-func (s *state) appendTail(b []byte, sv *saved) ([]byte, bool) {
-	if !sv.ok || s.rewrite || s.algo != SlidingLog || len(s.buf) == 0 {
+func (s *state) appendTail(b []byte, sv *saved, now int64) ([]byte, bool) {
+	if !sv.ok || s.rewrite || s.algo != SlidingLog || len(s.buf) == 0 || s.expired(sv.at, now) {
 		return b, false
 	}
 	// The runs newer than the saved newest run, and the hits added to that

@@ -14,8 +14,8 @@ type stored struct{ value []byte }
 
 // write persists s as the actor does: a tail when appendTail can, else the
 // full encoding. It returns whether it wrote a tail and how many bytes.
-func (st *stored) write(s *state, sv *saved) (tail bool, n int) {
-	if b, ok := s.appendTail(nil, sv); ok {
+func (st *stored) write(s *state, sv *saved, now int64) (tail bool, n int) {
+	if b, ok := s.appendTail(nil, sv, now); ok {
 		st.value = append(st.value, b...)
 		return true, len(b)
 	}
@@ -99,7 +99,7 @@ func TestTailChain(t *testing.T) {
 				disk.value, sv = nil, saved{} // the actor deletes it
 				continue
 			}
-			tail, n := disk.write(&s, &sv)
+			tail, n := disk.write(&s, &sv, now)
 			if tail {
 				tails, tailBytes = tails+1, tailBytes+n
 			} else {
@@ -142,7 +142,7 @@ func TestTailAlone(t *testing.T) {
 	s.written(&sv, len(s.appendBinary(nil)))
 	s.decide(st0+int64(stMs), &c, 100, &d)
 	s.decide(st0+2*int64(stMs), &c, 100, &d)
-	tail, ok := s.appendTail(nil, &sv)
+	tail, ok := s.appendTail(nil, &sv, st0+2*int64(stMs))
 	if !ok {
 		t.Fatal("appendTail: no tail")
 	}
