@@ -163,12 +163,13 @@ func (r *Router) Check(ctx context.Context, checks []actor.Check, out []actor.De
 		marks = make([]int64, len(checks))
 	}
 	errs := make(chan error, len(groups))
+	last := len(groups)
 	for owner, idx := range groups {
 		sub := make([]actor.Check, len(idx))
 		for j, i := range idx {
 			sub[j] = checks[i]
 		}
-		go func() {
+		decide := func() {
 			subOut := make([]actor.Decision, len(idx))
 			var subMarks []int64
 			if allOrNothing {
@@ -199,7 +200,14 @@ func (r *Router) Check(ctx context.Context, checks []actor.Check, out []actor.De
 				}
 			}
 			errs <- err
-		}()
+		}
+		// The last owner is asked on this goroutine: a call whose checks
+		// all belong to one owner (one check per call, say) starts none.
+		if last--; last == 0 {
+			decide()
+		} else {
+			go decide()
+		}
 	}
 	var first error
 	for range groups {
@@ -384,7 +392,6 @@ func (r *Router) peer(view *View, name string) (*peer, error) {
 		r: r, name: name, addr: addr, conn: conn,
 		client: sluicepb.NewPeerServiceClient(conn),
 		queue:  make(chan *pending, 4096),
-		slots:  make(chan struct{}, r.cfg.MaxInFlight),
 		quit:   make(chan struct{}),
 	}
 	r.peers[name] = p
@@ -423,7 +430,6 @@ type peer struct {
 	conn   *grpc.ClientConn
 	client sluicepb.PeerServiceClient
 	queue  chan *pending
-	slots  chan struct{}
 	quit   chan struct{}
 	once   sync.Once
 }
@@ -435,23 +441,25 @@ func (p *peer) close() {
 	})
 }
 
-// run gathers queued checks into batches and sends each as one Forward
-// call, with at most MaxInFlight calls in flight.
+// run starts MaxInFlight senders and waits for them. Each takes what is
+// queued (up to MaxForwardBatch checks) and sends it as one Forward call:
+// while they are all busy, checks queue up and share the next call. A
+// caller's checks go straight to a waiting sender, with no goroutine in
+// between.
 func (p *peer) run() {
-	var inflight sync.WaitGroup
-	defer inflight.Wait()
+	var senders sync.WaitGroup
+	for range p.r.cfg.MaxInFlight {
+		senders.Go(p.sender)
+	}
+	senders.Wait()
+}
+
+func (p *peer) sender() {
 	for {
 		var first *pending
 		select {
 		case first = <-p.queue:
 		case <-p.quit:
-			p.failQueued()
-			return
-		}
-		select {
-		case p.slots <- struct{}{}:
-		case <-p.quit:
-			first.done <- fmt.Errorf("%w: %s: router closed", ErrUnreachable, p.name)
 			p.failQueued()
 			return
 		}
@@ -470,12 +478,7 @@ func (p *peer) run() {
 				break drain
 			}
 		}
-		inflight.Add(1)
-		go func() {
-			defer inflight.Done()
-			defer func() { <-p.slots }()
-			p.send(batch, n)
-		}()
+		p.send(batch, n)
 	}
 }
 
