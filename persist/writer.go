@@ -302,16 +302,9 @@ func (w *writer) write() error {
 func (w *writer) apply() {
 	s := w.s
 	cur := s.cur
-	// Load each record's slot and entry first: these loads do not depend
-	// on each other, so the processor overlaps their cache misses, which
-	// the lookups below, one after the other, would each wait for.
-	var sink int64
-	for _, c := range w.batch {
-		for i := range c.recs {
-			sink += cur.m.warm(c.recs[i].Key)
-		}
+	if w.nappends == 0 {
+		w.warm() // readBases did, for a commit with appends
 	}
-	w.sink = sink
 	s.ovMu.Lock()
 	for _, k := range w.tombs {
 		cur.del(k)
@@ -413,6 +406,7 @@ func (w *writer) readBases() error {
 	w.baseKeys = w.baseKeys[:0]
 	w.baseBuf = w.baseBuf[:0]
 	cur, frozen := s.cur, s.frozen
+	w.warm() // the lookups below, one after the other, then hit the cache
 	for _, c := range w.batch {
 		if c.appends == 0 {
 			continue
@@ -461,6 +455,21 @@ func (w *writer) readBases() error {
 		}
 		return nil
 	})
+}
+
+// warm loads the current overlay's slot and entry of each record of the
+// commit: these loads do not depend on each other, so the processor
+// overlaps their cache misses, which lookups one after the other would each
+// wait for.
+func (w *writer) warm() {
+	cur := w.s.cur
+	var sink int64
+	for _, c := range w.batch {
+		for i := range c.recs {
+			sink += cur.m.warm(c.recs[i].Key)
+		}
+	}
+	w.sink = sink
 }
 
 // updateNext publishes the earliest deadline of the overlays, after
