@@ -297,15 +297,8 @@ func writeWAL(t *testing.T, path string, gen uint64, version uint32, frames ...[
 	var e frameEncoder
 	for i, recs := range frames {
 		e.begin(uint64(i + 1))
-		for _, r := range recs {
-			switch {
-			case r.Value == nil:
-				e.del(r.Key)
-			case r.Append:
-				e.appendValue(r.Key, r.Deadline, r.Value)
-			default:
-				e.put(r.Key, r.Deadline, r.Value)
-			}
+		for i := range recs {
+			e.record(&recs[i])
 		}
 		frame, err := e.end()
 		if err != nil {

@@ -83,13 +83,7 @@ func (o *overlay) put(key string, deadline int64, value []byte) {
 		e.value = append(e.value[:0], value...)
 	}
 	e.del = false
-	if !e.heaped || deadline < e.low {
-		e.ver++
-		e.heaped = true
-		e.low = deadline
-		o.push(heapItem{deadline, e, e.ver})
-	}
-	e.deadline = deadline
+	o.setDeadline(e, deadline)
 }
 
 // appendTo records an append of value to the value of key, whose entry in
@@ -131,8 +125,7 @@ func (o *overlay) appendTo(e *entry, key string, deadline int64, value, base []b
 }
 
 // setDeadline sets the deadline of e, a put, and pushes a heap item if the
-// deadline moved earlier than the entry's current item (see heapItem). put
-// does the same inline: it is the commit path's hottest function.
+// deadline moved earlier than the entry's current item (see heapItem).
 func (o *overlay) setDeadline(e *entry, deadline int64) {
 	if !e.heaped || deadline < e.low {
 		e.ver++

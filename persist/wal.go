@@ -129,13 +129,16 @@ func (e *frameEncoder) begin(seq uint64) {
 	e.n = 0
 }
 
-func (e *frameEncoder) put(key string, deadline int64, value []byte) {
-	e.value(walOpPut, key, deadline, value)
-}
-
-// appendValue encodes an append: the same layout as a put, another byte.
-func (e *frameEncoder) appendValue(key string, deadline int64, value []byte) {
-	e.value(walOpAppend, key, deadline, value)
+// record encodes r: a deletion (nil Value), an append or a put.
+func (e *frameEncoder) record(r *Record) {
+	switch {
+	case r.Value == nil:
+		e.del(r.Key)
+	case r.Append:
+		e.value(walOpAppend, r.Key, r.Deadline, r.Value) // a put's layout, another byte
+	default:
+		e.value(walOpPut, r.Key, r.Deadline, r.Value)
+	}
 }
 
 // value encodes a record with a value: a put or an append.

@@ -746,9 +746,9 @@ func FuzzDecodeWAL(f *testing.F) {
 	file := append([]byte(nil), walHeader...)
 	for seq := uint64(1); seq <= 3; seq++ {
 		e.begin(seq)
-		e.put(fmt.Sprint("key", seq), int64(seq*10), []byte("value"))
-		e.appendValue(fmt.Sprint("key", seq), int64(seq*10+1), []byte("+more"))
-		e.del("gone")
+		e.record(&Record{Key: fmt.Sprint("key", seq), Deadline: int64(seq * 10), Value: []byte("value")})
+		e.record(&Record{Key: fmt.Sprint("key", seq), Deadline: int64(seq*10 + 1), Value: []byte("+more"), Append: true})
+		e.record(&Record{Key: "gone"})
 		frame, _ := e.end()
 		file = append(file, frame...)
 	}

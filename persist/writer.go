@@ -255,15 +255,7 @@ func (w *writer) write() error {
 	}
 	for _, c := range w.batch {
 		for i := range c.recs {
-			r := &c.recs[i]
-			switch {
-			case r.Value == nil:
-				e.del(r.Key)
-			case r.Append:
-				e.appendValue(r.Key, r.Deadline, r.Value)
-			default:
-				e.put(r.Key, r.Deadline, r.Value)
-			}
+			e.record(&c.recs[i])
 		}
 	}
 	frame, err := e.end()
