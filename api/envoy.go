@@ -324,10 +324,10 @@ func setDuration(dst *durationpb.Duration, d time.Duration) *durationpb.Duration
 	return dst
 }
 
-// envoyEntries checks descriptor i's entries and returns them, appended to
-// all (and all). Values may be empty (as in envoyproxy/ratelimit, where an
-// empty value matches the key's default descriptor); keys may not (Envoy's
-// API requires them).
+// envoyEntries checks descriptor i's entries, appends them to all and
+// returns them and all. Values may be empty (as in envoyproxy/ratelimit,
+// where an empty value matches the key's default descriptor); keys may not
+// (Envoy's API requires them).
 func envoyEntries(i int, pd *ratelimitv3.RateLimitDescriptor, all []limits.Entry) (entries, _ []limits.Entry, _ error) {
 	pes := pd.GetEntries()
 	if len(pes) == 0 {
