@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"fmt"
-	"net"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -15,28 +14,9 @@ import (
 
 	"github.com/sluice-io/sluice/actor/clock"
 	"github.com/sluice-io/sluice/cluster"
+	"github.com/sluice-io/sluice/cluster/clustertest"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
-
-// udpTCPPort returns a port that was free for TCP and UDP on 127.0.0.1.
-func udpTCPPort(t testing.TB) int {
-	t.Helper()
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(port))
-		l.Close()
-		if err == nil {
-			u.Close()
-			return port
-		}
-	}
-	t.Fatal("no free port")
-	return 0
-}
 
 // testCluster is n nodes in this process sharing one fake clock, joined
 // through the first one's gossip address.
@@ -65,7 +45,7 @@ func newTestClusterWith(t *testing.T, n int, edit func(*Config)) *testCluster {
 func (tc *testCluster) add() *testServer {
 	t := tc.t
 	i := len(tc.nodes)
-	gossip := "127.0.0.1:" + strconv.Itoa(udpTCPPort(t))
+	gossip := "127.0.0.1:" + strconv.Itoa(clustertest.FreePort(t))
 	if tc.seed == "" {
 		tc.seed = gossip
 	}

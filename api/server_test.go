@@ -3,37 +3,21 @@ package api
 import (
 	"context"
 	"crypto/tls"
-	"fmt"
 	"log/slog"
 	"os"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluice-io/sluice/actor/clock"
+	"github.com/sluice-io/sluice/cluster/clustertest"
 )
 
-// TestMain checks for leaked goroutines, polling for a while: memberlist's
-// Shutdown does not wait for a probe already in flight.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		deadline := time.Now().Add(10 * time.Second)
-		for err := goleak.Find(); err != nil; err = goleak.Find() {
-			if time.Now().After(deadline) {
-				fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-				code = 1
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	os.Exit(code)
-}
+// / TestMain checks for leaked goroutines after the tests.
+func TestMain(m *testing.M) { os.Exit(clustertest.Run(m)) }
 
 // epoch is where the fake clocks of tests start.
 var epoch = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)

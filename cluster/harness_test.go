@@ -3,42 +3,19 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/sluice-io/sluice/cluster/clustertest"
 )
 
-// TestMain checks that no goroutine outlives the tests. memberlist's
-// Shutdown does not wait for a probe in flight, which ends within one
-// (possibly scaled) probe interval, so the check polls for a few seconds.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			err := goleak.Find()
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-				code = 1
-				break
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-	}
-	os.Exit(code)
-}
+// / TestMain checks for leaked goroutines after the tests.
+func TestMain(m *testing.M) { os.Exit(clustertest.Run(m)) }
 
 // testLog routes a node's logs to t.Log until the test ends, and keeps the
 // lines so a test can wait for one.
@@ -183,47 +160,6 @@ func names(ms []Member) []string {
 		s[i] = m.Name
 	}
 	return s
-}
-
-// freePort returns a port that was free for both TCP and UDP on every one
-// of ips a moment ago (memberlist needs both on the same number).
-func freePort(t testing.TB, ips ...string) int {
-	t.Helper()
-	for range 20 {
-		tl, err := net.Listen("tcp", net.JoinHostPort(ips[0], "0"))
-		if err != nil {
-			t.Fatalf("listen: %v", err)
-		}
-		port := tl.Addr().(*net.TCPAddr).Port
-		free := true
-		var held []io.Closer
-		for i, ip := range ips {
-			addr := net.JoinHostPort(ip, strconv.Itoa(port))
-			if i > 0 {
-				l, err := net.Listen("tcp", addr)
-				if err != nil {
-					free = false
-					break
-				}
-				held = append(held, l)
-			}
-			u, err := net.ListenPacket("udp", addr)
-			if err != nil {
-				free = false
-				break
-			}
-			held = append(held, u)
-		}
-		tl.Close()
-		for _, c := range held {
-			c.Close()
-		}
-		if free {
-			return port
-		}
-	}
-	t.Fatalf("no port free for TCP and UDP on %v", ips)
-	return 0
 }
 
 // recorder is an Observer that counts changes by kind.

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluice-io/sluice/cluster/clustertest"
 )
 
 // TestThreeNodesJoin: three nodes join through one seed; each sees all
@@ -229,7 +231,7 @@ func TestJoinDNSName(t *testing.T) {
 // TestJoinRetry: a node whose join list is not up yet keeps retrying, and
 // joins once the seed starts.
 func TestJoinRetry(t *testing.T) {
-	port := freePort(t, "127.0.0.1")
+	port := clustertest.FreePort(t, "127.0.0.1")
 	cfg, l := testConfig(t, "joiner")
 	rec := &recorder{}
 	cfg.Observer = rec
@@ -274,7 +276,7 @@ func TestJoinRetry(t *testing.T) {
 // context ends, and leaves nothing running.
 func TestJoinGivesUp(t *testing.T) {
 	cfg, l := testConfig(t, "lonely")
-	cfg.Join = []string{"127.0.0.1:" + strconv.Itoa(freePort(t, "127.0.0.1")), "no-such-host.invalid:7946"}
+	cfg.Join = []string{"127.0.0.1:" + strconv.Itoa(clustertest.FreePort(t, "127.0.0.1")), "no-such-host.invalid:7946"}
 	n := newNode(t, cfg, l)
 	n.lookupIP = func(ctx context.Context, host string) ([]net.IPAddr, error) {
 		return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
@@ -297,7 +299,7 @@ func TestJoinGivesUp(t *testing.T) {
 // cluster instead of waiting forever (a StatefulSet of one, or the first
 // pod to appear in its headless Service).
 func TestJoinSelfOnly(t *testing.T) {
-	port := freePort(t, "127.0.0.1")
+	port := clustertest.FreePort(t, "127.0.0.1")
 	cfg, l := testConfig(t, "solo")
 	cfg.GossipAddr = "127.0.0.1:" + strconv.Itoa(port)
 	cfg.Join = []string{"localhost:" + strconv.Itoa(port)}
@@ -317,7 +319,7 @@ func TestJoinSelfOnly(t *testing.T) {
 // loop once DNS lists both.
 func TestRejoinMergesSoloNodes(t *testing.T) {
 	ips := []string{"127.0.0.1", "127.0.0.2"}
-	port := freePort(t, ips...)
+	port := clustertest.FreePort(t, ips...)
 	var bothVisible atomic.Bool
 	var nodes []*testNode
 	for i, ip := range ips {

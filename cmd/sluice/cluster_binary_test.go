@@ -5,8 +5,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
-	"strconv"
 	"sync"
 	"syscall"
 	"testing"
@@ -19,26 +17,6 @@ import (
 
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
-
-// gossipPort returns a port that was free for TCP and UDP on 127.0.0.1.
-func gossipPort(t *testing.T) int {
-	t.Helper()
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", "127.0.0.1:"+strconv.Itoa(port))
-		l.Close()
-		if err == nil {
-			u.Close()
-			return port
-		}
-	}
-	t.Fatal("no free gossip port")
-	return 0
-}
 
 func dial(t *testing.T, addr string) *grpc.ClientConn {
 	t.Helper()
@@ -87,7 +65,7 @@ func TestBinaryClusterKill9(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a three-process cluster")
 	}
-	seed := "127.0.0.1:" + strconv.Itoa(gossipPort(t))
+	seed := gossipAddr(t)
 	type node struct {
 		name, gossip, data string
 		p                  *proc
@@ -97,7 +75,7 @@ func TestBinaryClusterKill9(t *testing.T) {
 		n := &node{name: fmt.Sprintf("node-%d", i), data: t.TempDir()}
 		n.gossip = seed
 		if i > 0 {
-			n.gossip = "127.0.0.1:" + strconv.Itoa(gossipPort(t))
+			n.gossip = gossipAddr(t)
 		}
 		nodes[i] = n
 	}

@@ -15,19 +15,16 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/sluice-io/sluice/cluster/clustertest"
 )
 
+// TestMain checks for leaked goroutines after the tests, and removes the
+// built binary.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goroutines leaked: %v\n", err)
-			code = 1
-		}
-	}
+	code := clustertest.Run(m)
 	if dir := binDir.dir; dir != "" {
 		os.RemoveAll(dir)
 	}

@@ -3,13 +3,13 @@ package main
 import (
 	"bytes"
 	"math"
-	"net"
 	"runtime"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/sluice-io/sluice/cluster/clustertest"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -57,7 +57,7 @@ func TestMembersCluster(t *testing.T) {
 	t.Parallel()
 	// Registered first, so it runs after the nodes have stopped.
 	t.Cleanup(func() { waitMemberlistGone(t) })
-	gossip := []string{freeGossipAddr(t), freeGossipAddr(t), freeGossipAddr(t)}
+	gossip := []string{gossipAddr(t), gossipAddr(t), gossipAddr(t)}
 	nodes := make([]*node, 3)
 	for i := range nodes {
 		nodes[i] = startNode(t, nil, "--node-name", "node-"+strconv.Itoa(i),
@@ -108,23 +108,8 @@ func waitMemberlistGone(t *testing.T) {
 	}
 }
 
-// freeGossipAddr returns a 127.0.0.1 address whose port was free for both
-// TCP and UDP, as memberlist needs.
-func freeGossipAddr(t *testing.T) string {
-	t.Helper()
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr := l.Addr().String()
-		u, err := net.ListenPacket("udp", addr)
-		l.Close()
-		if err == nil {
-			u.Close()
-			return addr
-		}
-	}
-	t.Fatal("no port free for both TCP and UDP")
-	return ""
+// gossipAddr returns a 127.0.0.1 address for a node's gossip, whose port was
+// free for both TCP and UDP.
+func gossipAddr(t *testing.T) string {
+	return "127.0.0.1:" + strconv.Itoa(clustertest.FreePort(t))
 }

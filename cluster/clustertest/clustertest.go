@@ -1,0 +1,84 @@
+// Package clustertest holds what the tests of clustered nodes need in every
+// package that runs them (cluster, api, cmd/sluice): gossip ports and a
+// goroutine leak check that allows for memberlist's shutdown.
+package clustertest
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// FreePort returns a port that was free for both TCP and UDP on every one of
+// ips (127.0.0.1 if none) a moment ago: memberlist needs both on the same
+// number.
+func FreePort(t testing.TB, ips ...string) int {
+	t.Helper()
+	if len(ips) == 0 {
+		ips = []string{"127.0.0.1"}
+	}
+	for range 20 {
+		tl, err := net.Listen("tcp", net.JoinHostPort(ips[0], "0"))
+		if err != nil {
+			t.Fatalf("listen: %v", err)
+		}
+		port := tl.Addr().(*net.TCPAddr).Port
+		free := true
+		var held []io.Closer
+		for i, ip := range ips {
+			addr := net.JoinHostPort(ip, strconv.Itoa(port))
+			if i > 0 {
+				l, err := net.Listen("tcp", addr)
+				if err != nil {
+					free = false
+					break
+				}
+				held = append(held, l)
+			}
+			u, err := net.ListenPacket("udp", addr)
+			if err != nil {
+				free = false
+				break
+			}
+			held = append(held, u)
+		}
+		tl.Close()
+		for _, c := range held {
+			c.Close()
+		}
+		if free {
+			return port
+		}
+	}
+	t.Fatalf("no port free for TCP and UDP on %v", ips)
+	return 0
+}
+
+// Run runs the tests of m and, if they pass, checks that no goroutine
+// outlives them, and returns the exit code. memberlist's Shutdown does not
+// wait for a probe in flight, which ends within one (possibly scaled) probe
+// interval, so the check polls for up to 10 s.
+func Run(m *testing.M) int {
+	code := m.Run()
+	if code != 0 {
+		return code
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := goleak.Find()
+		if err == nil {
+			return 0
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			return 1
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
