@@ -42,10 +42,11 @@ func (a *adminService) GetKey(ctx context.Context, req *sluicepb.GetKeyRequest) 
 	if err := s.checkKey("key", req.Key); err != nil {
 		return nil, toStatus(err)
 	}
-	if owner, err := s.keyOwner(ctx, req.Key); err != nil || owner != nil {
-		if err != nil {
-			return nil, toStatus(err)
-		}
+	owner, err := s.keyOwner(ctx, req.Key)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if owner != nil {
 		return owner.GetKey(s.peerContext(ctx), req)
 	}
 	v, err := s.engine.Inspect(ctx, string(req.Key))
@@ -143,10 +144,11 @@ func (a *adminService) ResetKey(ctx context.Context, req *sluicepb.ResetKeyReque
 	if err := s.checkKey("key", req.Key); err != nil {
 		return nil, toStatus(err)
 	}
-	if owner, err := s.keyOwner(ctx, req.Key); err != nil || owner != nil {
-		if err != nil {
-			return nil, toStatus(err)
-		}
+	owner, err := s.keyOwner(ctx, req.Key)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	if owner != nil {
 		return owner.ResetKey(s.peerContext(ctx), req)
 	}
 	existed, err := s.engine.Reset(ctx, string(req.Key))
