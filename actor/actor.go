@@ -419,6 +419,11 @@ func (a *actor) load(now int64) error {
 			derr = fmt.Errorf("actor: load key %q: %w", key, err)
 			return
 		}
+		if ent.st.algo == SlidingLog {
+			// A stored chain keeps the runs that expired since its full
+			// segment (see appendTail): memory holds the live ones only.
+			ent.st.logPrune(now)
+		}
 		a.armAt(ent, deadline)
 	})
 	if err != nil {
