@@ -157,6 +157,10 @@ func (a *actor) handle() {
 				wrote = a.export(c, now)
 			case opImport:
 				wrote = a.importStates(c, now)
+			case opCollect:
+				a.collect(c, now)
+			case opForget:
+				wrote = a.forget(c, now)
 			}
 		}
 		a.wrote = append(a.wrote, wrote)
@@ -186,8 +190,15 @@ func (a *actor) handle() {
 }
 
 // decideCall decides (or, for opRelease, releases) the checks of c that
-// this actor owns and reports whether any key changed.
+// this actor owns and reports whether any key changed. A fenced call routed
+// at an older ownership generation is refused if one of its keys here
+// moved (see Engine.Fence): an unfenced call, or one at the current
+// generation, costs one comparison (and one atomic load).
 func (a *actor) decideCall(c *call, now int64, checks *int) (wrote bool) {
+	if c.gen != 0 && c.op == opCheck && c.gen != a.e.gen.Load() && !a.owns(c) {
+		a.refuse(c)
+		return false
+	}
 	for i := range c.checks {
 		if c.shards[i] != a.id {
 			continue
@@ -393,8 +404,8 @@ func (a *actor) persist(now int64) {
 func (a *actor) load(now int64) error {
 	a.misses = a.misses[:0]
 	for _, c := range a.batch {
-		if c.op == opInspect || c.broadcast() {
-			continue
+		if c.op == opInspect || c.op == opCollect || c.broadcast() {
+			continue // nothing to load: they read without loading, or go to every actor
 		}
 		for i := range c.checks {
 			if c.shards[i] == a.id {

@@ -39,6 +39,28 @@
 // a store (memory mode) nothing can be evicted without losing hits, so a new
 // key past the bound fails with ErrTooManyKeys.
 //
+// # Handoff and fenced calls
+//
+// When keys move to another node, Collect reads the state of every key that
+// moved, changing nothing, and once the new owner has committed those
+// states (Import), Forget deletes each of them here unless it changed since
+// Collect read it. A handoff cut short at any point (a cancelled context, a
+// closing engine, a full mailbox) leaves each hit here, on the new owner,
+// or on both (counted twice, which only denies more), never on neither.
+// Export, which forgot keys before their states reached the caller, is
+// deprecated.
+//
+// A call may carry the ownership generation its caller read before routing
+// it (CallOptions.Generation). Fence moves the generation on. An actor
+// deciding its part of a fenced call made at another generation asks
+// Config.Owns about the part's keys and, if one moved, refuses the part
+// without recording anything (ErrStale). So once the node has published the
+// new ownership, called Fence and then Collect, no fenced check on a moved
+// key is decided after Collect read it (Collect first waits for the fenced
+// all-or-nothing and reserving calls of older generations, which may still
+// release what they reserved). A call at the current generation costs the
+// actor one atomic load, and an unfenced call nothing.
+//
 // docs/engine.md describes the algorithms, their error bounds, the
 // durability modes and the on-disk format.
 package actor

@@ -30,6 +30,16 @@ var (
 	ErrTooManyKeys = errors.New("actor: too many keys in memory; raise max keys or run with a data file")
 	// ErrBatchTooLarge means a call carried more than Limits.MaxBatch checks.
 	ErrBatchTooLarge = errors.New("actor: too many checks in one call")
+	// ErrStale means a fenced call (CallOptions.Generation) met a key that
+	// this engine no longer owns (Config.Owns) after the ownership
+	// generation moved on (Engine.Fence). Returned as is, it means that
+	// nothing of the call was recorded: the caller may route it again.
+	ErrStale = errors.New("actor: ownership of a key moved during the call; route it again")
+	// ErrStalePartial means that a fenced call was refused as stale by some
+	// of the actors holding its keys and decided and recorded by the
+	// others: the caller must not retry the whole call. A *StaleError
+	// matches it and ErrStale, and says which checks were refused.
+	ErrStalePartial = errors.New("actor: ownership of a key moved during the call after part of it was decided and recorded; route only the refused checks again")
 )
 
 // errPartlySent is ErrOverloaded after some actors already took their part.
@@ -66,6 +76,13 @@ type Config struct {
 	Logger *slog.Logger
 	// Observer receives the engine's measurements; nil discards them.
 	Observer Observer
+	// Owns reports whether this node owns key now. The actors call it only
+	// for a fenced call (CallOptions.Generation) whose generation is not the
+	// engine's current one (see Engine.Fence), once per key of the actor's
+	// part of the call, so it must be safe for concurrent use, quick, and
+	// must not call the engine. Nil means every key is owned: no call is
+	// ever refused as stale.
+	Owns func(key string) bool
 }
 
 // Observer receives measurements from the engine for metrics. Its methods
@@ -140,6 +157,12 @@ type Engine struct {
 	actors []*actor
 	store  *persist.Store
 
+	// gen is the ownership generation (Fence, Generation); never 0, which
+	// marks an unfenced call.
+	gen atomic.Uint64
+	// reserving counts the fenced reserving calls in flight, for Collect.
+	reserving reservations
+
 	closing   atomic.Bool
 	quit      chan struct{} // closed by Close: actors drain and exit
 	exited    chan struct{} // closed once every actor has exited
@@ -162,6 +185,7 @@ func New(cfg Config) (*Engine, error) {
 		quit:   make(chan struct{}),
 		exited: make(chan struct{}),
 	}
+	e.gen.Store(1)
 	e.calls.New = func() any { return &call{done: make(chan struct{}, 1)} }
 	perActor := cfg.MaxKeys / cfg.Actors
 	for i := 0; i < cfg.Actors; i++ {
@@ -197,14 +221,82 @@ func New(cfg Config) (*Engine, error) {
 //
 // An invalid check fails the whole call with an *InvalidCheckError before
 // anything is recorded. In the durable storage modes Check returns only once
-// the hits it recorded are committed.
+// the hits it recorded are committed. Check is Do without options.
 func (e *Engine) Check(ctx context.Context, checks []Check, out []Decision) error {
+	return e.Do(ctx, checks, out, CallOptions{})
+}
+
+// CallOptions are the options of a call to Do. The zero value is a plain
+// Check.
+type CallOptions struct {
+	// Generation fences the call: the engine's ownership generation
+	// (Engine.Generation) that the caller read before it looked up the
+	// keys' owner and routed the call here. An actor that finds the engine
+	// at another generation asks Config.Owns about each key of its part and
+	// refuses the part, recording nothing, if one is not owned (ErrStale).
+	// 0: not fenced.
+	Generation uint64
+	// Marks, when not nil, must be as long as the checks; it receives for
+	// each recorded check where its hits went, so that Release can take
+	// them back (as CheckMarked).
+	Marks []int64
+	// AllOrNothing records the hits of the call only if every check is
+	// allowed (as CheckAll).
+	AllOrNothing bool
+}
+
+// Do decides checks as one call, as Check, with the options in opt.
+//
+// A fenced call (opt.Generation not 0) may be refused as stale, part by
+// part (one part per actor holding some of its keys). If every part was
+// refused, nothing was recorded and Do returns ErrStale. If some parts
+// were decided and others refused, Do returns a *StaleError (matching
+// ErrStalePartial and ErrStale) that lists the refused checks; the
+// decisions of the others are in out and were recorded, and out holds the
+// zero Decision for a refused check. A reserving call (opt.Marks or
+// opt.AllOrNothing) first releases what its decided parts reserved, and
+// returns ErrStale if nothing of the call stays recorded then, or the
+// *StaleError if a refund or a penalty in a decided part was applied (it
+// cannot be taken back). See Engine.Fence for the ordering guarantee.
+func (e *Engine) Do(ctx context.Context, checks []Check, out []Decision, opt CallOptions) error {
+	if opt.Generation != 0 && (opt.Marks != nil || opt.AllOrNothing) {
+		return e.doReserving(ctx, checks, out, opt)
+	}
+	return e.do(ctx, checks, out, opt)
+}
+
+func (e *Engine) do(ctx context.Context, checks []Check, out []Decision, opt CallOptions) error {
 	if err := e.validate(checks, out); err != nil || len(checks) == 0 {
 		return err
 	}
+	marks := opt.Marks
+	if marks != nil && len(marks) != len(checks) {
+		return fmt.Errorf("actor: %d checks but %d marks", len(checks), len(marks))
+	}
+	if opt.AllOrNothing && marks == nil {
+		marks = make([]int64, len(checks))
+	}
 	c := e.calls.Get().(*call)
-	c.ctx, c.checks, c.out = ctx, checks, out
-	return e.run(c)
+	c.ctx, c.checks, c.out, c.marks, c.gen = ctx, checks, out, marks, opt.Generation
+	if err := e.run(c); err != nil {
+		var se *StaleError
+		if marks != nil && errors.As(err, &se) {
+			return e.unreserve(ctx, checks, out, marks, se)
+		}
+		return err
+	}
+	if !opt.AllOrNothing {
+		return nil
+	}
+	denied := false
+	for i := range out {
+		denied = denied || !out[i].Allowed
+	}
+	if !denied {
+		return nil
+	}
+	release, releaseMarks := Unwind(checks, out, marks)
+	return e.Release(ctx, release, releaseMarks)
 }
 
 // validate checks a call before anything is sent.
@@ -249,14 +341,14 @@ func (e *Engine) wait(c *call) (err error, done bool) {
 	}
 	select {
 	case <-c.done:
-		return c.errValue(), true
+		return c.outcome(), true
 	case <-c.ctx.Done():
 		c.aborted.Store(true)
 		return fmt.Errorf("actor: %w", c.ctx.Err()), false
 	case <-e.exited:
 		select {
 		case <-c.done:
-			return c.errValue(), true
+			return c.outcome(), true
 		default:
 			return ErrClosed, false
 		}
@@ -268,6 +360,7 @@ func (e *Engine) wait(c *call) (err error, done bool) {
 func (e *Engine) dispatch(c *call) error {
 	n := len(e.actors)
 	if c.broadcast() {
+		c.parts = int32(n)
 		c.pending.Store(int32(n))
 		for i, a := range e.actors {
 			select {
@@ -296,6 +389,7 @@ func (e *Engine) dispatch(c *call) error {
 		single = single && s == first
 	}
 	if single {
+		c.parts = 1
 		c.pending.Store(1)
 		select {
 		case e.actors[first].mailbox <- c:
@@ -318,6 +412,15 @@ func (e *Engine) dispatch(c *call) error {
 			c.targets[s] = true
 			count++
 		}
+	}
+	c.parts = count
+	if c.gen != 0 {
+		// Where a refusal as stale is noted, per actor (see call.outcome).
+		if cap(c.staleParts) < n {
+			c.staleParts = make([]bool, n)
+		}
+		c.staleParts = c.staleParts[:n]
+		clear(c.staleParts)
 	}
 	c.pending.Store(count)
 	for s, want := range c.targets {
@@ -403,6 +506,8 @@ const (
 	opList                  // list keys by prefix into lists[actor]
 	opExport                // hand over keys (all actors with moved, or checks' keys)
 	opImport                // merge states[i] into checks[i].Key
+	opCollect               // read moved keys (all actors with moved, or checks' keys)
+	opForget                // delete checks[i].Key if it still holds states[i]
 )
 
 // call is one Check in flight. Each actor that owns some of its keys decides
@@ -422,6 +527,17 @@ type call struct {
 	// marks, when not nil, receives for each recorded check where its hits
 	// went (state.mark), so that they can be released.
 	marks []int64
+	// gen is the ownership generation a fenced opCheck was routed at; 0
+	// when it is not fenced.
+	gen uint64
+	// parts is how many actors the call was sent to; refused how many of
+	// them refused their part as stale, and staleParts which ones (by
+	// actor, for a fenced call sent to several).
+	parts      int32
+	refused    atomic.Int32
+	staleParts []bool
+	// count is what the actors of an opForget counted.
+	count atomic.Int32
 	// For opInspect, opReset and opList.
 	view    *KeyState
 	existed bool
@@ -429,7 +545,7 @@ type call struct {
 	after   string
 	limit   int
 	lists   [][]KeySummary
-	// For opExport and opImport.
+	// For opExport, opImport, opCollect and opForget.
 	moved   func(key string) bool
 	exports [][]Exported
 	states  [][]byte
@@ -438,7 +554,7 @@ type call struct {
 // broadcast reports whether c goes to every actor rather than to the owners
 // of its keys.
 func (c *call) broadcast() bool {
-	return c.op == opList || c.op == opExport && c.moved != nil
+	return c.op == opList || (c.op == opExport || c.op == opCollect) && c.moved != nil
 }
 
 func (c *call) fail(err error) { c.err.CompareAndSwap(nil, &err) }
@@ -450,6 +566,28 @@ func (c *call) errValue() error {
 	return nil
 }
 
+// outcome is the result of a call every actor has acknowledged: its error,
+// or the refusals of its parts as stale.
+func (c *call) outcome() error {
+	if err := c.errValue(); err != nil {
+		return err
+	}
+	switch n := c.refused.Load(); n {
+	case 0:
+		return nil
+	case c.parts:
+		return ErrStale
+	default:
+		se := &StaleError{}
+		for i := range c.checks {
+			if c.staleParts[c.shards[i]] {
+				se.Refused = append(se.Refused, i)
+			}
+		}
+		return se
+	}
+}
+
 // ack records that one actor finished its share.
 func (c *call) ack() {
 	if c.pending.Add(-1) == 0 {
@@ -458,8 +596,10 @@ func (c *call) ack() {
 }
 
 func (c *call) reset() {
-	c.ctx, c.checks, c.out, c.op, c.marks = nil, nil, nil, opCheck, nil
+	c.ctx, c.checks, c.out, c.op, c.marks, c.gen = nil, nil, nil, opCheck, nil, 0
 	c.view, c.existed, c.lists = nil, false, nil
+	c.staleParts = c.staleParts[:0]
+	c.refused.Store(0)
 	c.err.Store(nil)
 	c.aborted.Store(false)
 }
@@ -471,20 +611,10 @@ func (c *call) reset() {
 // two steps other calls see the reserved hits, which can only make them
 // more conservative, never let more through. Refunds and penalties are
 // applied either way.
+//
+// CheckAll is Do with CallOptions.AllOrNothing.
 func (e *Engine) CheckAll(ctx context.Context, checks []Check, out []Decision) error {
-	marks := make([]int64, len(checks))
-	if err := e.CheckMarked(ctx, checks, out, marks); err != nil {
-		return err
-	}
-	denied := false
-	for i := range out {
-		denied = denied || !out[i].Allowed
-	}
-	if !denied {
-		return nil
-	}
-	release, releaseMarks := Unwind(checks, out, marks)
-	return e.Release(ctx, release, releaseMarks)
+	return e.Do(ctx, checks, out, CallOptions{AllOrNothing: true})
 }
 
 // Unwind turns the decisions of a reserving call that had a denial into
@@ -529,14 +659,9 @@ func (e *Engine) Release(ctx context.Context, checks []Check, marks []int64) err
 
 // CheckMarked is Check that also reports, in marks, where each recorded
 // hit went, so that Release can take them back. It is the first step of an
-// all-or-nothing call that spans nodes.
+// all-or-nothing call that spans nodes. It is Do with CallOptions.Marks.
 func (e *Engine) CheckMarked(ctx context.Context, checks []Check, out []Decision, marks []int64) error {
-	if err := e.validate(checks, out); err != nil || len(checks) == 0 {
-		return err
-	}
-	c := e.calls.Get().(*call)
-	c.ctx, c.checks, c.out, c.marks = ctx, checks, out, marks
-	return e.run(c)
+	return e.Do(ctx, checks, out, CallOptions{Marks: marks})
 }
 
 // Inspect returns the live state of key as its actor sees it now. It
@@ -621,6 +746,12 @@ type Exported struct {
 // then forgotten here, in memory and on disk. Keys in memory are exported
 // first, then keys only on disk. moved is called from actor goroutines and
 // must be safe for concurrent use. It returns how many keys were exported.
+//
+// Deprecated: Export forgets a key before its state has reached fn, and a
+// call that fails (a cancelled context, a closing engine, ErrOverloaded
+// after some actors took their part) loses the states it had already
+// forgotten. Use Collect, then Forget once the new owner has committed the
+// states.
 func (e *Engine) Export(ctx context.Context, moved func(key string) bool, fn func(Exported) error) (int, error) {
 	if e.closing.Load() {
 		return 0, ErrClosed

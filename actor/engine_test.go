@@ -126,9 +126,8 @@ func (h *harness) hit(key string, limit, cost int64) Decision {
 // on a key of every actor is answered only after what was queued before it.
 func (h *harness) settle() {
 	h.t.Helper()
-	for i := range h.eng.actors {
+	for _, key := range probeKeys(h.eng) {
 		var d [1]Decision
-		key := keyOfActor(h.eng, i)
 		if err := h.eng.Check(context.Background(), []Check{{Key: key, Limit: 1, Window: time.Second}}, d[:]); err != nil {
 			h.t.Fatal(err)
 		}
@@ -138,6 +137,19 @@ func (h *harness) settle() {
 			h.t.Fatal(err)
 		}
 	}
+}
+
+// probeKeys returns a key of each actor, in actor order.
+func probeKeys(e *Engine) []string {
+	keys := make([]string, len(e.actors))
+	for n, left := 0, len(keys); left > 0; n++ {
+		k := fmt.Sprintf("probe-%d", n)
+		if i := shardOf(e, k); keys[i] == "" {
+			keys[i] = k
+			left--
+		}
+	}
+	return keys
 }
 
 func keyOfActor(e *Engine, i int) string {

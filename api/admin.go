@@ -371,7 +371,7 @@ func (a *adminService) ListMembers(ctx context.Context, req *sluicepb.ListMember
 	// The live members, their states and shares come from one view; the
 	// departed ones from the list of nodes, which may be a moment newer.
 	view := m.View()
-	shares := keyShares(cluster.Owners(view))
+	shares := keyShares(view.Owners())
 	members := slices.Clone(view.Members)
 	for _, n := range m.Nodes() {
 		if _, live := view.Member(n.Name); !live && !n.State.Live() {

@@ -35,7 +35,7 @@ func (s *Server) peerContext(ctx context.Context) context.Context {
 
 // peerAdmin returns an admin client for the member named name.
 func (s *Server) peerAdmin(name string) (sluicepb.AdminServiceClient, error) {
-	conn, err := s.router.Conn(name)
+	conn, err := s.router.Load().Conn(name)
 	if err != nil {
 		return nil, err
 	}
@@ -45,10 +45,11 @@ func (s *Server) peerAdmin(name string) (sluicepb.AdminServiceClient, error) {
 // keyOwner returns an admin client for key's owner when that is another
 // node and the call did not come from one; nil means answer locally.
 func (s *Server) keyOwner(ctx context.Context, key []byte) (sluicepb.AdminServiceClient, error) {
-	if s.router == nil || replicated(ctx) {
+	r := s.router.Load()
+	if r == nil || replicated(ctx) {
 		return nil, nil
 	}
-	owner, remote := s.router.Owner(string(key))
+	owner, remote := r.Owner(string(key))
 	if !remote {
 		return nil, nil
 	}

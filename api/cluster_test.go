@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -21,11 +22,12 @@ import (
 // testCluster is n nodes in this process sharing one fake clock, joined
 // through the first one's gossip address.
 type testCluster struct {
-	t     *testing.T
-	clk   *clock.Fake
-	nodes []*testServer
-	seed  string
-	edit  func(*Config)
+	t      *testing.T
+	clk    *clock.Fake
+	nodes  []*testServer
+	seed   string
+	expect int
+	edit   func(*Config)
 }
 
 func newTestCluster(t *testing.T, n int) *testCluster { return newTestClusterWith(t, n, nil) }
@@ -33,12 +35,37 @@ func newTestCluster(t *testing.T, n int) *testCluster { return newTestClusterWit
 // newTestClusterWith is newTestCluster with edit applied to every node's
 // config.
 func newTestClusterWith(t *testing.T, n int, edit func(*Config)) *testCluster {
-	tc := &testCluster{t: t, clk: clock.NewFake(epoch), edit: edit}
+	tc := &testCluster{t: t, clk: clock.NewFake(epoch), expect: n, edit: edit}
 	for i := 0; i < n; i++ {
 		tc.add()
 	}
 	tc.waitMembers(n)
+	tc.waitReady()
 	return tc
+}
+
+// waitReady waits until every running node holds a lease and every key it
+// acts for is here.
+func (tc *testCluster) waitReady() {
+	tc.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		why := ""
+		for _, ts := range tc.nodes {
+			if ts.srv != nil {
+				if w := ts.srv.notReady(); w != "" {
+					why = ts.srv.cfg.NodeName + ": " + w
+				}
+			}
+		}
+		if why == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			tc.t.Fatalf("cluster not ready: %s", why)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // add starts one more node and joins it to the cluster.
@@ -55,6 +82,7 @@ func (tc *testCluster) add() *testServer {
 		cc := cluster.DefaultConfig()
 		cc.GossipAddr = gossip
 		cc.Join = []string{tc.seed}
+		cc.Expect = tc.expect
 		c.Cluster = &cc
 		c.Router.HandoffWait = 2 * time.Second
 		if tc.edit != nil {
@@ -251,86 +279,131 @@ func (ts *testServer) crash() {
 	s.grpc.Stop()
 	s.http.Close()
 	s.membership.Shutdown()
-	s.follow()
-	s.router.Close()
+	s.stopRouter()
+	<-s.routerDone
+	s.router.Load().Close()
 	s.wg.Wait()
 	s.closeStorage()
 }
 
-// TestClusterCrashAndReturn: a node that stops without leaving has its keys
-// decided by the others once failure detection drops it, without its state:
-// the excess over the limit is at most one window's limit per moved key.
-// When it comes back with its data, the others hand back what they
-// recorded meanwhile and it merges that into what it had, so from then on
-// no key has any excess: nothing more is allowed in the window.
+// TestClusterCrashAndReturn: a node stops without leaving (as kill -9
+// would) and comes back with its data.
+//
+// Under the exact policy, nobody decides its keys meanwhile: checks on them
+// are UNAVAILABLE ("owner down"), and no key is ever over its limit. Under
+// the available policy, once failure detection dropped it and it is
+// fenced, the next node decides its keys without their state: at most one
+// window's limit of excess per key. Either way, once it is back and the
+// others handed back what they recorded, nothing more fits in the window:
+// the cluster counts every hit again.
 func TestClusterCrashAndReturn(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for failure detection")
 	}
-	tc := newTestCluster(t, 3)
-	const keys, limit = 60, 4
-	hit := func(node int, k int) (bool, string) {
-		t.Helper()
-		resp, err := tc.client(node).Check(tc.nodes[0].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(fmt.Sprintf("c%d", k), limit, time.Hour, 1)}})
-		if err != nil {
-			t.Fatalf("hit c%d via node %d: %v", k, node, err)
-		}
-		return resp.Decisions[0].Allowed, resp.Decisions[0].Node
-	}
-	// One hit per key before the crash: the victim's share of that lives
-	// only in the victim's data file.
-	owner := make([]string, keys)
-	for k := 0; k < keys; k++ {
-		ok, node := hit(0, k)
-		if !ok {
-			t.Fatalf("c%d first hit denied", k)
-		}
-		owner[k] = node
-	}
-	victim := tc.nodes[2]
-	victim.crash()
-	tc.waitMembers(2)
-
-	excess, moved := 0, 0
-	for k := 0; k < keys; k++ {
-		if owner[k] != "node-2" {
-			continue
-		}
-		moved++
-		for i := 0; i < limit+2; i++ {
-			if ok, _ := hit(0, k); ok {
-				excess++
+	for _, policy := range []cluster.Policy{cluster.PolicyExact, cluster.PolicyAvailable} {
+		t.Run(policy.String(), func(t *testing.T) {
+			tc := newTestClusterWith(t, 3, func(c *Config) { c.Router.Policy = policy })
+			const keys, limit = 60, 4
+			hit := func(node int, k int) (bool, string, error) {
+				t.Helper()
+				resp, err := tc.client(node).Check(tc.nodes[0].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(fmt.Sprintf("c%d", k), limit, time.Hour, 1)}})
+				if err != nil {
+					return false, "", err
+				}
+				return resp.Decisions[0].Allowed, resp.Decisions[0].Node, nil
 			}
-		}
-	}
-	// Without the victim's state, a moved key allows its whole limit again:
-	// 1 hit of excess each here (the one recorded before the crash), never
-	// more than one window's limit.
-	excess -= moved * (limit - 1)
-	t.Logf("%d keys moved without their state; %d hits allowed over their limits (bound: %d per key)", moved, excess, limit)
-	if moved == 0 || excess > moved*limit {
-		t.Fatalf("excess %d over %d moved keys; want at most %d", excess, moved, moved*limit)
-	}
+			// One hit per key before the crash: the victim's share of that
+			// lives only in the victim's data file.
+			owner := make([]string, keys)
+			for k := 0; k < keys; k++ {
+				ok, node, err := hit(0, k)
+				if err != nil || !ok {
+					t.Fatalf("c%d first hit = %v, %v; want allowed", k, ok, err)
+				}
+				owner[k] = node
+			}
+			victim := tc.nodes[2]
+			victim.crash()
+			tc.waitMembers(2)
 
-	victim.start()
-	tc.waitMembers(3)
-	// Give the handoff its bounded wait: decisions on the returning node's
-	// keys hold until the others' state arrives.
-	// Each moved key now holds its old hit (from the victim's disk) plus the
-	// limit the others recorded: nothing more fits. Without the merge the
-	// victim would allow limit-1 more.
-	allowed := 0
-	for k := 0; k < keys; k++ {
-		if owner[k] != "node-2" {
-			continue
-		}
-		if ok, node := hit(1, k); ok {
-			allowed++
-			t.Errorf("c%d allowed by %s after the return", k, node)
-		}
-	}
-	if allowed != 0 {
-		t.Fatalf("after the node returned and merged, %d hits were allowed; want 0", allowed)
+			excess, moved, refused := 0, 0, 0
+			deadline := time.Now().Add(10 * time.Second)
+			for k := 0; k < keys; k++ {
+				if owner[k] != "node-2" {
+					continue
+				}
+				moved++
+				for i := 0; i < limit+2; i++ {
+					ok, node, err := hit(0, k)
+					for err != nil && policy == cluster.PolicyAvailable && time.Now().Before(deadline) {
+						// The victim is being fenced: wait for the takeover.
+						time.Sleep(20 * time.Millisecond)
+						ok, node, err = hit(0, k)
+					}
+					switch {
+					case err != nil && policy == cluster.PolicyExact:
+						if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "owner down") {
+							t.Fatalf("c%d while its owner is down = %v; want Unavailable, owner down", k, err)
+						}
+						refused++
+					case err != nil:
+						t.Fatalf("c%d under the available policy: %v", k, err)
+					case ok:
+						excess++
+						if node == "node-2" {
+							t.Fatalf("c%d decided by the crashed node", k)
+						}
+					}
+				}
+			}
+			if policy == cluster.PolicyExact {
+				t.Logf("exact: %d checks on %d keys of the crashed node refused; %d allowed", refused, moved, excess)
+				if excess != 0 || refused != moved*(limit+2) {
+					t.Fatalf("exact policy: %d allowed, %d refused on the down node's keys; want 0 and %d", excess, refused, moved*(limit+2))
+				}
+			} else {
+				// Without the victim's state, a moved key allows its whole
+				// limit again: 1 hit of excess each here (the one recorded
+				// before the crash), never more than one window's limit.
+				excess -= moved * (limit - 1)
+				t.Logf("available: %d keys moved without their state; %d hits allowed over their limits (bound: %d per key)", moved, excess, limit)
+				if moved == 0 || excess > moved*limit {
+					t.Fatalf("excess %d over %d moved keys; want at most %d", excess, moved, moved*limit)
+				}
+			}
+
+			victim.start()
+			tc.waitMembers(3)
+			tc.waitReady()
+			// Each moved key holds its old hit (from the victim's disk), plus
+			// under the available policy the limit the others recorded:
+			// under exact, limit-1 more fit; under available, none.
+			for k := 0; k < keys; k++ {
+				if owner[k] != "node-2" {
+					continue
+				}
+				want := 0
+				if policy == cluster.PolicyExact {
+					want = limit - 1
+				}
+				got := 0
+				for i := 0; i < limit+1; i++ {
+					ok, node, err := hit(1, k)
+					if err != nil {
+						t.Fatalf("c%d after the return: %v", k, err)
+					}
+					if node != "node-2" {
+						t.Fatalf("c%d decided by %s after node-2 returned", k, node)
+					}
+					if ok {
+						got++
+					}
+				}
+				if got != want {
+					t.Errorf("c%d after the return: %d more allowed; want %d", k, got, want)
+				}
+			}
+		})
 	}
 }
 
@@ -398,11 +471,97 @@ func TestClusterPeerServiceNeedsToken(t *testing.T) {
 	if status.Code(err) != codes.Unauthenticated {
 		t.Fatalf("Forward without the token = %v; want Unauthenticated", err)
 	}
-	stream, err := peer.Handoff(tc.nodes[1].ctx())
-	if err == nil {
-		_, err = stream.CloseAndRecv()
+	for name, call := range map[string]func() error{
+		"Handoff": func() error {
+			_, err := peer.Handoff(tc.nodes[1].ctx(), &sluicepb.HandoffRequest{FromNode: "intruder", Complete: true})
+			return err
+		},
+		"Lease": func() error {
+			_, err := peer.Lease(tc.nodes[1].ctx(), &sluicepb.LeaseRequest{FromNode: "intruder", Incarnation: 1})
+			return err
+		},
+		"Fence": func() error {
+			_, err := peer.Fence(tc.nodes[1].ctx(), &sluicepb.FenceRequest{Member: "node-0", Incarnation: 1 << 62})
+			return err
+		},
+	} {
+		if err := call(); status.Code(err) != codes.Unauthenticated {
+			t.Errorf("%s without the token = %v; want Unauthenticated", name, err)
+		}
 	}
-	if status.Code(err) != codes.Unauthenticated {
-		t.Fatalf("Handoff without the token = %v; want Unauthenticated", err)
+}
+
+// keyOwnedBy returns a key with the given prefix that node name owns.
+func (tc *testCluster) keyOwnedBy(prefix, name string) string {
+	owners := tc.nodes[0].srv.Membership().View().Owners()
+	for i := 0; ; i++ {
+		if k := fmt.Sprintf("%s%d", prefix, i); owners.Owner(k).Name == name {
+			return k
+		}
+	}
+}
+
+// used peeks at key through node i and returns the hits it counts.
+func (tc *testCluster) used(i int, key string, limit int64) int64 {
+	tc.t.Helper()
+	resp, err := tc.client(i).Check(tc.nodes[i].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, limit, time.Hour, 0)}})
+	if err != nil {
+		tc.t.Fatalf("peek %s via node %d: %v", key, i, err)
+	}
+	return limit - resp.Decisions[0].Remaining
+}
+
+// TestClusterAllOrNothingOwnerFails: an all-or-nothing call whose keys
+// live on three nodes, one of which cannot be reached, fails as a whole,
+// and the hits the two others reserved are released: nothing stays
+// recorded for a call that was not acknowledged.
+func TestClusterAllOrNothingOwnerFails(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	kA, kB, kC := tc.keyOwnedBy("a", "node-0"), tc.keyOwnedBy("b", "node-1"), tc.keyOwnedBy("c", "node-2")
+	tc.nodes[2].srv.grpc.Stop() // reachable in the view, not on the wire
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	_, err := tc.client(0).Check(ctx, &sluicepb.CheckRequest{AllOrNothing: true, Checks: []*sluicepb.Check{
+		nativeCheck(kA, 5, time.Hour, 2), nativeCheck(kB, 5, time.Hour, 2), nativeCheck(kC, 5, time.Hour, 2),
+	}})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("all-or-nothing call with an unreachable owner = %v; want Unavailable", err)
+	}
+	for _, k := range []struct {
+		key  string
+		node int
+	}{{kA, 0}, {kB, 1}} {
+		if got := tc.used(k.node, k.key, 5); got != 0 {
+			t.Errorf("%s counts %d hits after the failed all-or-nothing call; want 0 (its reservation released)", k.key, got)
+		}
+	}
+}
+
+// TestClusterBatchKeepsEachDeadline: checks forwarded in one batch are not
+// failed by the earliest deadline among their callers: a caller whose
+// deadline passed is left out, and the others are answered.
+func TestClusterBatchKeepsEachDeadline(t *testing.T) {
+	// One sender per peer that holds each batch open 200ms: the two checks
+	// below share a batch.
+	tc := newTestClusterWith(t, 2, func(c *Config) {
+		c.Router.ForwardWait, c.Router.MaxInFlight = 200*time.Millisecond, 1
+	})
+	k1, k2 := tc.keyOwnedBy("p", "node-1"), tc.keyOwnedBy("q", "node-1")
+	impatient := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		defer cancel()
+		_, err := tc.client(0).Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(k1, 5, time.Hour, 1)}})
+		impatient <- err
+	}()
+	time.Sleep(20 * time.Millisecond) // join the batch the sender holds open
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := tc.client(0).Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(k2, 5, time.Hour, 1)}})
+	if err != nil || !resp.Decisions[0].Allowed {
+		t.Fatalf("patient check batched with an impatient one = %v, %v; want allowed", resp, err)
+	}
+	if err := <-impatient; status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("impatient check = %v; want DeadlineExceeded", err)
 	}
 }

@@ -97,19 +97,25 @@ func TestListMembersCluster(t *testing.T) {
 	}
 }
 
-// TestKeySharesLeaving: a member that is leaving owns no keys; the alive
-// ones share them all.
+// TestKeySharesLeaving: a member that is leaving owns no keys; the others
+// share them all, the one that is down included (its keys wait for it).
 func TestKeySharesLeaving(t *testing.T) {
 	view := cluster.NewView(7, []cluster.Member{
 		{Name: "a", State: cluster.StateAlive},
 		{Name: "b", State: cluster.StateLeaving},
 		{Name: "c", State: cluster.StateAlive},
 	})
-	got := keyShares(cluster.Owners(view))
-	if got["b"] != 0 || math.Abs(got["a"]+got["c"]-1) > 1e-9 || math.Abs(got["a"]-0.5) > 0.03 {
-		t.Errorf("keyShares(a alive, b leaving, c alive) = %v; want b 0, a and c about 1/2 each", got)
+	view.Roster, _ = (&cluster.Roster{}).Merge(
+		cluster.RosterEntry{Name: "a", Incarnation: 1, Phase: cluster.PhaseJoined},
+		cluster.RosterEntry{Name: "b", Incarnation: 1, Phase: cluster.PhaseLeaving},
+		cluster.RosterEntry{Name: "c", Incarnation: 1, Phase: cluster.PhaseJoined},
+		cluster.RosterEntry{Name: "d", Incarnation: 1, Phase: cluster.PhaseJoined}, // down
+	)
+	got := keyShares(view.Owners())
+	if got["b"] != 0 || math.Abs(got["a"]+got["c"]+got["d"]-1) > 1e-9 || math.Abs(got["d"]-1.0/3) > 0.03 {
+		t.Errorf("keyShares(a, c alive, b leaving, d down) = %v; want b 0, a, c and d about 1/3 each", got)
 	}
-	if again := keyShares(cluster.Owners(view)); again["a"] != got["a"] {
+	if again := keyShares(view.Owners()); again["a"] != got["a"] {
 		t.Errorf("keyShares of the same view: %v, then %v; want the same shares", got, again)
 	}
 }

@@ -27,7 +27,9 @@ type metrics struct {
 	forwardLatency    prometheus.Histogram
 	forwardBatch      prometheus.Histogram
 	handoffKeys       *prometheus.CounterVec
-	withoutHandoff    prometheus.Counter
+	refused           *prometheus.CounterVec
+	unserved          *prometheus.CounterVec
+	renewals          *prometheus.CounterVec
 	membershipChanges *prometheus.CounterVec
 	members           prometheus.Gauge
 
@@ -122,10 +124,18 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "sluice_handoff_keys_total",
 		Help: "Keys handed over when ownership moved, by direction (sent, received, failed).",
 	}, []string{"direction"})
-	m.withoutHandoff = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "sluice_decisions_without_handoff_total",
-		Help: "Checks on a newly gained key decided before its previous owner's state arrived.",
-	})
+	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_refused_checks_total",
+		Help: "Checks this node answered UNAVAILABLE rather than decide without showing it may, by reason (no_quorum: no lease from a majority; moving: the key's state has not arrived; owner_down: its owner is down and the policy keeps its keys for it).",
+	}, []string{"reason"})
+	m.unserved = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_unserved_seconds_total",
+		Help: "Seconds during which this node could not decide all the keys it acts for, by reason (no_quorum: no lease, so none of them; waiting: some gained keys waited for their state).",
+	}, []string{"reason"})
+	m.renewals = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_lease_renewals_total",
+		Help: "Lease renewals, by result (granted by a majority, or not).",
+	}, []string{"result"})
 	m.membershipChanges = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_membership_changes_total",
 		Help: "Membership changes seen, by kind (joined, updated, left, failed).",
@@ -135,7 +145,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Live members in this node's view.",
 	})
 	reg.MustRegister(m.peerDecisions, m.forwarded, m.forwardLatency, m.forwardBatch, m.handoffKeys,
-		m.withoutHandoff, m.membershipChanges, m.members)
+		m.refused, m.unserved, m.renewals, m.membershipChanges, m.members)
 	reg.MustRegister(m.decisions, m.latency, m.keys, m.evictions, m.expired, m.queueDepth,
 		m.batchChecks, m.commitLatency, m.commitRecords, m.limitsReloads)
 	m.native, m.envoy = newAPIMetrics(m, "native"), newAPIMetrics(m, "envoy")
@@ -192,5 +202,34 @@ func (m *metrics) HandedOff(_ string, keys int, err error) {
 	m.handoffKeys.WithLabelValues("sent").Add(float64(keys))
 }
 
-// WithoutHandoff implements cluster.RouterObserver.
-func (m *metrics) WithoutHandoff(n int) { m.withoutHandoff.Add(float64(n)) }
+// HandoffReceived implements cluster.RouterObserver.
+func (m *metrics) HandoffReceived(_ string, keys int) {
+	m.handoffKeys.WithLabelValues("received").Add(float64(keys))
+}
+
+// Served implements cluster.RouterObserver.
+func (m *metrics) Served(checks int) { m.peerDecisions.Add(float64(checks)) }
+
+// Refused implements cluster.RouterObserver.
+func (m *metrics) Refused(reason string, checks int) {
+	m.refused.WithLabelValues(reason).Add(float64(checks))
+}
+
+// Renewed implements cluster.RouterObserver.
+func (m *metrics) Renewed(granted bool) {
+	if granted {
+		m.renewals.WithLabelValues("granted").Inc()
+	} else {
+		m.renewals.WithLabelValues("refused").Inc()
+	}
+}
+
+// Unserved implements cluster.RouterObserver.
+func (m *metrics) Unserved(d time.Duration, noLease, waiting bool) {
+	switch {
+	case noLease:
+		m.unserved.WithLabelValues("no_quorum").Add(d.Seconds())
+	case waiting:
+		m.unserved.WithLabelValues("waiting").Add(d.Seconds())
+	}
+}

@@ -149,11 +149,11 @@ func (s *Server) maxBatch() int {
 // decide runs checks on their owners, all or nothing if asked, and puts
 // the name of the node that decided each into nodes (if not nil).
 func (s *Server) decide(ctx context.Context, checks []actor.Check, out []actor.Decision, nodes []string, allOrNothing bool) error {
-	if s.router != nil {
+	if r := s.router.Load(); r != nil {
 		if nodes == nil {
 			nodes = make([]string, len(checks))
 		}
-		return s.router.Check(ctx, checks, out, nodes, allOrNothing)
+		return r.Check(ctx, checks, out, nodes, allOrNothing)
 	}
 	for i := range nodes {
 		nodes[i] = s.cfg.NodeName

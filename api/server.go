@@ -85,8 +85,8 @@ type Config struct {
 	// Cluster, when not nil, makes the node a member of a cluster: its
 	// NodeName and GRPCAddr are set by Start. Nil runs a single node.
 	Cluster *cluster.Config
-	// Router tunes forwarding and handoff in a cluster; its Membership,
-	// Engine, Self and DialOptions are set by Start.
+	// Router tunes forwarding, handoff and leases in a cluster; its
+	// Membership, Engine, Self, Store and DialOptions are set by Start.
 	Router cluster.RouterConfig
 	// Clock tells the time; nil is the wall clock.
 	Clock clock.Clock
@@ -157,8 +157,9 @@ type Server struct {
 	tls    *tls.Config
 
 	membership *cluster.Membership
-	router     *cluster.Router
-	follow     context.CancelFunc
+	router     atomic.Pointer[cluster.Router]
+	stopRouter context.CancelFunc // ends the router's Run
+	routerDone chan struct{}      // closed when Run returned
 
 	grpcLis, httpLis net.Listener
 	ready            atomic.Bool
@@ -230,6 +231,14 @@ func New(cfg Config) (s *Server, err error) {
 	ecfg.Store, ecfg.Clock = s.store, cfg.Clock
 	ecfg.Logger = s.log.With("component", "actor")
 	ecfg.Observer = s.metrics
+	if cfg.Cluster != nil {
+		// Calls routed before the ownership changed are checked again in
+		// the actors (see actor.Config.Owns).
+		ecfg.Owns = func(key string) bool {
+			r := s.router.Load()
+			return r == nil || r.Decidable(key)
+		}
+	}
 	if s.engine, err = actor.New(ecfg); err != nil {
 		return nil, err
 	}
@@ -257,7 +266,7 @@ func New(cfg Config) (s *Server, err error) {
 	sluicepb.RegisterRateLimitServiceServer(s.grpc, &nativeService{s: s})
 	sluicepb.RegisterAdminServiceServer(s.grpc, &adminService{s: s})
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, &envoyService{s: s})
-	sluicepb.RegisterPeerServiceServer(s.grpc, &peerService{s: s})
+	sluicepb.RegisterPeerServiceServer(s.grpc, cluster.NewPeerService(s.router.Load))
 	s.health = health.NewServer()
 	s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -267,8 +276,8 @@ func New(cfg Config) (s *Server, err error) {
 	mux.Handle("/metrics", promhttp.HandlerFor(s.registry, promhttp.HandlerOpts{Registry: s.registry}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !s.ready.Load() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
+		if why := s.notReady(); why != "" {
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
@@ -352,10 +361,32 @@ func (s *Server) Start() error {
 			return err
 		}
 	}
-	s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	s.ready.Store(true)
+	s.updateHealth()
 	s.log.Info("serving", "grpc", s.GRPCAddr(), "http", s.HTTPAddr(), "durability", s.cfg.Durability)
 	return nil
+}
+
+// notReady says why the node should get no traffic, "" when it is ready:
+// it is starting or stopping, or in a cluster it holds no lease or waits
+// for the state of keys it gained.
+func (s *Server) notReady() string {
+	if !s.ready.Load() {
+		return "starting or stopping"
+	}
+	if r := s.router.Load(); r != nil {
+		return r.Status()
+	}
+	return ""
+}
+
+// updateHealth sets grpc health from notReady.
+func (s *Server) updateHealth() {
+	if s.notReady() == "" {
+		s.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	} else {
+		s.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	}
 }
 
 // GRPCAddr is the address the gRPC listener is bound to (useful with :0).
@@ -413,7 +444,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 // joinTimeout bounds how long Start tries to join the cluster.
 const joinTimeout = 2 * time.Minute
 
-// startCluster joins the cluster and starts forwarding and handoff.
+// startCluster joins the cluster and starts the router: forwarding,
+// leases, handoff.
 func (s *Server) startCluster() error {
 	ccfg := *s.cfg.Cluster
 	ccfg.NodeName, ccfg.GRPCAddr = s.cfg.NodeName, s.GRPCAddr()
@@ -421,13 +453,26 @@ func (s *Server) startCluster() error {
 		ccfg.Logger = s.log.With("component", "cluster")
 	}
 	ccfg.Observer = s.metrics
+	if s.store != nil {
+		ccfg.Store = s.store
+	}
 	m, err := cluster.New(ccfg)
 	if err != nil {
+		return err
+	}
+	// Start joins before the node reports ready; a join list that never
+	// answers fails start-up after joinTimeout instead of hanging.
+	jctx, cancel := context.WithTimeout(context.Background(), joinTimeout)
+	defer cancel()
+	if err := m.Start(jctx); err != nil {
 		return err
 	}
 	rcfg := s.cfg.Router
 	rcfg.Membership, rcfg.Engine, rcfg.Self = m, s.engine, s.cfg.NodeName
 	rcfg.Logger, rcfg.Observer = s.log, s.metrics
+	if s.store != nil {
+		rcfg.Store = s.store
+	}
 	rcfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if s.tls != nil {
 		rcfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(s.peerTLS()))}
@@ -435,26 +480,42 @@ func (s *Server) startCluster() error {
 	if s.cfg.AdminToken != "" {
 		rcfg.DialOptions = append(rcfg.DialOptions, grpc.WithPerRPCCredentials(tokenCredentials{token: s.cfg.AdminToken, secure: s.tls != nil}))
 	}
-	s.router = cluster.NewRouter(rcfg)
-	// Start joins before the node reports ready; a join list that never
-	// answers fails start-up after joinTimeout instead of hanging.
-	jctx, cancel := context.WithTimeout(context.Background(), joinTimeout)
-	defer cancel()
-	if err := m.Start(jctx); err != nil {
-		s.router.Close()
-		s.router = nil
+	r, err := cluster.NewRouter(rcfg)
+	if err != nil {
+		m.Shutdown()
 		return err
 	}
 	s.membership = m
+	s.router.Store(r)
 	s.syncOverrides(context.Background())
-	ctx, cancel := context.WithCancel(context.Background())
-	s.follow = cancel
-	s.wg.Add(1)
+	ctx, stop := context.WithCancel(context.Background())
+	s.stopRouter, s.routerDone = stop, make(chan struct{})
+	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
-		s.router.Follow(ctx)
+		defer close(s.routerDone)
+		r.Run(ctx)
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.watchReadiness(ctx)
 	}()
 	return nil
+}
+
+// watchReadiness keeps grpc health in step with the router's readiness
+// until ctx ends.
+func (s *Server) watchReadiness(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.updateHealth()
+		}
+	}
 }
 
 // peerTLS is the client side of the node's TLS settings, for peers: the
@@ -467,43 +528,27 @@ func (s *Server) peerTLS() *tls.Config {
 	return tc
 }
 
-// leaveCluster hands every key over to its next owner and leaves: announce
-// leaving, hand over, leave (peers stop routing here), hand over what
-// arrived meanwhile, stop following views.
+// leaveCluster hands every key over to the members that act for it and
+// leaves: announce leaving (this node then acts for nothing, and its
+// clients' checks are forwarded), hand over, and only once everything was
+// delivered mark the handoff done and leave. If ctx ends first, the node
+// stops without leaving: its peers see it down, and its keys wait for it.
 func (s *Server) leaveCluster(ctx context.Context) {
+	r := s.router.Load()
 	if err := s.membership.SetLeaving(2 * time.Second); err != nil {
 		s.log.Warn("announce leaving", "err", err)
 	}
-	s.follow()
-	// Owners excludes members that are leaving too, so that two nodes
-	// leaving at once do not hand keys to each other.
-	without := cluster.Owners(cluster.NewView(0, s.others()))
-	n, err := s.router.HandOver(ctx, without)
-	if err := s.membership.Leave(2 * time.Second); err != nil {
+	if err := r.HandOver(ctx); err != nil {
+		s.log.Warn("could not hand every key over; stopping without leaving, so that the others keep its keys for this node", "err", err)
+	} else if err := s.membership.Leave(2 * time.Second); err != nil {
 		s.log.Warn("leave cluster", "err", err)
+	} else {
+		s.log.Info("handed every key over and left the cluster")
 	}
-	m, err2 := s.router.HandOver(ctx, without)
-	s.log.Info("handed keys over before leaving", "keys", n+m, "err", errors.Join(err, err2))
+	s.stopRouter()
+	<-s.routerDone
 	s.membership.Shutdown()
-	s.router.Close()
-}
-
-// others returns the live members other than this node.
-func (s *Server) others() []cluster.Member {
-	var out []cluster.Member
-	for _, m := range s.membership.View().Members {
-		if m.Name != s.cfg.NodeName {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
-// handoffReceived records a finished handoff stream from node from.
-func (s *Server) handoffReceived(from string, owners uint64) {
-	if s.router != nil && from != "" {
-		s.router.HandoffReceived(from, owners)
-	}
+	r.Close()
 }
 
 // Membership is the node's cluster membership, nil for a single node.

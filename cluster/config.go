@@ -82,6 +82,20 @@ type Config struct {
 	// Default 10s.
 	RejoinInterval time.Duration
 
+	// Expect is the number of members the cluster is meant to have: a
+	// StatefulSet's replicas. While fewer are alive in this node's view, it
+	// contacts the join list and the gossip addresses of its roster every
+	// JoinBackoffMax instead of every RejoinInterval, and the node decides
+	// nothing without a lease from a majority of Expect (see
+	// docs/cluster.md, "Fenced ownership"). Default 1.
+	Expect int
+
+	// Store keeps the roster (the members, up or down) and this node's
+	// incarnation across restarts, in the meta bucket "cluster". Nil keeps
+	// them in memory: a restarted node then learns the roster from the
+	// members it joins.
+	Store MetaStore
+
 	// GossipKey, when set, encrypts and authenticates all gossip with
 	// AES-GCM (memberlist's keyring): 16, 24 or 32 bytes for AES-128, -192
 	// or -256. Every node of a cluster must use the same key; a node with
@@ -141,6 +155,14 @@ type Observer interface {
 	JoinAttempt(err error)
 }
 
+// MetaStore keeps small records on disk; *persist.Store is one.
+type MetaStore interface {
+	// PutMeta stores value under key in bucket, synced before it returns.
+	PutMeta(bucket, key string, value []byte) error
+	// ScanMeta calls fn for every record of bucket until fn returns false.
+	ScanMeta(bucket string, fn func(key string, value []byte) bool) error
+}
+
 type nopObserver struct{}
 
 func (nopObserver) Changed(ChangeKind, uint64, int) {}
@@ -174,6 +196,7 @@ func (c Config) withDefaults() Config {
 	setDur(&c.RejoinInterval, 10*time.Second)
 	setDur(&c.ProbeInterval, 500*time.Millisecond)
 	setDur(&c.ProbeTimeout, 250*time.Millisecond)
+	setInt(&c.Expect, 1)
 	setInt(&c.IndirectChecks, 3)
 	setInt(&c.SuspicionMult, 3)
 	setInt(&c.SuspicionMaxTimeoutMult, 4)
@@ -238,6 +261,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("cluster: config: join backoff %v to %v is not a range", c.JoinBackoffMin, c.JoinBackoffMax)
 	case c.ProbeInterval < 0 || c.ProbeTimeout < 0 || c.ProbeTimeout >= c.ProbeInterval:
 		return fmt.Errorf("cluster: config: probe timeout %v must be positive and below the probe interval %v", c.ProbeTimeout, c.ProbeInterval)
+	case c.Expect < 1:
+		return fmt.Errorf("cluster: config: expect %d members: need at least 1", c.Expect)
 	case c.IndirectChecks < 0:
 		return fmt.Errorf("cluster: config: indirect checks %d is negative", c.IndirectChecks)
 	case c.SuspicionMult < 1 || c.SuspicionMaxTimeoutMult < 1:

@@ -2,251 +2,266 @@ package cluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/sluice-io/sluice/actor"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
-	"github.com/sluice-io/sluice/shard"
 )
 
-// handoffChunk is how many keys one HandoffRequest carries.
+// handoffChunk is how many keys one Handoff call carries.
 const handoffChunk = 500
 
-// HandOver sends the state of every key that this node holds but that view
-// gives to another member to that member, and forgets it here. A key whose
-// new owner cannot be reached is merged back here, so no state is lost; it
-// moves on the next view change. It returns how many keys moved.
-func (r *Router) HandOver(ctx context.Context, view *View) (int, error) {
-	self := r.cfg.Self
-	moved := func(key string) bool {
-		o := view.Owner(key)
-		return o.Name != "" && o.Name != self
-	}
-	byOwner := make(map[string][]actor.Exported)
-	var mu sync.Mutex
-	_, err := r.cfg.Engine.Export(ctx, moved, func(x actor.Exported) error {
-		mu.Lock()
-		defer mu.Unlock()
-		o := view.Owner(x.Key).Name
-		byOwner[o] = append(byOwner[o], x)
-		return nil
-	})
-	sent := 0
-	for _, m := range view.Members {
-		if m.Name == self {
-			continue
+// Backoff of handoff rounds that could not deliver everything.
+const (
+	handoffBackoffMin = 200 * time.Millisecond
+	handoffBackoffMax = 5 * time.Second
+)
+
+// handoffLoop moves key state to where it belongs until ctx ends: on every
+// change of ownership (and whenever state for keys this node does not act
+// for arrived) it runs a round; a round that could not deliver everything
+// is run again with backoff. A newer change cancels the round in flight:
+// nothing is lost, since a key is forgotten here only once its receiver
+// committed it.
+func (r *Router) handoffLoop(ctx context.Context) {
+	backoff := handoffBackoffMin
+	var retry <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.handoffKick:
+		case <-retry:
 		}
-		keys := byOwner[m.Name]
-		if serr := r.sendHandoff(ctx, view, m.Name, keys); serr != nil {
-			r.log.Warn("handoff failed; keeping the keys here", "to", m.Name, "keys", len(keys), "err", serr)
-			if ierr := r.cfg.Engine.Import(context.WithoutCancel(ctx), keys); ierr != nil {
-				return sent, fmt.Errorf("cluster: handoff to %s failed (%v) and the keys could not be merged back: %w", m.Name, serr, ierr)
+		retry = nil
+		rctx, cancel := context.WithCancel(ctx)
+		type result struct {
+			sent int
+			err  error
+		}
+		done := make(chan result, 1)
+		go func() {
+			sent, err := r.handoffRound(rctx)
+			done <- result{sent, err}
+		}()
+		var res result
+		select {
+		case res = <-done:
+			cancel()
+		case <-r.handoffKick:
+			cancel()
+			<-done
+			kick(r.handoffKick) // a new round at once, for the newer ownership
+			continue
+		case <-ctx.Done():
+			cancel()
+			<-done
+			return
+		}
+		err := res.err
+		if err == nil {
+			backoff = handoffBackoffMin
+			if res.sent > 0 {
+				kick(r.handoffKick) // make sure nothing was left behind
 			}
 			continue
 		}
-		sent += len(keys)
+		if ctx.Err() == nil {
+			r.log.Warn("handoff incomplete; retrying", "err", err, "retry_in", backoff)
+		}
+		retry = time.After(time.Duration(float64(backoff) * (0.8 + 0.4*rand.Float64())))
+		backoff = min(2*backoff, handoffBackoffMax)
 	}
-	return sent, err
 }
 
-// sendHandoff streams keys to peer name, in chunks. An empty stream tells
-// the peer that this node has nothing (more) for it.
-func (r *Router) sendHandoff(ctx context.Context, view *View, name string, keys []actor.Exported) error {
-	p, err := r.peer(view, name)
+// handoffRound sends every key this node holds but does not act for to
+// the member that acts for it, forgets each once delivered, and then tells
+// every live member it has nothing more for it in this configuration. Keys
+// whose owner is down and that nobody may decide stay here until it is
+// back. It returns how many keys it delivered, and nil once every member
+// got its keys and its complete. A round that delivers nothing and finds
+// every member told marks the router idle (see HandOver).
+func (r *Router) handoffRound(ctx context.Context) (int, error) {
+	// Imports admitted under an older ownership finish before the keys are
+	// collected, so that what they brought is collected too; later ones
+	// are checked against this ownership.
+	r.imports.Lock()
+	own := r.own.Load()
+	r.imports.Unlock()
+	cur := own.cur
+	r.ownMu.Lock()
+	seq := r.seq
+	r.ownMu.Unlock()
+	self := r.cfg.Self
+	byMember := make(map[string][]actor.Exported)
+	var mu sync.Mutex
+	_, err := r.cfg.Engine.Collect(ctx, func(key string) bool {
+		a := cur.actingName(key)
+		return a != "" && a != self
+	}, func(x actor.Exported) error {
+		mu.Lock()
+		defer mu.Unlock()
+		a := cur.actingName(x.Key)
+		byMember[a] = append(byMember[a], x)
+		return nil
+	})
 	if err != nil {
-		return err
+		return 0, fmt.Errorf("collect the keys to hand over: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.handoffTimeout())
-	defer cancel()
-	stream, err := p.client.Handoff(ctx)
+	sent := 0
+	var wg sync.WaitGroup
+	errs := make(chan error, len(cur.alive))
+	for name, m := range cur.alive {
+		if name == self {
+			continue
+		}
+		keys := byMember[name]
+		done := handedTo{inc: m.Incarnation, config: cur.id, seq: seq}
+		r.handoffMu.Lock()
+		last := r.handedTo[name]
+		r.handoffMu.Unlock()
+		if len(keys) == 0 && last == done {
+			continue // told already, and nothing new for it
+		}
+		sent += len(keys)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := r.handTo(ctx, m, own.inc, cur.id, seq, keys); err != nil {
+				errs <- fmt.Errorf("to %s: %w", name, err)
+				return
+			}
+			r.handoffMu.Lock()
+			r.handedTo[name] = done
+			r.handoffMu.Unlock()
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	if len(all) == 0 && sent == 0 {
+		r.handoffMu.Lock()
+		select {
+		case <-r.handoffIdle:
+		default:
+			if r.own.Load() == own {
+				close(r.handoffIdle)
+			}
+		}
+		r.handoffMu.Unlock()
+	}
+	return sent, errors.Join(all...)
+}
+
+// handTo delivers keys to member m in chunks, forgetting each chunk here
+// once m committed it, then sends m the complete for configuration id.
+func (r *Router) handTo(ctx context.Context, m Member, inc, id, seq uint64, keys []actor.Exported) error {
+	p, err := r.peer(m.Name)
 	if err != nil {
 		return err
 	}
 	for start := 0; start < len(keys) || start == 0; start += handoffChunk {
 		part := keys[start:min(start+handoffChunk, len(keys))]
-		req := &sluicepb.HandoffRequest{FromNode: r.cfg.Self, Epoch: view.Epoch, OwnersHash: view.ownersHash(), Keys: make([]*sluicepb.KeyRecord, len(part))}
+		last := start+handoffChunk >= len(keys)
+		req := &sluicepb.HandoffRequest{
+			FromNode: r.cfg.Self, FromIncarnation: inc, Config: id, Complete: last, Sequence: seq,
+			ToNode: m.Name, ToIncarnation: m.Incarnation,
+			Keys: make([]*sluicepb.KeyRecord, len(part)),
+		}
 		for i, x := range part {
 			req.Keys[i] = &sluicepb.KeyRecord{Key: []byte(x.Key), State: x.State}
 		}
-		if err := stream.Send(req); err != nil {
-			return err
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.HandoffTimeout)
+		_, err := p.client.Handoff(cctx, req)
+		cancel()
+		r.cfg.Observer.HandedOff(m.Name, len(part), err)
+		if err != nil {
+			return fromPeerStatus(m.Name, err)
+		}
+		if len(part) > 0 {
+			// Delivered and committed there: forget it here, unless it
+			// changed meanwhile (then it goes in the next round).
+			if _, err := r.cfg.Engine.Forget(context.WithoutCancel(ctx), part); err != nil {
+				return fmt.Errorf("forget %d delivered keys: %w", len(part), err)
+			}
 		}
 		if len(keys) == 0 {
 			break
 		}
 	}
-	_, err = stream.CloseAndRecv()
-	r.cfg.Observer.HandedOff(name, len(keys), err)
-	return err
+	return nil
 }
 
-func (r *Router) handoffTimeout() time.Duration {
-	if r.cfg.HandoffTimeout > 0 {
-		return r.cfg.HandoffTimeout
+// receiveHandoff merges handed-over states (committed before it returns)
+// and records the sender's complete. It takes only keys this node acts
+// for in its own configuration: were it to take others, a complete it
+// already sent for them would be false. The sender keeps refused keys and
+// tries again once the configurations agree.
+func (r *Router) receiveHandoff(ctx context.Context, req *sluicepb.HandoffRequest) (int, error) {
+	if r.cfg.Membership == nil {
+		return 0, fmt.Errorf("%w: this node is not in a cluster", errWrongIncarnation)
 	}
-	return 30 * time.Second
+	r.imports.RLock()
+	defer r.imports.RUnlock()
+	own := r.own.Load()
+	if req.ToNode != r.cfg.Self || req.ToIncarnation != own.inc {
+		return 0, fmt.Errorf("%w: meant for %s incarnation %d; this is %s incarnation %d", errWrongIncarnation, req.ToNode, req.ToIncarnation, r.cfg.Self, own.inc)
+	}
+	states := make([]actor.Exported, len(req.Keys))
+	for i, k := range req.Keys {
+		states[i] = actor.Exported{Key: string(k.Key), State: k.State}
+		if a := own.cur.actingName(states[i].Key); a != r.cfg.Self {
+			return 0, fmt.Errorf("%w: %s does not act for key %q in its configuration (%s does); the configurations differ for a moment", errMisrouted, r.cfg.Self, printable(states[i].Key), a)
+		}
+	}
+	if err := r.cfg.Engine.Import(ctx, states); err != nil {
+		return 0, err
+	}
+	r.cfg.Observer.HandoffReceived(req.FromNode, len(states))
+	if req.Complete {
+		c := complete{inc: req.FromIncarnation, config: req.Config, seq: req.Sequence}
+		r.amend(func(o *ownership) *ownership {
+			if o.inc != req.ToIncarnation {
+				return o // this node moved to a new incarnation meanwhile
+			}
+			if old, ok := o.completes[req.FromNode]; ok && old.inc == c.inc && old.seq > c.seq {
+				return o // an older message overtaken by a newer one
+			}
+			return o.with(req.FromNode, &c, nil, r.clk.Now())
+		})
+	}
+	return len(states), nil
 }
 
-// Follow hands keys over on every view change until ctx ends, and keeps
-// the barrier that holds decisions on gained keys until their previous
-// owner's handoff arrived (or HandoffWait passed).
-func (r *Router) Follow(ctx context.Context) {
-	views, stop := r.cfg.Membership.Subscribe()
-	defer stop()
-	var prev *View
+// HandOver hands every key this node holds to the members that act for
+// them and returns once everything was delivered (nil) or ctx ended. A
+// leaving node calls it after announcing that it leaves, so that it acts
+// for nothing.
+func (r *Router) HandOver(ctx context.Context) error {
+	if r.cfg.Membership == nil {
+		return nil
+	}
 	for {
+		r.handoffMu.Lock()
+		idle := make(chan struct{})
+		r.handoffIdle = idle
+		r.handoffMu.Unlock()
+		own := r.own.Load()
+		kick(r.handoffKick)
 		select {
+		case <-idle:
+			if r.own.Load() == own {
+				return nil
+			}
 		case <-ctx.Done():
-			return
-		case v, ok := <-views:
-			if !ok {
-				return
-			}
-			v = Owners(v)
-			if prev == nil && v.Len() > 1 {
-				// This node joined a cluster: the keys it owns were the
-				// others'; hold them until their handoffs arrive.
-				prev = NewView(0, nil)
-			}
-			if prev != nil {
-				r.gain(prev, v)
-				n, err := r.HandOver(ctx, v)
-				if err != nil {
-					r.log.Error("hand keys over", "epoch", v.Epoch, "err", err)
-				} else if n > 0 {
-					r.log.Info("handed keys over", "epoch", v.Epoch, "keys", n)
-				}
-			}
-			prev = v
+			return fmt.Errorf("cluster: hand keys over: %w", ctx.Err())
 		}
 	}
-}
-
-// barrier holds decisions on keys this node gained in a view change until
-// the previous owner's handoff arrived, for at most HandoffWait.
-type barrier struct {
-	prev    *View
-	next    uint64 // ownersHash of the view this barrier is for
-	until   time.Time
-	waiting map[string]chan struct{} // previous owners not heard from yet
-}
-
-func (r *Router) handoffWait() time.Duration {
-	if r.cfg.HandoffWait > 0 {
-		return r.cfg.HandoffWait
-	}
-	return 2 * time.Second
-}
-
-// gain starts a barrier for the change from prev to next: every member of
-// both views other than this node may hand keys over to it.
-func (r *Router) gain(prev, next *View) {
-	if !prev.has(r.cfg.Self) || prev.Len() <= 1 {
-		// This node just joined: the keys it gains were owned by the others.
-		var others []Member
-		for _, m := range next.Members {
-			if m.Name != r.cfg.Self {
-				others = append(others, m)
-			}
-		}
-		prev = NewView(prev.Epoch, others)
-	}
-	b := &barrier{prev: prev, next: next.ownersHash(), until: time.Now().Add(r.handoffWait()), waiting: make(map[string]chan struct{})}
-	live := make(map[string]bool)
-	for _, m := range r.cfg.Membership.View().Members {
-		live[m.Name] = true // leaving members still hand keys over
-	}
-	r.hmu.Lock()
-	defer r.hmu.Unlock()
-	for _, m := range prev.Members {
-		if m.Name == r.cfg.Self || !live[m.Name] {
-			continue // a member that is gone hands nothing over
-		}
-		if r.heard[m.Name] == b.next {
-			continue // its handoff for this change already arrived
-		}
-		b.waiting[m.Name] = make(chan struct{})
-	}
-	r.barrier = b
-}
-
-// HandoffReceived records that name finished a handoff stream to this node,
-// computed from the owners whose ownersHash is owners.
-func (r *Router) HandoffReceived(name string, owners uint64) {
-	r.hmu.Lock()
-	defer r.hmu.Unlock()
-	if r.heard == nil {
-		r.heard = make(map[string]uint64)
-	}
-	r.heard[name] = owners
-	if b := r.barrier; b != nil && b.next == owners {
-		if ch, ok := b.waiting[name]; ok {
-			close(ch)
-			delete(b.waiting, name)
-		}
-	}
-}
-
-// AwaitHandoff is awaitHandoff for checks another node forwarded here.
-func (r *Router) AwaitHandoff(ctx context.Context, checks []actor.Check) {
-	if n := r.awaitHandoff(ctx, checks); n > 0 {
-		r.cfg.Observer.WithoutHandoff(n)
-	}
-}
-
-// awaitHandoff waits, for the local checks, until the previous owner of
-// each gained key has handed it over, or the barrier's time is up. It
-// reports how many checks are decided without their handed-over state.
-func (r *Router) awaitHandoff(ctx context.Context, checks []actor.Check) int {
-	r.hmu.Lock()
-	b := r.barrier
-	r.hmu.Unlock()
-	if b == nil || time.Now().After(b.until) {
-		return 0
-	}
-	missing := 0
-	for i := range checks {
-		r.hmu.Lock()
-		ch := b.waiting[b.prev.Owner(checks[i].Key).Name]
-		r.hmu.Unlock()
-		if ch == nil {
-			continue
-		}
-		wait := time.Until(b.until)
-		if wait <= 0 {
-			missing++
-			continue
-		}
-		t := time.NewTimer(wait)
-		select {
-		case <-ch:
-		case <-t.C:
-			missing++
-		case <-ctx.Done():
-			missing++
-		}
-		t.Stop()
-	}
-	return missing
-}
-
-// has reports whether the view holds a member named name.
-func (v *View) has(name string) bool {
-	for _, m := range v.Members {
-		if m.Name == name {
-			return true
-		}
-	}
-	return false
-}
-
-// ownersHash identifies the set of members of v.
-func (v *View) ownersHash() uint64 {
-	var b []byte
-	for _, m := range v.Members {
-		b = append(append(b, m.Name...), 0)
-	}
-	return shard.Hash(string(b))
 }

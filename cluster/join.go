@@ -142,39 +142,54 @@ func (m *Membership) resolve(ctx context.Context, entries []string) (targets []s
 	return targets, self, failures
 }
 
-// rejoinLoop contacts, every RejoinInterval, the join addresses that are
-// not live members of the view: nodes that started alone at the same time
-// (each seeing only itself in DNS), or the other side of a partition that
-// outlived memberlist's gossip to dead nodes.
+// rejoinLoop contacts the join addresses and the gossip addresses of the
+// roster's members that are not live members of the view: nodes that
+// started alone at the same time (each seeing only itself in DNS), the
+// members a restarted node knew before (its join list may name only
+// itself), or the other side of a partition that outlived memberlist's
+// gossip to dead nodes. It does so every RejoinInterval, and every
+// JoinBackoffMax while fewer than Config.Expect members are alive.
 func (m *Membership) rejoinLoop(ctx context.Context, ml *memberlist.Memberlist) {
 	defer m.wg.Done()
-	t := time.NewTicker(m.cfg.RejoinInterval)
-	defer t.Stop()
 	for {
+		wait := m.cfg.RejoinInterval
+		if m.View().Len() < m.cfg.Expect {
+			wait = min(wait, m.cfg.JoinBackoffMax)
+		}
+		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
 		case <-t.C:
 		}
 		targets, _, failures := m.resolve(ctx, m.cfg.Join)
 		live := make(map[string]bool)
 		for _, mem := range m.View().Members {
+			live[mem.Name] = true
 			live[mem.GossipAddr] = true
 		}
+		for _, e := range m.Roster().Entries() {
+			if e.Name != m.cfg.NodeName && e.Phase != PhaseLeft && e.GossipAddr != "" && !live[e.Name] {
+				targets = append(targets, e.GossipAddr)
+			}
+		}
+		contacted := make(map[string]bool)
 		for _, addr := range targets {
-			if live[addr] || ctx.Err() != nil {
+			if live[addr] || contacted[addr] || ctx.Err() != nil {
 				continue
 			}
+			contacted[addr] = true
 			before := m.Epoch()
 			if _, err := ml.Join([]string{addr}); err != nil {
 				failures = append(failures, flatten(err))
 				continue
 			}
-			m.log.Debug("rejoin: contacted a join address outside the view", "addr", addr,
+			m.log.Debug("rejoin: contacted an address outside the view", "addr", addr,
 				"view_changed", m.Epoch() != before)
 		}
 		if len(failures) > 0 {
-			m.log.Debug("rejoin: some join addresses failed", "errs", strings.Join(failures, "; "))
+			m.log.Debug("rejoin: some addresses failed", "errs", strings.Join(failures, "; "))
 		}
 	}
 }

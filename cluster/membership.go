@@ -52,6 +52,7 @@ type Membership struct {
 	self       selfAddrs // to skip this node in join lists
 
 	metaBytes atomic.Pointer[[]byte] // read by memberlist's NodeMeta
+	inc       atomic.Uint64          // m.meta.Inc
 
 	// lookupIP resolves join names; tests replace it before Start.
 	lookupIP func(ctx context.Context, host string) ([]net.IPAddr, error)
@@ -63,9 +64,13 @@ type Membership struct {
 	live     map[string]Member
 	departed map[string]Member
 	epoch    uint64
+	roster   *Roster // see Roster; never nil after New
+	reborn   bool    // the roster holds a newer entry for this node: take a new incarnation
 
 	view  atomic.Pointer[View]
 	local atomic.Pointer[Member]
+
+	stored *Roster // the roster last written to Config.Store; dispatcher only
 
 	notify     chan struct{} // capacity 1: wakes the dispatcher
 	subMu      sync.Mutex
@@ -100,8 +105,49 @@ func New(cfg Config) (*Membership, error) {
 		lookupIP: net.DefaultResolver.LookupIPAddr,
 	}
 	m.cfg.Logger = m.log
+	m.roster = &Roster{}
+	if cfg.Store != nil {
+		if err := m.loadRoster(); err != nil {
+			return nil, err
+		}
+	}
 	m.view.Store(NewView(0, nil))
 	return m, nil
+}
+
+// rosterBucket and rosterKey locate the roster in Config.Store.
+const (
+	rosterBucket = "cluster"
+	rosterKey    = "roster"
+)
+
+// loadRoster reads the roster this node last stored.
+func (m *Membership) loadRoster() error {
+	var raw []byte
+	err := m.cfg.Store.ScanMeta(rosterBucket, func(key string, value []byte) bool {
+		if key == rosterKey {
+			raw = append([]byte(nil), value...)
+		}
+		return true
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: read the roster: %w", err)
+	}
+	if raw == nil {
+		return nil
+	}
+	es, err := decodeRoster(raw)
+	if err != nil {
+		return err
+	}
+	m.roster, _ = m.roster.Merge(es...)
+	return nil
+}
+
+// newIncarnation returns an incarnation above prev: the current time in
+// nanoseconds, or prev+1 when the clock is behind it.
+func newIncarnation(prev uint64) uint64 {
+	return max(uint64(time.Now().UnixNano()), prev+1)
 }
 
 // Start binds the gossip address (a bind error returns at once), starts
@@ -121,7 +167,8 @@ func (m *Membership) Start(ctx context.Context) error {
 		m.life.Unlock()
 		return ErrStarted
 	}
-	m.meta = meta{GRPC: m.cfg.GRPCAddr, Started: time.Now().UnixNano()}
+	prev, _ := m.roster.Entry(m.cfg.NodeName)
+	m.meta = meta{GRPC: m.cfg.GRPCAddr, Started: time.Now().UnixNano(), Inc: newIncarnation(prev.Incarnation)}
 	m.storeMeta()
 	mc := m.cfg.memberlistConfig()
 	h := hooks{m}
@@ -141,9 +188,12 @@ func (m *Membership) Start(ctx context.Context) error {
 		}
 	}
 	m.self = newSelfAddrs(ml.LocalNode(), m.cfg.GossipAddr)
+	m.stateMu.Lock()
+	m.mergeSelfLocked()
+	m.stateMu.Unlock()
 	local := m.Local()
 	m.log.Info("gossip started", "node", local.Name, "gossip", local.GossipAddr, "grpc", local.GRPCAddr,
-		"encrypted", len(m.cfg.GossipKey) > 0)
+		"incarnation", m.meta.Inc, "encrypted", len(m.cfg.GossipKey) > 0)
 	m.wg.Add(1)
 	go m.dispatch()
 	m.life.Unlock()
@@ -154,7 +204,7 @@ func (m *Membership) Start(ctx context.Context) error {
 			return err
 		}
 	}
-	if len(m.cfg.Join) > 0 && m.cfg.RejoinInterval > 0 {
+	if m.cfg.RejoinInterval > 0 {
 		m.life.Lock()
 		if !m.closed && !m.left {
 			rctx, cancel := context.WithCancel(m.ctx)
@@ -183,6 +233,7 @@ func (m *Membership) advertisedGRPC() (string, bool) {
 func (m *Membership) storeMeta() {
 	b := m.meta.encode()
 	m.metaBytes.Store(&b)
+	m.inc.Store(m.meta.Inc)
 }
 
 // SetLeaving announces that this node is about to leave: peers see it in
@@ -205,18 +256,72 @@ func (m *Membership) setLeavingLocked(timeout time.Duration) error {
 	}
 	m.leaving = true
 	m.meta.Leaving = true
+	return m.announceLocked(timeout, "announce leaving")
+}
+
+// announceLocked publishes a change of this node's metadata: in its own
+// roster and view at once, to peers through gossip within timeout.
+func (m *Membership) announceLocked(timeout time.Duration, what string) error {
 	m.storeMeta()
+	m.stateMu.Lock()
+	m.mergeSelfLocked()
+	m.stateMu.Unlock()
 	if err := m.ml.UpdateNode(max(timeout, time.Millisecond)); err != nil {
-		return fmt.Errorf("cluster: announce leaving: %w", err)
+		return fmt.Errorf("cluster: %s: %w", what, err)
 	}
 	return nil
 }
 
+// mergeSelfLocked puts this node's own entry, as its metadata says, into
+// the roster and publishes the view if that changed it.
+func (m *Membership) mergeSelfLocked() {
+	e := RosterEntry{Name: m.cfg.NodeName, Incarnation: m.meta.Inc, Phase: m.meta.phase(), GRPCAddr: m.meta.GRPC}
+	if m.ml != nil {
+		e.GossipAddr = m.ml.LocalNode().Address()
+	}
+	if r, changed := m.roster.Merge(e); changed {
+		m.roster = r
+		m.publishLocked(Member{})
+	}
+}
+
+// Incarnation returns this node's current incarnation (0 before Start).
+func (m *Membership) Incarnation() uint64 { return m.metaInc() }
+
+// Reincarnate gives this node a new incarnation, larger than every earlier
+// one, and announces it. A node does so when it learns it was fenced: its
+// old incarnation will never be granted a lease again. It returns the new
+// incarnation.
+func (m *Membership) Reincarnate(timeout time.Duration) (uint64, error) {
+	m.life.Lock()
+	defer m.life.Unlock()
+	if err := m.runningLocked(); err != nil {
+		return 0, err
+	}
+	m.reincarnateLocked()
+	return m.meta.Inc, m.announceLocked(timeout, "announce a new incarnation")
+}
+
+func (m *Membership) reincarnateLocked() {
+	prev := m.meta.Inc
+	m.stateMu.Lock()
+	if e, ok := m.roster.Entry(m.cfg.NodeName); ok {
+		prev = max(prev, e.Incarnation)
+	}
+	m.reborn = false
+	m.stateMu.Unlock()
+	m.meta.Inc = newIncarnation(prev)
+	m.log.Info("new incarnation", "incarnation", m.meta.Inc)
+}
+
 // Leave leaves the cluster gracefully: it announces it is leaving (see
-// SetLeaving), then gossips its departure, waiting up to timeout in all.
-// Peers then see it in state StateLeft at once instead of after failure
-// detection. The node keeps answering gossip until Shutdown, which must
-// follow. Leave after Leave does nothing.
+// SetLeaving), then that it handed every key over (its roster entry
+// becomes PhaseLeft), then gossips its departure, waiting up to timeout in
+// all. Peers then see it in state StateLeft at once instead of after failure
+// detection, and drop it from the roster. Call it only once every key was
+// handed over: a node that could not hand its keys over stops with
+// Shutdown alone, and its keys wait for it. The node keeps answering
+// gossip until Shutdown, which must follow. Leave after Leave does nothing.
 func (m *Membership) Leave(timeout time.Duration) error {
 	m.life.Lock()
 	defer m.life.Unlock()
@@ -230,8 +335,12 @@ func (m *Membership) Leave(timeout time.Duration) error {
 		m.stopRejoin()
 	}
 	deadline := time.Now().Add(timeout)
-	if err := m.setLeavingLocked(timeout / 2); err != nil {
+	if err := m.setLeavingLocked(timeout / 4); err != nil {
 		m.log.Warn("leave: peers may see this node fail instead of leave", "err", err)
+	}
+	m.meta.Left = true
+	if err := m.announceLocked(timeout/4, "announce the handoff done"); err != nil {
+		m.log.Warn("leave: peers may keep waiting for this node", "err", err)
 	}
 	m.left = true
 	if err := m.ml.Leave(max(time.Until(deadline), time.Millisecond)); err != nil {
@@ -356,6 +465,7 @@ func (m *Membership) dispatch() {
 			return
 		case <-m.notify:
 		}
+		m.storeRoster()
 		v := m.view.Load()
 		m.subMu.Lock()
 		for s := range m.subs {
@@ -373,6 +483,41 @@ func (m *Membership) dispatch() {
 	}
 }
 
+// storeRoster writes the roster to Config.Store when it changed since it
+// was last written, and takes a new incarnation when the roster holds a
+// newer entry for this node than the one it announces.
+func (m *Membership) storeRoster() {
+	m.stateMu.Lock()
+	r, reborn := m.roster, m.reborn
+	m.stateMu.Unlock()
+	if reborn {
+		// Shutdown holds the life lock while it waits for this goroutine:
+		// never block on it here; try again shortly instead.
+		if m.life.TryLock() {
+			if m.runningLocked() == nil && !m.leaving && !m.left {
+				m.reincarnateLocked()
+				if err := m.announceLocked(m.cfg.TCPTimeout, "announce a new incarnation"); err != nil {
+					m.log.Warn("new incarnation", "err", err)
+				}
+			}
+			m.life.Unlock()
+		} else {
+			time.AfterFunc(50*time.Millisecond, m.signal)
+		}
+		m.stateMu.Lock()
+		r = m.roster
+		m.stateMu.Unlock()
+	}
+	if m.cfg.Store == nil || r == m.stored {
+		return
+	}
+	if err := m.cfg.Store.PutMeta(rosterBucket, rosterKey, r.encode()); err != nil {
+		m.log.Error("store the roster", "err", err)
+		return
+	}
+	m.stored = r
+}
+
 // nodeUp records a member that joined or changed; called by memberlist
 // with its node lock held.
 func (m *Membership) nodeUp(n *memberlist.Node, kind ChangeKind) {
@@ -382,16 +527,18 @@ func (m *Membership) nodeUp(n *memberlist.Node, kind ChangeKind) {
 		return
 	}
 	mem := Member{
-		Name:       n.Name,
-		GossipAddr: n.Address(),
-		GRPCAddr:   md.GRPC,
-		State:      StateAlive,
-		Started:    md.started(),
+		Name:        n.Name,
+		GossipAddr:  n.Address(),
+		GRPCAddr:    md.GRPC,
+		State:       StateAlive,
+		Started:     md.started(),
+		Incarnation: md.Inc,
 	}
 	if md.Leaving {
 		mem.State = StateLeaving
 	}
 	m.stateMu.Lock()
+	m.mergeRosterLocked(RosterEntry{Name: n.Name, Incarnation: md.Inc, Phase: md.phase(), GossipAddr: mem.GossipAddr, GRPCAddr: md.GRPC})
 	old, existed := m.live[n.Name]
 	if existed && sameMember(old, mem) {
 		m.stateMu.Unlock()
@@ -421,6 +568,9 @@ func (m *Membership) nodeDown(n *memberlist.Node) {
 		return
 	}
 	delete(m.live, n.Name)
+	if md, err := decodeMeta(n.Meta); err == nil && md.Left {
+		m.mergeRosterLocked(RosterEntry{Name: n.Name, Incarnation: md.Inc, Phase: PhaseLeft, GossipAddr: n.Address(), GRPCAddr: md.GRPC})
+	}
 	kind, state := ChangeFailed, StateDead
 	if mem.State == StateLeaving || isLeaving(n.Meta) {
 		kind, state = ChangeLeft, StateLeft
@@ -443,7 +593,49 @@ func isLeaving(b []byte) bool {
 
 func sameMember(a, b Member) bool {
 	return a.Name == b.Name && a.GossipAddr == b.GossipAddr && a.GRPCAddr == b.GRPCAddr &&
-		a.State == b.State && a.Started.Equal(b.Started)
+		a.State == b.State && a.Started.Equal(b.Started) && a.Incarnation == b.Incarnation
+}
+
+// mergeRosterLocked merges es into the roster; a change publishes a new
+// view (and the dispatcher stores the roster). An entry newer than this
+// node's own (a lost disk, a clock that went back, an operator who forgot
+// this node) makes the dispatcher take a new incarnation above it.
+func (m *Membership) mergeRosterLocked(es ...RosterEntry) {
+	r, changed := m.roster.Merge(es...)
+	if !changed {
+		return
+	}
+	m.roster = r
+	if e, ok := r.Entry(m.cfg.NodeName); ok && m.metaBytes.Load() != nil {
+		own := RosterEntry{Incarnation: m.metaInc(), Phase: m.metaPhase()}
+		if e.newer(own) && !m.leavingOrLeft() {
+			m.reborn = true
+		}
+	}
+	m.publishLocked(Member{})
+}
+
+// metaInc, metaPhase and leavingOrLeft read what this node announces; they
+// use the metadata bytes (atomic) so that memberlist's callbacks need not
+// take the life lock.
+func (m *Membership) metaInc() uint64 { return m.inc.Load() }
+
+func (m *Membership) metaPhase() Phase {
+	b := m.metaBytes.Load()
+	if b == nil {
+		return PhaseJoined
+	}
+	md, _ := decodeMeta(*b)
+	return md.phase()
+}
+
+func (m *Membership) leavingOrLeft() bool { return m.metaPhase() != PhaseJoined }
+
+// Roster returns the current roster.
+func (m *Membership) Roster() *Roster {
+	m.stateMu.Lock()
+	defer m.stateMu.Unlock()
+	return m.roster
 }
 
 func (m *Membership) forgetOldestDepartedLocked() {
@@ -466,15 +658,21 @@ func (m *Membership) publishLocked(changed Member) *View {
 		members = append(members, mem)
 	}
 	v := NewView(m.epoch, members)
+	v.Roster = m.roster
 	m.view.Store(v)
 	if changed.Name == m.cfg.NodeName {
 		m.local.Store(&changed)
 	}
+	m.signal()
+	return v
+}
+
+// signal wakes the dispatcher.
+func (m *Membership) signal() {
 	select {
 	case m.notify <- struct{}{}:
 	default:
 	}
-	return v
 }
 
 // hooks receives memberlist's callbacks for a Membership.
@@ -495,11 +693,21 @@ func (hooks) NotifyMsg([]byte) {}
 // GetBroadcasts implements memberlist.Delegate.
 func (hooks) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 
-// LocalState implements memberlist.Delegate.
-func (hooks) LocalState(join bool) []byte { return nil }
+// LocalState implements memberlist.Delegate: the roster travels with every
+// push-pull, so a node that joins learns the members that are down too.
+func (h hooks) LocalState(join bool) []byte { return h.m.Roster().encode() }
 
 // MergeRemoteState implements memberlist.Delegate.
-func (hooks) MergeRemoteState(buf []byte, join bool) {}
+func (h hooks) MergeRemoteState(buf []byte, join bool) {
+	es, err := decodeRoster(buf)
+	if err != nil {
+		h.m.log.Warn("ignoring a peer's unreadable roster", "err", err)
+		return
+	}
+	h.m.stateMu.Lock()
+	h.m.mergeRosterLocked(es...)
+	h.m.stateMu.Unlock()
+}
 
 // NotifyJoin implements memberlist.EventDelegate.
 func (h hooks) NotifyJoin(n *memberlist.Node) { h.m.nodeUp(n, ChangeJoined) }

@@ -18,6 +18,22 @@ type meta struct {
 	Started int64 `json:"started"`
 	// Leaving is set once the node announced it is about to leave.
 	Leaving bool `json:"leaving,omitempty"`
+	// Left is set once the node handed every key over, just before it
+	// leaves: peers then drop it from the roster.
+	Left bool `json:"left,omitempty"`
+	// Inc is the node's incarnation (see RosterEntry.Incarnation).
+	Inc uint64 `json:"inc,omitempty"`
+}
+
+// phase is the roster phase the metadata announces.
+func (m meta) phase() Phase {
+	switch {
+	case m.Left:
+		return PhaseLeft
+	case m.Leaving:
+		return PhaseLeaving
+	}
+	return PhaseJoined
 }
 
 var errNoGRPC = errors.New("no gRPC address")
@@ -25,7 +41,7 @@ var errNoGRPC = errors.New("no gRPC address")
 func (m meta) encode() []byte {
 	b, err := json.Marshal(m)
 	if err != nil {
-		panic(fmt.Sprintf("cluster: encode node meta: %v", err)) // a struct of a string, an int and a bool
+		panic(fmt.Sprintf("cluster: encode node meta: %v", err)) // strings, numbers and booleans
 	}
 	return b
 }

@@ -6,39 +6,59 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluice-io/sluice/actor"
-	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/actor/clock"
 )
 
-// ErrUnreachable means the owner of a key could not be asked in time. The
-// caller (an edge proxy) decides whether to fail open or closed.
+// ErrUnreachable means the member that acts for a key could not be asked
+// in time. The caller (an edge proxy) decides whether to fail open or
+// closed.
 var ErrUnreachable = errors.New("cluster: owner unreachable")
 
-// errMisrouted is a Forward refused by a node that does not own the keys in
-// its view (it never forwards them again); the sender waits for its own
-// view to change and routes them once more.
-var errMisrouted = errors.New("cluster: forwarded to a node that does not own the key")
+// errMisrouted is a Forward refused by a node that does not act for the
+// keys in its configuration (it never forwards them again); the sender
+// waits for its own configuration to change and routes them once more.
+var errMisrouted = errors.New("cluster: forwarded to a node that does not act for the key")
 
-// misrouteWait bounds how long a sender waits for its view to change after
-// a misrouted Forward.
+// misrouteWait bounds how long a sender waits for its configuration to
+// change after a misrouted Forward.
 const misrouteWait = time.Second
 
 // RouterConfig configures a Router.
 type RouterConfig struct {
-	// Membership tells who owns which key. Nil runs a single node.
+	// Membership tells who is in the cluster. Nil runs a single node: every
+	// key is decided here, without leases.
 	Membership *Membership
-	// Engine decides the checks this node owns.
+	// Engine decides the checks this node acts for.
 	Engine *actor.Engine
 	// Self is this node's name.
 	Self string
+	// Policy says who decides the keys of an owner that is down. Default
+	// PolicyExact: nobody, until it is back.
+	Policy Policy
+	// Lease is how long a lease runs after the renewal a majority granted
+	// was sent (L). Above the longest pause a node should ride out without
+	// losing its keys, below the failure detection time (about 2.4s), so
+	// that a takeover waits on detection rather than on the lease. Renewals
+	// go every Lease/3. Default 1s.
+	Lease time.Duration
+	// ClockDrift (ρ) bounds how much faster one node's monotonic clock may
+	// run than another's: a node that fenced a member waits Lease·(1+ρ)
+	// before it acts for the member's keys. Default 0.1.
+	ClockDrift float64
+	// Clock measures leases and waits; nil is the wall clock (its monotonic
+	// reading).
+	Clock clock.Clock
+	// Store keeps the promises made to fence other members across
+	// restarts (usually the same store as the membership's). Nil keeps them
+	// in memory.
+	Store MetaStore
 	// DialOptions are used to reach peers (TLS credentials); default
 	// plaintext.
 	DialOptions []grpc.DialOption
@@ -51,64 +71,111 @@ type RouterConfig struct {
 	ForwardWait time.Duration
 	// MaxInFlight is the most Forward calls in flight to one peer. Default 4.
 	MaxInFlight int
-	// HandoffWait bounds how long decisions on a key this node just gained
-	// wait for its previous owner's handoff. Default 2s.
+	// HandoffWait bounds how long a check on a key this node gained waits
+	// for the key's state before it is refused (UNAVAILABLE). Default 2s.
 	HandoffWait time.Duration
-	// HandoffTimeout bounds one handoff stream. Default 30s.
+	// HandoffTimeout bounds one handoff call to a peer. Default 10s.
 	HandoffTimeout time.Duration
 	// Logger receives the router's logs; nil discards them.
 	Logger *slog.Logger
-	// Observer receives forwarding measurements; nil discards them.
+	// Observer receives measurements; nil discards them.
 	Observer RouterObserver
 }
 
-// RouterObserver receives measurements for metrics.
+// RouterObserver receives measurements for metrics. Its methods must not
+// block.
 type RouterObserver interface {
 	// Forwarded is called after a Forward call to peer: how many checks it
 	// carried, how long it took, and its error.
 	Forwarded(peer string, checks int, d time.Duration, err error)
-	// HandedOff is called after a handoff stream to peer.
+	// HandedOff is called after a handoff call to peer: how many keys it
+	// carried, and its error.
 	HandedOff(peer string, keys int, err error)
-	// WithoutHandoff is called with the number of checks decided on gained
-	// keys whose previous owner's state had not arrived in time.
-	WithoutHandoff(n int)
+	// Refused is called with checks this node acts for but refused, and
+	// why: "no_quorum", "moving" or "owner_down".
+	Refused(reason string, checks int)
+	// Renewed is called after each lease renewal: whether a majority
+	// granted it.
+	Renewed(granted bool)
+	// Unserved is called about every Lease/3 with the time since the last
+	// call and what this node could not serve during it: without a lease
+	// (noLease), or with gained keys waiting for their state (waiting).
+	Unserved(d time.Duration, noLease, waiting bool)
+	// Served is called with the number of forwarded checks this node
+	// decided for another.
+	Served(checks int)
+	// HandoffReceived is called with the number of keys a peer handed
+	// over to this node.
+	HandoffReceived(from string, keys int)
 }
 
 type nopRouterObserver struct{}
 
 func (nopRouterObserver) Forwarded(string, int, time.Duration, error) {}
 func (nopRouterObserver) HandedOff(string, int, error)                {}
-func (nopRouterObserver) WithoutHandoff(int)                          {}
+func (nopRouterObserver) Refused(string, int)                         {}
+func (nopRouterObserver) Renewed(bool)                                {}
+func (nopRouterObserver) Unserved(time.Duration, bool, bool)          {}
+func (nopRouterObserver) Served(int)                                  {}
+func (nopRouterObserver) HandoffReceived(string, int)                 {}
 
-// Router decides checks on their owners: the ones this node owns through
-// its engine, the others through the owners' PeerService, batched per peer.
-// A check is forwarded at most once: the receiving node decides it whatever
-// its own view says (see docs/cluster.md).
+// Router decides checks on the members that act for their keys: the ones
+// this node acts for through its engine, the others through their
+// PeerService, batched per peer. It keeps this node's lease, grants its
+// peers theirs, and moves key state to where it belongs (see
+// docs/cluster.md, "Fenced ownership").
 type Router struct {
-	cfg RouterConfig
-	log *slog.Logger
+	cfg   RouterConfig
+	log   *slog.Logger
+	clk   clock.Clock
+	lease *lease
+
+	own   atomic.Pointer[ownership]
+	ownMu sync.Mutex // serialises updates of own
+	seq   uint64     // sequence of the current configuration; under ownMu
+
+	handoffKick chan struct{} // capacity 1: wakes the handoff loop
+	imports     sync.RWMutex  // held for reading by each import; see handoffRound
+	fenceKick   chan struct{} // capacity 1: wakes the fence loop
+	handoffMu   sync.Mutex
+	handedTo    map[string]handedTo // last complete sent to each member
+	handoffIdle chan struct{}       // closed when a round left nothing to send
 
 	mu     sync.Mutex
 	peers  map[string]*peer // by name
 	closed bool
 	wg     sync.WaitGroup
-
-	ovMu   sync.Mutex
-	ovFrom *View // the membership view ov was computed from
-	ov     *View // its members that own keys
-
-	hmu     sync.Mutex
-	barrier *barrier
-	heard   map[string]uint64 // ownersHash of each peer's last handoff
 }
 
-// NewRouter returns a router. Close releases its connections.
-func NewRouter(cfg RouterConfig) *Router {
+// handedTo records a complete sent: to which incarnation, for which
+// configuration.
+type handedTo struct {
+	inc, config, seq uint64
+}
+
+// NewRouter returns a router. Run starts its work in a cluster; Close
+// releases its connections.
+func NewRouter(cfg RouterConfig) (*Router, error) {
 	if cfg.MaxForwardBatch <= 0 {
 		cfg.MaxForwardBatch = 500
 	}
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = 4
+	}
+	if cfg.Lease <= 0 {
+		cfg.Lease = time.Second
+	}
+	if cfg.ClockDrift <= 0 {
+		cfg.ClockDrift = 0.1
+	}
+	if cfg.HandoffWait <= 0 {
+		cfg.HandoffWait = 2 * time.Second
+	}
+	if cfg.HandoffTimeout <= 0 {
+		cfg.HandoffTimeout = 10 * time.Second
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
 	}
 	if cfg.DialOptions == nil {
 		cfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
@@ -119,81 +186,261 @@ func NewRouter(cfg RouterConfig) *Router {
 	if cfg.Observer == nil {
 		cfg.Observer = nopRouterObserver{}
 	}
-	return &Router{cfg: cfg, log: cfg.Logger.With("component", "router"), peers: make(map[string]*peer)}
+	r := &Router{
+		cfg:         cfg,
+		log:         cfg.Logger.With("component", "router"),
+		clk:         cfg.Clock,
+		peers:       make(map[string]*peer),
+		handoffKick: make(chan struct{}, 1),
+		fenceKick:   make(chan struct{}, 1),
+		handedTo:    make(map[string]handedTo),
+		handoffIdle: make(chan struct{}),
+	}
+	if cfg.Membership != nil {
+		l, err := newLease(cfg.Clock, cfg.Lease, cfg.ClockDrift, cfg.Membership.cfg.Expect, cfg.Store)
+		if err != nil {
+			return nil, err
+		}
+		r.lease = l
+		r.update(cfg.Membership.View(), cfg.Membership.Incarnation())
+	}
+	return r, nil
 }
 
-// Check decides checks on their owners and writes one decision per check
-// into out and the deciding node's name into nodes. With allOrNothing, the
-// hits are recorded only if every check, on every owner, is allowed:
-// each owner reserves, and if one check is denied the reserved hits are
-// released on their owners.
-func (r *Router) Check(ctx context.Context, checks []actor.Check, out []actor.Decision, nodes []string, allOrNothing bool) error {
-	view := r.ownersView()
-	// Fast path: every key is ours.
-	remote := false
-	owners := make([]string, len(checks))
-	for i := range checks {
-		owners[i] = r.cfg.Self
-		if view != nil && view.Len() > 0 {
-			if m := view.Owner(checks[i].Key); m.Name != "" && m.Name != r.cfg.Self {
-				owners[i] = m.Name
-				remote = true
-			}
-		}
+// Run follows the membership until ctx ends: it keeps the ownership
+// current, renews this node's lease, fences members that are down (policy
+// available) and hands keys over. It returns when ctx ends. A single node
+// has nothing to run.
+func (r *Router) Run(ctx context.Context) {
+	if r.cfg.Membership == nil {
+		return
 	}
-	for i := range nodes {
-		nodes[i] = owners[i]
+	var wg sync.WaitGroup
+	for _, loop := range []func(context.Context){r.follow, r.renewLoop, r.fenceLoop, r.handoffLoop} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			loop(ctx)
+		}()
 	}
-	if !remote {
-		if n := r.awaitHandoff(ctx, checks); n > 0 {
-			r.cfg.Observer.WithoutHandoff(n)
-		}
-		if allOrNothing {
-			return r.cfg.Engine.CheckAll(ctx, checks, out)
-		}
-		return r.cfg.Engine.Check(ctx, checks, out)
-	}
+	wg.Wait()
+}
 
-	groups := make(map[string][]int)
-	for i, o := range owners {
-		groups[o] = append(groups[o], i)
+// follow rebuilds the ownership on every view.
+func (r *Router) follow(ctx context.Context) {
+	views, stop := r.cfg.Membership.Subscribe()
+	defer stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case v, ok := <-views:
+			if !ok {
+				return
+			}
+			r.update(v, r.cfg.Membership.Incarnation())
+		}
 	}
+}
+
+// update builds the ownership of view v for incarnation inc. When the
+// configuration or the incarnation changed, it fences the engine, so that
+// no check routed under the old ownership is decided on a key this node
+// no longer may decide, and wakes the handoff and fence loops.
+func (r *Router) update(v *View, inc uint64) {
+	r.ownMu.Lock()
+	defer r.ownMu.Unlock()
+	old := r.own.Load()
+	if v.Roster == nil {
+		v.Roster = &Roster{}
+	}
+	c := newConfig(r.cfg.Self, r.cfg.Policy, v)
+	var next *ownership
+	if old == nil {
+		next = (&ownership{}).next(c, inc, r.clk.Now())
+	} else {
+		next = old.next(c, inc, r.clk.Now())
+	}
+	moved := old == nil || old.cur.id != c.id || old.inc != inc
+	if moved {
+		r.seq = max(r.seq+1, uint64(time.Now().UnixNano()))
+	}
+	r.publish(old, next)
+	if moved {
+		r.cfg.Engine.Fence()
+		r.log.Info("ownership changed", "owners", c.owners.Len(), "alive", len(c.alive), "incarnation", inc,
+			"settled", next.settled, "waiting_for", next.waitingFor)
+	}
+	kick(r.handoffKick)
+	kick(r.fenceKick)
+}
+
+// publish stores next and wakes whoever waits on old.
+func (r *Router) publish(old, next *ownership) {
+	r.own.Store(next)
+	if old != nil {
+		close(old.changed)
+	}
+}
+
+// amend applies f to the current ownership (a complete arrived, a fence
+// was made, time passed).
+func (r *Router) amend(f func(*ownership) *ownership) {
+	r.ownMu.Lock()
+	defer r.ownMu.Unlock()
+	old := r.own.Load()
+	if old == nil {
+		return
+	}
+	next := f(old)
+	if next == old {
+		return
+	}
+	r.publish(old, next)
+	if old.settled != next.settled {
+		r.log.Info("ownership settled", "settled", next.settled, "waiting_for", next.waitingFor)
+	}
+}
+
+func kick(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// Ready reports whether this node can decide every key it acts for: it
+// holds a lease and no gained key waits for its state. A single node is
+// always ready.
+func (r *Router) Ready() bool {
+	if r.cfg.Membership == nil {
+		return true
+	}
+	return r.lease.valid() && r.own.Load().settled
+}
+
+// Status describes why this node is not ready, "" when it is.
+func (r *Router) Status() string {
+	if r.cfg.Membership == nil {
+		return ""
+	}
+	if !r.lease.valid() {
+		return fmt.Sprintf("no lease from a majority (%d) of the %d expected members", r.lease.quorum, r.cfg.Membership.cfg.Expect)
+	}
+	if o := r.own.Load(); !o.settled {
+		return fmt.Sprintf("waiting for the handoffs of %v", o.waitingFor)
+	}
+	return ""
+}
+
+// Check decides checks on the members that act for their keys and writes
+// one decision per check into out and the deciding node's name into
+// nodes. With allOrNothing, the hits are recorded only if every check, on
+// every member, is allowed: each member reserves, and if one check is
+// denied the reserved hits are released where they were recorded.
+func (r *Router) Check(ctx context.Context, checks []actor.Check, out []actor.Decision, nodes []string, allOrNothing bool) error {
+	if r.cfg.Membership == nil {
+		for i := range nodes {
+			nodes[i] = r.cfg.Self
+		}
+		return r.cfg.Engine.Do(ctx, checks, out, actor.CallOptions{AllOrNothing: allOrNothing})
+	}
+	gen := r.cfg.Engine.Generation()
+	own := r.own.Load()
+	groups, err := r.route(own, checks, nodes)
+	if err != nil {
+		return err
+	}
+	if len(groups) == 1 && groups[0].member == r.cfg.Self {
+		// Fast path: every key is decided here.
+		err = r.decideHere(ctx, own, gen, checks, out, nil, allOrNothing)
+		if stale(err) {
+			// Nothing was recorded: route once more under the new ownership.
+			return r.rerouteNow(ctx, checks, out, nodes, nil, allOrNothing)
+		}
+		return err
+	}
+	return r.fanOut(ctx, own, gen, groups, checks, out, nodes, allOrNothing, true)
+}
+
+// stale reports an engine refusal that recorded nothing: the ownership
+// changed after the call was routed.
+func stale(err error) bool {
+	return errors.Is(err, actor.ErrStale) && !errors.Is(err, actor.ErrStalePartial)
+}
+
+// group is the checks of a call that one member decides.
+type group struct {
+	member string
+	idx    []int // indexes into the call's checks
+}
+
+// route splits checks by the member that acts for each key, and writes
+// that member's name into nodes. A key nobody may decide now fails the
+// call.
+func (r *Router) route(own *ownership, checks []actor.Check, nodes []string) ([]group, error) {
+	var groups []group
+	for i := range checks {
+		name, _, err := own.cur.acting(checks[i].Key)
+		if err != nil {
+			r.cfg.Observer.Refused(reason(err), len(checks))
+			return nil, err
+		}
+		nodes[i] = name
+		j := 0
+		for j < len(groups) && groups[j].member != name {
+			j++
+		}
+		if j == len(groups) {
+			groups = append(groups, group{member: name})
+		}
+		groups[j].idx = append(groups[j].idx, i)
+	}
+	return groups, nil
+}
+
+// reason names the kind of a refusal for metrics.
+func reason(err error) string {
+	switch {
+	case errors.Is(err, ErrNoQuorum):
+		return "no_quorum"
+	case errors.Is(err, ErrOwnerDown):
+		return "owner_down"
+	}
+	return "moving"
+}
+
+// fanOut decides each group on its member, in parallel (the last group on
+// this goroutine), and for allOrNothing releases what was reserved if any
+// check was denied or any member failed.
+//
+// A group refused because ownership moved after it was routed is routed
+// once more when again is set.
+func (r *Router) fanOut(ctx context.Context, own *ownership, gen uint64, groups []group, checks []actor.Check, out []actor.Decision, nodes []string, allOrNothing, again bool) error {
 	var marks []int64
 	if allOrNothing {
 		marks = make([]int64, len(checks))
 	}
+	// decided[i] reports that check i was decided (and, reserving, recorded
+	// where its marks say).
+	decided := make([]bool, len(checks))
 	errs := make(chan error, len(groups))
-	last := len(groups)
-	for owner, idx := range groups {
-		sub := make([]actor.Check, len(idx))
-		for j, i := range idx {
-			sub[j] = checks[i]
-		}
+	for gi, g := range groups {
 		decide := func() {
-			subOut := make([]actor.Decision, len(idx))
+			sub := make([]actor.Check, len(g.idx))
+			for j, i := range g.idx {
+				sub[j] = checks[i]
+			}
+			subOut := make([]actor.Decision, len(g.idx))
+			subNodes := make([]string, len(g.idx))
 			var subMarks []int64
 			if allOrNothing {
-				subMarks = make([]int64, len(idx))
+				subMarks = make([]int64, len(g.idx))
 			}
-			var err error
-			if owner == r.cfg.Self {
-				if n := r.awaitHandoff(ctx, sub); n > 0 {
-					r.cfg.Observer.WithoutHandoff(n)
-				}
-				if allOrNothing {
-					err = r.cfg.Engine.CheckMarked(ctx, sub, subOut, subMarks)
-				} else {
-					err = r.cfg.Engine.Check(ctx, sub, subOut)
-				}
-			} else {
-				err = r.forward(ctx, view, owner, sub, subOut, subMarks, allOrNothing)
-				if errors.Is(err, errMisrouted) && !allOrNothing {
-					err = r.reroute(ctx, view, sub, subOut)
-				}
-			}
+			err := r.decideOn(ctx, own, gen, g.member, sub, subOut, subNodes, subMarks, allOrNothing, again)
 			if err == nil {
-				for j, i := range idx {
-					out[i] = subOut[j]
+				for j, i := range g.idx {
+					out[i], nodes[i], decided[i] = subOut[j], subNodes[j], true
 					if allOrNothing {
 						marks[i] = subMarks[j]
 					}
@@ -201,10 +448,8 @@ func (r *Router) Check(ctx context.Context, checks []actor.Check, out []actor.De
 			}
 			errs <- err
 		}
-		// The last owner is asked on this goroutine: a call whose checks
-		// all belong to one owner (one check per call, say) starts none.
-		if last--; last == 0 {
-			decide()
+		if gi == len(groups)-1 {
+			decide() // a call whose checks all go to one member starts no goroutine
 		} else {
 			go decide()
 		}
@@ -218,192 +463,271 @@ func (r *Router) Check(ctx context.Context, checks []actor.Check, out []actor.De
 	if !allOrNothing {
 		return first
 	}
+	return r.unwind(ctx, own, checks, out, marks, decided, first)
+}
+
+// decideOn decides one group on member, here or forwarded, and writes the
+// deciding node into nodes. Reserving, it records in marks where each hit
+// went, for unwind. A group refused because ownership moved is routed once
+// more if again is set.
+func (r *Router) decideOn(ctx context.Context, own *ownership, gen uint64, member string, checks []actor.Check, out []actor.Decision, nodes []string, marks []int64, reserve, again bool) error {
+	for i := range nodes {
+		nodes[i] = member
+	}
+	var err error
+	if member == r.cfg.Self {
+		err = r.decideHere(ctx, own, gen, checks, out, marks, false)
+		if stale(err) && again {
+			return r.rerouteNow(ctx, checks, out, nodes, marks, false)
+		}
+	} else {
+		err = r.forward(ctx, own, member, checks, out, marks, reserve)
+		if errors.Is(err, errMisrouted) && again {
+			return r.reroute(ctx, own, checks, out, nodes, marks)
+		}
+	}
+	if stale(err) || errors.Is(err, errMisrouted) {
+		return fmt.Errorf("%w: ownership changed twice during the call; retry", ErrMoving)
+	}
+	return err
+}
+
+// unwind completes an all-or-nothing call from the reservations of its
+// groups: if every group was decided and every check allowed, the call
+// stands; otherwise every hit that was reserved is released on the member
+// that recorded it, and the decisions say denied (or the call fails with
+// the first error).
+func (r *Router) unwind(ctx context.Context, own *ownership, checks []actor.Check, out []actor.Decision, marks []int64, decided []bool, first error) error {
 	denied := first != nil
 	for i := range out {
-		denied = denied || !out[i].Allowed
+		denied = denied || decided[i] && !out[i].Allowed && !checks[i].Refund
 	}
 	if !denied {
 		return nil
 	}
-	// Unwind: release what was reserved on each owner.
-	rel, relMarks := actor.Unwind(checks, out, marks)
-	if first != nil {
-		// Some owners failed: their decisions are unknown, so release what
-		// the others reserved and report the failure.
-		rel, relMarks = nil, nil
-		for i := range checks {
-			if out[i].Allowed && !checks[i].Refund && checks[i].Cost > 0 {
-				rel, relMarks = append(rel, checks[i]), append(relMarks, marks[i])
-			}
+	// What was recorded: decided, allowed, taking hits. Read before Unwind
+	// rewrites the decisions.
+	var rel []actor.Check
+	var relMarks []int64
+	var relOn []string
+	for i := range checks {
+		if decided[i] && out[i].Allowed && !checks[i].Refund && checks[i].Cost > 0 {
+			rel, relMarks = append(rel, checks[i]), append(relMarks, marks[i])
+			relOn = append(relOn, own.cur.actingName(checks[i].Key))
 		}
 	}
-	byOwner := make(map[string][]int)
-	for i := range rel {
-		o := r.cfg.Self
-		if view != nil {
-			if m := view.Owner(rel[i].Key); m.Name != "" {
-				o = m.Name
-			}
-		}
-		byOwner[o] = append(byOwner[o], i)
+	if first == nil {
+		actor.Unwind(checks, out, marks)
+	}
+	byMember := make(map[string][]int)
+	for i, m := range relOn {
+		byMember[m] = append(byMember[m], i)
 	}
 	rctx := context.WithoutCancel(ctx)
-	for o, idx := range byOwner {
+	for m, idx := range byMember {
 		cs, ms := make([]actor.Check, len(idx)), make([]int64, len(idx))
 		for j, i := range idx {
 			cs[j], ms[j] = rel[i], relMarks[i]
 		}
 		var err error
-		if o == r.cfg.Self {
+		if m == r.cfg.Self {
 			err = r.cfg.Engine.Release(rctx, cs, ms)
 		} else {
-			err = r.release(rctx, view, o, cs, ms)
+			err = r.release(rctx, own, m, cs, ms)
 		}
 		if err != nil {
-			r.log.Warn("release reserved hits", "owner", o, "err", err)
+			// The hits stay counted until they leave the window:
+			// conservative, never a free window.
+			r.log.Warn("release reserved hits", "member", m, "checks", len(cs), "err", err)
 		}
 	}
 	return first
 }
 
-// ownersView returns the members that own keys: the live members except
-// those leaving, which are handing their keys over (all live members if
-// every one is leaving). Nil for a single node.
-func (r *Router) ownersView() *View {
-	if r.cfg.Membership == nil {
+// reroute waits until this node's ownership changes (bounded by
+// misrouteWait) after another member refused checks it does not act for,
+// and routes them once more.
+func (r *Router) reroute(ctx context.Context, own *ownership, checks []actor.Check, out []actor.Decision, nodes []string, marks []int64) error {
+	t := time.NewTimer(misrouteWait)
+	defer t.Stop()
+	select {
+	case <-own.changed:
+	case <-t.C:
+		return fmt.Errorf("%w: the members disagree on who acts for the key; retry", ErrMoving)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return r.rerouteNow(ctx, checks, out, nodes, marks, false)
+}
+
+// rerouteNow routes checks once more under the current ownership; nothing
+// of them was recorded. Reserving (marks not nil), they must all go to one
+// member, which reserves them; otherwise, with allOrNothing, they are one
+// all-or-nothing call of their own.
+func (r *Router) rerouteNow(ctx context.Context, checks []actor.Check, out []actor.Decision, nodes []string, marks []int64, allOrNothing bool) error {
+	gen := r.cfg.Engine.Generation()
+	own := r.own.Load()
+	groups, err := r.route(own, checks, nodes)
+	if err != nil {
+		return err
+	}
+	if marks == nil {
+		if len(groups) == 1 && groups[0].member == r.cfg.Self {
+			err := r.decideHere(ctx, own, gen, checks, out, nil, allOrNothing)
+			if stale(err) {
+				return fmt.Errorf("%w: ownership changed twice during the call; retry", ErrMoving)
+			}
+			return err
+		}
+		return r.fanOut(ctx, own, gen, groups, checks, out, nodes, allOrNothing, false)
+	}
+	if len(groups) != 1 {
+		return fmt.Errorf("%w: the keys of a reservation moved to several members; retry", ErrMoving)
+	}
+	return r.decideOn(ctx, own, gen, groups[0].member, checks, out, nodes, marks, true, false)
+}
+
+// decideHere decides checks this node acts for under own: only under a
+// lease, once their state is here, fenced against a change of ownership,
+// and only acknowledged if the lease still runs after the commit. With
+// marks, it reserves (see actor.CallOptions).
+func (r *Router) decideHere(ctx context.Context, own *ownership, gen uint64, checks []actor.Check, out []actor.Decision, marks []int64, allOrNothing bool) error {
+	if err := r.admit(ctx, own, checks); err != nil {
+		r.cfg.Observer.Refused(reason(err), len(checks))
+		return err
+	}
+	if err := r.cfg.Engine.Do(ctx, checks, out, actor.CallOptions{Generation: gen, Marks: marks, AllOrNothing: allOrNothing}); err != nil {
+		return err
+	}
+	if !r.lease.valid() {
+		// The lease ran out while the actors decided (a pause, say): some
+		// other node may act for these keys by now. The hits stay
+		// recorded, unacknowledged: conservative.
+		r.cfg.Observer.Refused("no_quorum", len(checks))
+		return fmt.Errorf("%w: the lease of %s ran out while it decided; nothing was acknowledged", ErrNoQuorum, r.cfg.Self)
+	}
+	return nil
+}
+
+// admit waits until this node may decide checks under its lease: every
+// key's state is here. It waits for gained keys up to HandoffWait (and
+// ctx), and fails at once without a lease.
+func (r *Router) admit(ctx context.Context, own *ownership, checks []actor.Check) error {
+	if !r.lease.valid() {
+		return fmt.Errorf("%w: %s holds no lease from a majority of the %d expected members", ErrNoQuorum, r.cfg.Self, r.cfg.Membership.cfg.Expect)
+	}
+	if own.settled {
 		return nil
 	}
-	v := r.cfg.Membership.View()
-	r.ovMu.Lock()
-	defer r.ovMu.Unlock()
-	if r.ovFrom != v {
-		r.ovFrom, r.ov = v, Owners(v)
-	}
-	return r.ov
-}
-
-// Owners returns the view of the members of v that own keys: the alive
-// ones, or all of v if none is alive.
-func Owners(v *View) *View {
-	alive := make([]Member, 0, len(v.Members))
-	for _, m := range v.Members {
-		if m.State == StateAlive {
-			alive = append(alive, m)
+	var t clock.Timer
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for {
+		var err error
+		now := r.clk.Now()
+		for i := range checks {
+			if err = own.gate(checks[i].Key, now); err != nil {
+				break
+			}
+		}
+		if err == nil {
+			return nil
+		}
+		if t == nil {
+			t = r.clk.NewTimer(r.cfg.HandoffWait)
+		}
+		select {
+		case <-own.changed:
+			next := r.own.Load()
+			for i := range checks {
+				if next.cur.actingName(checks[i].Key) != r.cfg.Self {
+					return fmt.Errorf("%w: %s no longer acts for the key", actor.ErrStale, r.cfg.Self)
+				}
+			}
+			own = next
+		case <-t.C():
+			return err
+		case <-ctx.Done():
+			return err
 		}
 	}
-	if len(alive) == len(v.Members) || len(alive) == 0 {
-		return v
-	}
-	return NewView(v.Epoch, alive)
 }
 
-// Owns reports whether this node owns key in its current view.
-func (r *Router) Owns(key string) bool {
-	v := r.ownersView()
-	if v == nil || v.Len() == 0 {
+// Decidable reports whether this node may decide key now as far as
+// ownership goes (it acts for the key and holds its state); the lease is
+// checked apart. The engine asks it for calls that were routed before
+// the ownership changed (actor.Config.Owns).
+func (r *Router) Decidable(key string) bool {
+	own := r.own.Load()
+	if own == nil {
 		return true
 	}
-	o := v.Owner(key).Name
-	return o == "" || o == r.cfg.Self
+	if own.cur.actingName(key) != r.cfg.Self {
+		return false
+	}
+	return own.gate(key, r.clk.Now()) == nil
 }
 
-// forward sends checks to owner and fills out (and marks when reserving).
-func (r *Router) forward(ctx context.Context, view *View, owner string, checks []actor.Check, out []actor.Decision, marks []int64, reserve bool) error {
-	p, err := r.peer(view, owner)
-	if err != nil {
-		return err
+// DecideForwarded decides checks another node forwarded here: the checks
+// this node does not act for make the call fail with errMisrouted (the
+// sender routes them again, never through here); the others are decided as
+// decideHere does.
+func (r *Router) DecideForwarded(ctx context.Context, checks []actor.Check, out []actor.Decision, marks []int64) error {
+	if r.cfg.Membership == nil {
+		return r.cfg.Engine.Do(ctx, checks, out, actor.CallOptions{Marks: marks})
 	}
-	if reserve {
-		// Reservations are rare: they go on their own, unbatched.
-		return p.call(ctx, checks, out, marks, true)
-	}
-	f := &pending{ctx: ctx, checks: checks, out: out, done: make(chan error, 1)}
-	select {
-	case p.queue <- f:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	select {
-	case err := <-f.done:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
-// reroute waits until this node's view differs from view (bounded by
-// misrouteWait) and decides checks again on their owners in the new view,
-// once.
-func (r *Router) reroute(ctx context.Context, view *View, checks []actor.Check, out []actor.Decision) error {
-	deadline := time.Now().Add(misrouteWait)
-	for r.ownersView() == view {
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("%w: ownership is moving; retry", ErrUnreachable)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	nodes := make([]string, len(checks))
-	return r.Check(ctx, checks, out, nodes, false)
-}
-
-func (r *Router) release(ctx context.Context, view *View, owner string, checks []actor.Check, marks []int64) error {
-	p, err := r.peer(view, owner)
-	if err != nil {
-		return err
-	}
-	req := &sluicepb.ReleaseRequest{Checks: make([]*sluicepb.Check, len(checks)), Marks: marks}
+	gen := r.cfg.Engine.Generation()
+	own := r.own.Load()
 	for i := range checks {
-		req.Checks[i] = ToProtoCheck(&checks[i])
+		if a, _, _ := own.cur.acting(checks[i].Key); a != r.cfg.Self {
+			return fmt.Errorf("%w: %s does not act for key %q in its configuration", errMisrouted, r.cfg.Self, printable(checks[i].Key))
+		}
 	}
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	_, err = p.client.Release(ctx, req)
+	err := r.decideHere(ctx, own, gen, checks, out, marks, false)
+	if errors.Is(err, actor.ErrStale) && !errors.Is(err, actor.ErrStalePartial) {
+		return fmt.Errorf("%w: %v", errMisrouted, err)
+	}
 	return err
 }
 
-// peer returns the sender for the member named name, dialling it if needed.
-func (r *Router) peer(view *View, name string) (*peer, error) {
-	var addr string
-	if view != nil {
-		for _, m := range view.Members {
-			if m.Name == name {
-				addr = m.GRPCAddr
-			}
-		}
+// printable quotes at most a short prefix of a key.
+func printable(key string) string {
+	if len(key) > 32 {
+		return key[:32] + "…"
 	}
-	if addr == "" {
-		return nil, fmt.Errorf("%w: %s has no gRPC address", ErrUnreachable, name)
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil, fmt.Errorf("%w: router closed", ErrUnreachable)
-	}
-	if p := r.peers[name]; p != nil && p.addr == addr {
-		return p, nil
-	} else if p != nil {
-		p.close()
-	}
-	conn, err := grpc.NewClient(addr, r.cfg.DialOptions...)
-	if err != nil {
-		return nil, fmt.Errorf("%w: dial %s at %s: %v", ErrUnreachable, name, addr, err)
-	}
-	p := &peer{
-		r: r, name: name, addr: addr, conn: conn,
-		client: sluicepb.NewPeerServiceClient(conn),
-		queue:  make(chan *pending, 4096),
-		quit:   make(chan struct{}),
-	}
-	r.peers[name] = p
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		p.run()
-	}()
-	return p, nil
+	return key
 }
 
-// Close stops the senders and closes the peer connections.
+// Owner returns the name of the member that decides key now, and whether
+// it is another node. When nobody may decide it (its owner is down), it
+// names the owner.
+func (r *Router) Owner(key string) (string, bool) {
+	own := r.own.Load()
+	if own == nil {
+		return r.cfg.Self, false
+	}
+	name, _, _ := own.cur.acting(key)
+	if name == "" {
+		name = own.cur.owner(key)
+	}
+	return name, name != "" && name != r.cfg.Self
+}
+
+// Conn returns the connection to the live member named name, for calls
+// other than forwarding (admin calls answered by a key's owner).
+func (r *Router) Conn(name string) (*grpc.ClientConn, error) {
+	p, err := r.peer(name)
+	if err != nil {
+		return nil, err
+	}
+	return p.conn, nil
+}
+
+// Close stops the senders and closes the peer connections. Run must have
+// returned.
 func (r *Router) Close() {
 	r.mu.Lock()
 	r.closed = true
@@ -412,185 +736,4 @@ func (r *Router) Close() {
 	}
 	r.mu.Unlock()
 	r.wg.Wait()
-}
-
-// pending is a share of a caller's checks waiting to be forwarded.
-type pending struct {
-	ctx    context.Context
-	checks []actor.Check
-	out    []actor.Decision
-	done   chan error
-}
-
-// peer batches the checks forwarded to one member.
-type peer struct {
-	r      *Router
-	name   string
-	addr   string
-	conn   *grpc.ClientConn
-	client sluicepb.PeerServiceClient
-	queue  chan *pending
-	quit   chan struct{}
-	once   sync.Once
-}
-
-func (p *peer) close() {
-	p.once.Do(func() {
-		close(p.quit)
-		p.conn.Close()
-	})
-}
-
-// run starts MaxInFlight senders and waits for them. Each takes what is
-// queued (up to MaxForwardBatch checks) and sends it as one Forward call:
-// while they are all busy, checks queue up and share the next call. A
-// caller's checks go straight to a waiting sender, with no goroutine in
-// between.
-func (p *peer) run() {
-	var senders sync.WaitGroup
-	for range p.r.cfg.MaxInFlight {
-		senders.Go(p.sender)
-	}
-	senders.Wait()
-}
-
-func (p *peer) sender() {
-	for {
-		var first *pending
-		select {
-		case first = <-p.queue:
-		case <-p.quit:
-			p.failQueued()
-			return
-		}
-		if w := p.r.cfg.ForwardWait; w > 0 {
-			time.Sleep(w)
-		}
-		batch := []*pending{first}
-		n := len(first.checks)
-	drain:
-		for n < p.r.cfg.MaxForwardBatch {
-			select {
-			case f := <-p.queue:
-				batch = append(batch, f)
-				n += len(f.checks)
-			default:
-				break drain
-			}
-		}
-		p.send(batch, n)
-	}
-}
-
-func (p *peer) failQueued() {
-	for {
-		select {
-		case f := <-p.queue:
-			f.done <- fmt.Errorf("%w: %s: router closed", ErrUnreachable, p.name)
-		default:
-			return
-		}
-	}
-}
-
-// send forwards a batch under the earliest deadline of its callers.
-func (p *peer) send(batch []*pending, n int) {
-	checks := make([]actor.Check, 0, n)
-	var deadline time.Time
-	for _, f := range batch {
-		checks = append(checks, f.checks...)
-		if d, ok := f.ctx.Deadline(); ok && (deadline.IsZero() || d.Before(deadline)) {
-			deadline = d
-		}
-	}
-	if deadline.IsZero() {
-		deadline = time.Now().Add(5 * time.Second)
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	out := make([]actor.Decision, len(checks))
-	err := p.call(ctx, checks, out, nil, false)
-	off := 0
-	for _, f := range batch {
-		if err == nil {
-			copy(f.out, out[off:off+len(f.checks)])
-		}
-		off += len(f.checks)
-		f.done <- err
-	}
-}
-
-// call makes one Forward call.
-func (p *peer) call(ctx context.Context, checks []actor.Check, out []actor.Decision, marks []int64, reserve bool) error {
-	req := &sluicepb.ForwardRequest{Checks: make([]*sluicepb.Check, len(checks)), Reserve: reserve, FromNode: p.r.cfg.Self}
-	for i := range checks {
-		req.Checks[i] = ToProtoCheck(&checks[i])
-	}
-	start := time.Now()
-	resp, err := p.client.Forward(ctx, req)
-	p.r.cfg.Observer.Forwarded(p.name, len(checks), time.Since(start), err)
-	if err != nil {
-		if st, ok := status.FromError(err); ok {
-			switch st.Code() {
-			case codes.InvalidArgument, codes.ResourceExhausted:
-				return err
-			case codes.Aborted:
-				return fmt.Errorf("%w: %s", errMisrouted, st.Message())
-			}
-		}
-		return fmt.Errorf("%w: %s: %v", ErrUnreachable, p.name, err)
-	}
-	if len(resp.Decisions) != len(checks) || reserve && len(resp.Marks) != len(checks) {
-		return fmt.Errorf("%w: %s answered %d decisions for %d checks", ErrUnreachable, p.name, len(resp.Decisions), len(checks))
-	}
-	for i, d := range resp.Decisions {
-		out[i] = actor.Decision{
-			Allowed:    d.Allowed,
-			Limit:      d.Limit,
-			Remaining:  d.Remaining,
-			RetryAfter: d.RetryAfter.AsDuration(),
-			ResetAfter: d.ResetAfter.AsDuration(),
-		}
-	}
-	copy(marks, resp.Marks)
-	return nil
-}
-
-// ToProtoCheck encodes a resolved engine check for the wire.
-func ToProtoCheck(c *actor.Check) *sluicepb.Check {
-	cost := c.Cost
-	return &sluicepb.Check{
-		Key:       []byte(c.Key),
-		Limit:     c.Limit,
-		Window:    durationpb.New(c.Window),
-		Algorithm: sluicepb.Algorithm(c.Algorithm + 1),
-		Cost:      &cost,
-		Refund:    c.Refund,
-		Penalty:   c.Penalty,
-	}
-}
-
-// Conn returns the connection to the live member named name, for calls
-// other than forwarding (admin calls answered by a key's owner).
-func (r *Router) Conn(name string) (*grpc.ClientConn, error) {
-	var view *View
-	if r.cfg.Membership != nil {
-		view = r.cfg.Membership.View()
-	}
-	p, err := r.peer(view, name)
-	if err != nil {
-		return nil, err
-	}
-	return p.conn, nil
-}
-
-// Owner returns the name of the member that owns key, and whether it is
-// another node.
-func (r *Router) Owner(key string) (string, bool) {
-	v := r.ownersView()
-	if v == nil || v.Len() == 0 {
-		return r.cfg.Self, false
-	}
-	o := v.Owner(key).Name
-	return o, o != "" && o != r.cfg.Self
 }

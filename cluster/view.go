@@ -56,6 +56,9 @@ type Member struct {
 	// seen again under the same name with another Started is a new process:
 	// it restarted, whatever its address.
 	Started time.Time
+	// Incarnation is the member's current incarnation (RosterEntry): a new
+	// one at each start, and when the member was fenced.
+	Incarnation uint64
 }
 
 // ChangeKind says what changed a view.
@@ -100,6 +103,9 @@ type View struct {
 	Epoch uint64
 	// Members are the live members sorted by name, each name once.
 	Members []Member
+	// Roster is the cluster's membership as it is meant to be, up or down
+	// (see Roster). Nil in views built by NewView.
+	Roster *Roster
 
 	hashes []uint64 // shard.NodeHash of each member's name, same order
 }
@@ -162,6 +168,7 @@ func (v *View) Without(name string) *View {
 	return &View{
 		Epoch:   v.Epoch,
 		Members: slices.Delete(slices.Clone(v.Members), i, i+1),
+		Roster:  v.Roster,
 		hashes:  slices.Delete(slices.Clone(v.hashes), i, i+1),
 	}
 }

@@ -6,7 +6,9 @@
 #   scripts/cluster-up.sh [N]        # default 3 nodes
 #
 # Node i (from 1) serves gRPC on 127.0.0.1:(9080+i*10+1), HTTP on
-# 127.0.0.1:(9080+i*10) and gossips on 127.0.0.1:(7946+i); all join node 1.
+# 127.0.0.1:(9080+i*10) and gossips on 127.0.0.1:(7946+i); all join node 1,
+# and expect N nodes (a node decides nothing without a lease from a majority
+# of them). A node restarted later rejoins through the members it knew.
 # Extra serve flags for every node: SLUICE_CLUSTER_FLAGS.
 set -euo pipefail
 n=${1:-3}
@@ -24,7 +26,7 @@ for i in $(seq 1 "$n"); do
   # shellcheck disable=SC2086
   "$dir/sluice" serve --node-name "node-$i" \
     --grpc-addr "127.0.0.1:$((9080 + i * 10 + 1))" --http-addr "127.0.0.1:$((9080 + i * 10))" \
-    --gossip-addr "127.0.0.1:$((7946 + i))" --join "127.0.0.1:7947" \
+    --gossip-addr "127.0.0.1:$((7946 + i))" --join "127.0.0.1:7947" --expect "$n" \
     --data-dir "$node/data" --ready-file "$node/ready.json" ${SLUICE_CLUSTER_FLAGS:-} \
     >"$node/log" 2>&1 &
   echo $! >"$node/pid"

@@ -100,21 +100,39 @@ func TestKubernetesManifests(t *testing.T) {
 	})
 
 	t.Run("probes", func(t *testing.T) {
-		for _, name := range []string{"readinessProbe", "livenessProbe", "startupProbe"} {
-			probe, ok := c[name].(map[string]any)
-			if !ok {
-				if name != "startupProbe" {
-					t.Errorf("container has no %s", name)
-				}
-				continue
-			}
+		// Readiness follows grpc health, which is SERVING only while the
+		// node holds a lease and its keys are here. Liveness and startup
+		// must not: a node without quorum (a minority side, a cluster
+		// starting) is alive, and restarting it would not help.
+		if probe, ok := c["readinessProbe"].(map[string]any); !ok {
+			t.Errorf("container has no readinessProbe")
+		} else {
 			got, ok := dig(probe, "grpc", "port").(int)
 			if !ok || got != grpcPort {
-				t.Errorf("%s = %v; want a grpc probe (grpc health) on port %d, the port of --grpc-addr", name, probe, grpcPort)
+				t.Errorf("readinessProbe = %v; want a grpc probe (grpc health) on port %d, the port of --grpc-addr", probe, grpcPort)
 			}
 			if svc, ok := dig(probe, "grpc", "service").(string); ok && svc != "" {
-				t.Errorf("%s asks grpc health for service %q; the node reports its health under \"\"", name, svc)
+				t.Errorf("readinessProbe asks grpc health for service %q; the node reports its health under \"\"", svc)
 			}
+		}
+		for _, name := range []string{"livenessProbe", "startupProbe"} {
+			probe, ok := c[name].(map[string]any)
+			if !ok {
+				t.Errorf("container has no %s", name)
+				continue
+			}
+			path, _ := dig(probe, "httpGet", "path").(string)
+			port, _ := dig(probe, "httpGet", "port").(int)
+			if path != "/healthz" || port != httpPort {
+				t.Errorf("%s = %v; want GET /healthz on port %d, the port of --http-addr (not grpc health: it says whether the node may decide, not whether it is alive)", name, probe, httpPort)
+			}
+		}
+	})
+
+	t.Run("expect", func(t *testing.T) {
+		replicas, _ := dig(sts.m, "spec", "replicas").(int)
+		if got := fs.Lookup("expect").Value.String(); got != strconv.Itoa(replicas) {
+			t.Errorf("--expect=%s; want the StatefulSet's replicas, %d (scale both together)", got, replicas)
 		}
 	})
 

@@ -61,7 +61,7 @@ func TestMembersCluster(t *testing.T) {
 	nodes := make([]*node, 3)
 	for i := range nodes {
 		nodes[i] = startNode(t, nil, "--node-name", "node-"+strconv.Itoa(i),
-			"--gossip-addr", gossip[i], "--join", gossip[0])
+			"--gossip-addr", gossip[i], "--join", gossip[0], "--expect", "3")
 	}
 	for i, n := range nodes {
 		var rows []map[string]string

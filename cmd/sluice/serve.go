@@ -38,6 +38,8 @@ type serveOptions struct {
 	advertiseAddr string
 	join          string
 	gossipKey     string
+	expect        int
+	ownerPolicy   string
 }
 
 func (c *cli) serveCommand() *cobra.Command {
@@ -92,6 +94,9 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.StringVar(&o.advertiseAddr, "advertise-addr", "", "cluster: host:port peers reach this node's gossip at, when it differs from --gossip-addr")
 	fs.StringVar(&o.join, "join", "", "cluster: comma-separated host:port list of members to join (DNS names are resolved and retried, so a headless Service works)")
 	fs.StringVar(&o.gossipKey, "gossip-key", "", "cluster: base64 AES key (16, 24 or 32 bytes) encrypting gossip; every member needs the same")
+	fs.IntVar(&o.expect, "expect", 0, "cluster: how many nodes the cluster is meant to have (a StatefulSet's replicas); a node decides nothing without a lease from a majority of them. Required in a cluster")
+	fs.Var(newEnumValue(&o.ownerPolicy, "exact", "exact", "available"), "owner-policy",
+		"cluster: who decides the keys of a node that is down: exact (nobody until it is back: UNAVAILABLE, never a wrong answer) or available (the next node, from no state once the down node is fenced: up to one extra limit per key)")
 	fs.Var(newEnumValue(&o.logFormat, "text", "text", "json"), "log-format", "log format")
 	fs.Var(newEnumValue(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "least severe level logged")
 	fs.StringVar(&o.readyFile, "ready-file", "", `once serving, write the bound addresses to this file as JSON {"grpc_addr":...,"http_addr":...,"pid":...}; removed at stop (for scripts and tests on port 0)`)
@@ -156,7 +161,18 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 			}
 			cc.GossipKey = key
 		}
+		if o.expect < 1 {
+			return fmt.Errorf("--expect: set the number of nodes the cluster is meant to have (the StatefulSet's replicas, or the N of scripts/cluster-up.sh): a node decides nothing until a majority of them granted it a lease, so that a node alone never forms a second cluster")
+		}
+		cc.Expect = o.expect
+		policy, err := cluster.ParsePolicy(o.ownerPolicy)
+		if err != nil {
+			return fmt.Errorf("--owner-policy: %v", err)
+		}
+		cfg.Router.Policy = policy
 		cfg.Cluster = &cc
+	} else if o.expect > 1 {
+		return fmt.Errorf("--expect %d: a cluster needs --gossip-addr or --join", o.expect)
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -263,6 +279,8 @@ func (o *serveOptions) attrs() []any {
 			"advertise_addr", o.advertiseAddr,
 			"join", o.join,
 			"gossip_key", redact(o.gossipKey),
+			"expect", o.expect,
+			"owner_policy", o.ownerPolicy,
 		),
 	}
 }

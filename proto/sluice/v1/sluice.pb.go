@@ -2084,7 +2084,7 @@ type ForwardRequest struct {
 	Reserve bool `protobuf:"varint,2,opt,name=reserve,proto3" json:"reserve,omitempty"`
 	// Name of the node that forwarded the checks.
 	FromNode string `protobuf:"bytes,3,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
-	// The sender's membership epoch when it chose the owner.
+	// Unused; kept so that the field number is not reused.
 	Epoch         uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -2296,21 +2296,30 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
 }
 
-// HandoffRequest is one part of a handoff stream.
+// HandoffRequest is one part of a handoff from one node to another.
 type HandoffRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The keys of this part and their encoded states.
 	Keys []*KeyRecord `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
 	// Name of the node handing the keys over.
 	FromNode string `protobuf:"bytes,2,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
-	// The sender's membership epoch when it computed the new owners.
-	Epoch uint64 `protobuf:"varint,3,opt,name=epoch,proto3" json:"epoch,omitempty"`
-	// Identifies the set of key owners the sender computed the handoff from
-	// (a hash of their sorted names), so that the receiver can tell which of
-	// its own view changes this handoff completes.
-	OwnersHash    uint64 `protobuf:"varint,4,opt,name=owners_hash,json=ownersHash,proto3" json:"owners_hash,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The sender's configuration (a hash of the owners, and under the
+	// available policy of the ones alive) when it computed this handoff.
+	Config uint64 `protobuf:"varint,3,opt,name=config,proto3" json:"config,omitempty"`
+	// When true, the sender holds nothing more that the receiver acts for in
+	// configuration config.
+	Complete bool `protobuf:"varint,4,opt,name=complete,proto3" json:"complete,omitempty"`
+	// Name of the receiver this part is meant for.
+	ToNode string `protobuf:"bytes,5,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
+	// The receiver's incarnation this part is meant for.
+	ToIncarnation uint64 `protobuf:"varint,6,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
+	// Increases with every configuration the sender moves to; the receiver
+	// ignores a complete older than one it already has from the sender.
+	Sequence uint64 `protobuf:"varint,7,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// The sender's incarnation: a complete counts for that incarnation only.
+	FromIncarnation uint64 `protobuf:"varint,8,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *HandoffRequest) Reset() {
@@ -2357,16 +2366,44 @@ func (x *HandoffRequest) GetFromNode() string {
 	return ""
 }
 
-func (x *HandoffRequest) GetEpoch() uint64 {
+func (x *HandoffRequest) GetConfig() uint64 {
 	if x != nil {
-		return x.Epoch
+		return x.Config
 	}
 	return 0
 }
 
-func (x *HandoffRequest) GetOwnersHash() uint64 {
+func (x *HandoffRequest) GetComplete() bool {
 	if x != nil {
-		return x.OwnersHash
+		return x.Complete
+	}
+	return false
+}
+
+func (x *HandoffRequest) GetToNode() string {
+	if x != nil {
+		return x.ToNode
+	}
+	return ""
+}
+
+func (x *HandoffRequest) GetToIncarnation() uint64 {
+	if x != nil {
+		return x.ToIncarnation
+	}
+	return 0
+}
+
+func (x *HandoffRequest) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *HandoffRequest) GetFromIncarnation() uint64 {
+	if x != nil {
+		return x.FromIncarnation
 	}
 	return 0
 }
@@ -2426,7 +2463,7 @@ func (x *KeyRecord) GetState() []byte {
 	return nil
 }
 
-// HandoffResponse closes a handoff stream.
+// HandoffResponse acknowledges a handoff part once it is committed.
 type HandoffResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// How many keys the receiver merged.
@@ -2470,6 +2507,227 @@ func (x *HandoffResponse) GetMerged() int64 {
 		return x.Merged
 	}
 	return 0
+}
+
+// LeaseRequest asks for a lease.
+type LeaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Name of the node asking.
+	FromNode string `protobuf:"bytes,1,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	// Incarnation of the node asking.
+	Incarnation   uint64 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseRequest) Reset() {
+	*x = LeaseRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseRequest) ProtoMessage() {}
+
+func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
+func (*LeaseRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *LeaseRequest) GetFromNode() string {
+	if x != nil {
+		return x.FromNode
+	}
+	return ""
+}
+
+func (x *LeaseRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+// LeaseResponse answers a LeaseRequest.
+type LeaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the lease is granted.
+	Granted bool `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
+	// Set when the sender's incarnation was fenced: it must take a new
+	// incarnation (and give up every key it holds) before it asks again.
+	Fenced bool `protobuf:"varint,2,opt,name=fenced,proto3" json:"fenced,omitempty"`
+	// Name of the node answering.
+	Node          string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *LeaseResponse) Reset() {
+	*x = LeaseResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *LeaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*LeaseResponse) ProtoMessage() {}
+
+func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
+func (*LeaseResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *LeaseResponse) GetGranted() bool {
+	if x != nil {
+		return x.Granted
+	}
+	return false
+}
+
+func (x *LeaseResponse) GetFenced() bool {
+	if x != nil {
+		return x.Fenced
+	}
+	return false
+}
+
+func (x *LeaseResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+// FenceRequest asks for a promise.
+type FenceRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Name of the member to fence.
+	Member string `protobuf:"bytes,1,opt,name=member,proto3" json:"member,omitempty"`
+	// The newest of the member's incarnations to refuse.
+	Incarnation uint64 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// Name of the node asking.
+	FromNode      string `protobuf:"bytes,3,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceRequest) Reset() {
+	*x = FenceRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceRequest) ProtoMessage() {}
+
+func (x *FenceRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
+func (*FenceRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *FenceRequest) GetMember() string {
+	if x != nil {
+		return x.Member
+	}
+	return ""
+}
+
+func (x *FenceRequest) GetIncarnation() uint64 {
+	if x != nil {
+		return x.Incarnation
+	}
+	return 0
+}
+
+func (x *FenceRequest) GetFromNode() string {
+	if x != nil {
+		return x.FromNode
+	}
+	return ""
+}
+
+// FenceResponse confirms the promise.
+type FenceResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FenceResponse) Reset() {
+	*x = FenceResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FenceResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FenceResponse) ProtoMessage() {}
+
+func (x *FenceResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
+func (*FenceResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{39}
 }
 
 var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
@@ -2618,18 +2876,33 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eReleaseRequest\x12(\n" +
 	"\x06checks\x18\x01 \x03(\v2\x10.sluice.v1.CheckR\x06checks\x12\x14\n" +
 	"\x05marks\x18\x02 \x03(\x03R\x05marks\"\x11\n" +
-	"\x0fReleaseResponse\"\x8e\x01\n" +
+	"\x0fReleaseResponse\"\x92\x02\n" +
 	"\x0eHandoffRequest\x12(\n" +
 	"\x04keys\x18\x01 \x03(\v2\x14.sluice.v1.KeyRecordR\x04keys\x12\x1b\n" +
-	"\tfrom_node\x18\x02 \x01(\tR\bfromNode\x12\x14\n" +
-	"\x05epoch\x18\x03 \x01(\x04R\x05epoch\x12\x1f\n" +
-	"\vowners_hash\x18\x04 \x01(\x04R\n" +
-	"ownersHash\"3\n" +
+	"\tfrom_node\x18\x02 \x01(\tR\bfromNode\x12\x16\n" +
+	"\x06config\x18\x03 \x01(\x04R\x06config\x12\x1a\n" +
+	"\bcomplete\x18\x04 \x01(\bR\bcomplete\x12\x17\n" +
+	"\ato_node\x18\x05 \x01(\tR\x06toNode\x12%\n" +
+	"\x0eto_incarnation\x18\x06 \x01(\x04R\rtoIncarnation\x12\x1a\n" +
+	"\bsequence\x18\a \x01(\x04R\bsequence\x12)\n" +
+	"\x10from_incarnation\x18\b \x01(\x04R\x0ffromIncarnation\"3\n" +
 	"\tKeyRecord\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\fR\x05state\")\n" +
 	"\x0fHandoffResponse\x12\x16\n" +
-	"\x06merged\x18\x01 \x01(\x03R\x06merged*{\n" +
+	"\x06merged\x18\x01 \x01(\x03R\x06merged\"M\n" +
+	"\fLeaseRequest\x12\x1b\n" +
+	"\tfrom_node\x18\x01 \x01(\tR\bfromNode\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\"U\n" +
+	"\rLeaseResponse\x12\x18\n" +
+	"\agranted\x18\x01 \x01(\bR\agranted\x12\x16\n" +
+	"\x06fenced\x18\x02 \x01(\bR\x06fenced\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\"e\n" +
+	"\fFenceRequest\x12\x16\n" +
+	"\x06member\x18\x01 \x01(\tR\x06member\x12 \n" +
+	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x1b\n" +
+	"\tfrom_node\x18\x03 \x01(\tR\bfromNode\"\x0f\n" +
+	"\rFenceResponse*{\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15ALGORITHM_SLIDING_LOG\x10\x01\x12\x1c\n" +
@@ -2645,11 +2918,13 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\rListOverrides\x12\x1f.sluice.v1.ListOverridesRequest\x1a .sluice.v1.ListOverridesResponse\x12U\n" +
 	"\x0eDeleteOverride\x12 .sluice.v1.DeleteOverrideRequest\x1a!.sluice.v1.DeleteOverrideResponse\x12C\n" +
 	"\bEnvoyKey\x12\x1a.sluice.v1.EnvoyKeyRequest\x1a\x1b.sluice.v1.EnvoyKeyResponse\x12L\n" +
-	"\vListMembers\x12\x1d.sluice.v1.ListMembersRequest\x1a\x1e.sluice.v1.ListMembersResponse2\xd5\x01\n" +
+	"\vListMembers\x12\x1d.sluice.v1.ListMembersRequest\x1a\x1e.sluice.v1.ListMembersResponse2\xcb\x02\n" +
 	"\vPeerService\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12@\n" +
-	"\aRelease\x12\x19.sluice.v1.ReleaseRequest\x1a\x1a.sluice.v1.ReleaseResponse\x12B\n" +
-	"\aHandoff\x12\x19.sluice.v1.HandoffRequest\x1a\x1a.sluice.v1.HandoffResponse(\x01B6Z4github.com/sluice-io/sluice/proto/sluice/v1;sluicepbb\x06proto3"
+	"\aRelease\x12\x19.sluice.v1.ReleaseRequest\x1a\x1a.sluice.v1.ReleaseResponse\x12@\n" +
+	"\aHandoff\x12\x19.sluice.v1.HandoffRequest\x1a\x1a.sluice.v1.HandoffResponse\x12:\n" +
+	"\x05Lease\x12\x17.sluice.v1.LeaseRequest\x1a\x18.sluice.v1.LeaseResponse\x12:\n" +
+	"\x05Fence\x12\x17.sluice.v1.FenceRequest\x1a\x18.sluice.v1.FenceResponseB6Z4github.com/sluice-io/sluice/proto/sluice/v1;sluicepbb\x06proto3"
 
 var (
 	file_sluice_v1_sluice_proto_rawDescOnce sync.Once
@@ -2664,7 +2939,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 36)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),                 // 0: sluice.v1.Algorithm
 	(*CheckRequest)(nil),           // 1: sluice.v1.CheckRequest
@@ -2703,37 +2978,41 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*HandoffRequest)(nil),         // 34: sluice.v1.HandoffRequest
 	(*KeyRecord)(nil),              // 35: sluice.v1.KeyRecord
 	(*HandoffResponse)(nil),        // 36: sluice.v1.HandoffResponse
-	(*durationpb.Duration)(nil),    // 37: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 38: google.protobuf.Timestamp
+	(*LeaseRequest)(nil),           // 37: sluice.v1.LeaseRequest
+	(*LeaseResponse)(nil),          // 38: sluice.v1.LeaseResponse
+	(*FenceRequest)(nil),           // 39: sluice.v1.FenceRequest
+	(*FenceResponse)(nil),          // 40: sluice.v1.FenceResponse
+	(*durationpb.Duration)(nil),    // 41: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 42: google.protobuf.Timestamp
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	2,  // 0: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.Check
-	37, // 1: sluice.v1.Check.window:type_name -> google.protobuf.Duration
+	41, // 1: sluice.v1.Check.window:type_name -> google.protobuf.Duration
 	0,  // 2: sluice.v1.Check.algorithm:type_name -> sluice.v1.Algorithm
 	4,  // 3: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
-	37, // 4: sluice.v1.Decision.retry_after:type_name -> google.protobuf.Duration
-	37, // 5: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
+	41, // 4: sluice.v1.Decision.retry_after:type_name -> google.protobuf.Duration
+	41, // 5: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
 	7,  // 6: sluice.v1.ListMembersResponse.members:type_name -> sluice.v1.ClusterMember
 	10, // 7: sluice.v1.GetKeyResponse.state:type_name -> sluice.v1.KeyState
 	0,  // 8: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
-	37, // 9: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
+	41, // 9: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
 	11, // 10: sluice.v1.KeyState.sliding_log:type_name -> sluice.v1.SlidingLogState
 	13, // 11: sluice.v1.KeyState.sliding_window:type_name -> sluice.v1.SlidingWindowState
 	14, // 12: sluice.v1.KeyState.token_bucket:type_name -> sluice.v1.TokenBucketState
-	37, // 13: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
-	37, // 14: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
-	38, // 15: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
-	38, // 16: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
+	41, // 13: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
+	41, // 14: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
+	42, // 15: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
+	42, // 16: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
 	12, // 17: sluice.v1.SlidingLogState.runs:type_name -> sluice.v1.LogRun
-	38, // 18: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
-	38, // 19: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
-	38, // 20: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
+	42, // 18: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
+	42, // 19: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
+	42, // 20: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
 	17, // 21: sluice.v1.ListKeysResponse.keys:type_name -> sluice.v1.KeySummary
-	38, // 22: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
-	37, // 23: sluice.v1.Override.window:type_name -> google.protobuf.Duration
+	42, // 22: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
+	41, // 23: sluice.v1.Override.window:type_name -> google.protobuf.Duration
 	0,  // 24: sluice.v1.Override.algorithm:type_name -> sluice.v1.Algorithm
-	38, // 25: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
-	38, // 26: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
+	42, // 25: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
+	42, // 26: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
 	20, // 27: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
 	20, // 28: sluice.v1.SetOverrideResponse.override:type_name -> sluice.v1.Override
 	20, // 29: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
@@ -2754,20 +3033,24 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	30, // 44: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
 	32, // 45: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
 	34, // 46: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
-	3,  // 47: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
-	9,  // 48: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
-	16, // 49: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
-	19, // 50: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
-	22, // 51: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
-	24, // 52: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
-	26, // 53: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
-	29, // 54: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
-	6,  // 55: sluice.v1.AdminService.ListMembers:output_type -> sluice.v1.ListMembersResponse
-	31, // 56: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
-	33, // 57: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
-	36, // 58: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
-	47, // [47:59] is the sub-list for method output_type
-	35, // [35:47] is the sub-list for method input_type
+	37, // 47: sluice.v1.PeerService.Lease:input_type -> sluice.v1.LeaseRequest
+	39, // 48: sluice.v1.PeerService.Fence:input_type -> sluice.v1.FenceRequest
+	3,  // 49: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
+	9,  // 50: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
+	16, // 51: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
+	19, // 52: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
+	22, // 53: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
+	24, // 54: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
+	26, // 55: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
+	29, // 56: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
+	6,  // 57: sluice.v1.AdminService.ListMembers:output_type -> sluice.v1.ListMembersResponse
+	31, // 58: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
+	33, // 59: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
+	36, // 60: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
+	38, // 61: sluice.v1.PeerService.Lease:output_type -> sluice.v1.LeaseResponse
+	40, // 62: sluice.v1.PeerService.Fence:output_type -> sluice.v1.FenceResponse
+	49, // [49:63] is the sub-list for method output_type
+	35, // [35:49] is the sub-list for method input_type
 	35, // [35:35] is the sub-list for extension type_name
 	35, // [35:35] is the sub-list for extension extendee
 	0,  // [0:35] is the sub-list for field type_name
@@ -2790,7 +3073,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   36,
+			NumMessages:   40,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

@@ -618,6 +618,8 @@ const (
 	PeerService_Forward_FullMethodName = "/sluice.v1.PeerService/Forward"
 	PeerService_Release_FullMethodName = "/sluice.v1.PeerService/Release"
 	PeerService_Handoff_FullMethodName = "/sluice.v1.PeerService/Handoff"
+	PeerService_Lease_FullMethodName   = "/sluice.v1.PeerService/Lease"
+	PeerService_Fence_FullMethodName   = "/sluice.v1.PeerService/Fence"
 )
 
 // PeerServiceClient is the client API for PeerService service.
@@ -625,21 +627,45 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // PeerService is internal to a cluster: nodes forward checks to the owners
-// of their keys and hand key state over when ownership moves. It is not part
-// of the public API and may change between releases; nodes of one cluster
-// run the same release.
+// of their keys, hand key state over when ownership moves, and grant each
+// other the leases under which they decide (docs/cluster.md, "Fenced
+// ownership", is the protocol's specification). It is not part of the public
+// API and may change between releases; nodes of one cluster run the same
+// release.
+//
+// Status codes a peer answers, and what the caller does with them:
+//
+//   - ABORTED: the receiver does not act for a forwarded key in its
+//     configuration (views differ for a moment). The sender routes the check
+//     again once its own configuration changed, never through the receiver.
+//   - UNAVAILABLE: the receiver acts for the key but may not decide it now:
+//     no lease ("no quorum"), a handoff not yet arrived, the owner down. The
+//     message says which; the caller passes it on to its client.
+//   - FAILED_PRECONDITION: a handoff addressed to an incarnation that is not
+//     the receiver's current one. The sender drops it and starts again for
+//     the new incarnation.
+//   - INVALID_ARGUMENT, RESOURCE_EXHAUSTED: as for clients.
 type PeerServiceClient interface {
-	// Forward decides checks on the node that owns their keys. The checks are
-	// complete (limit, window and algorithm already resolved by the node that
-	// received them). The receiver decides them itself and never forwards
-	// them again.
+	// Forward decides checks on the node that acts for their keys. The checks
+	// are complete (limit, window and algorithm already resolved by the node
+	// that received them). The receiver decides them itself or refuses them;
+	// it never forwards them again.
 	Forward(ctx context.Context, in *ForwardRequest, opts ...grpc.CallOption) (*ForwardResponse, error)
 	// Release takes back hits that a reserving Forward recorded, when the
 	// all_or_nothing call they belonged to failed on another node.
 	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
-	// Handoff streams the state of keys whose ownership moved to the
-	// receiver, which merges each into what it holds.
-	Handoff(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[HandoffRequest, HandoffResponse], error)
+	// Handoff delivers the state of keys the receiver acts for, and, with
+	// complete set, says that the sender holds nothing more for it in the
+	// sender's configuration. The receiver answers once the states are
+	// committed to its storage; only then does the sender delete them.
+	Handoff(ctx context.Context, in *HandoffRequest, opts ...grpc.CallOption) (*HandoffResponse, error)
+	// Lease asks the receiver to grant the sender's incarnation a lease. The
+	// receiver grants it unless it promised (Fence) to refuse that
+	// incarnation.
+	Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error)
+	// Fence makes the receiver promise never to grant a lease to the named
+	// member's incarnations up to the one given. The promise is kept on disk.
+	Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error)
 }
 
 type peerServiceClient struct {
@@ -670,39 +696,80 @@ func (c *peerServiceClient) Release(ctx context.Context, in *ReleaseRequest, opt
 	return out, nil
 }
 
-func (c *peerServiceClient) Handoff(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[HandoffRequest, HandoffResponse], error) {
+func (c *peerServiceClient) Handoff(ctx context.Context, in *HandoffRequest, opts ...grpc.CallOption) (*HandoffResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &PeerService_ServiceDesc.Streams[0], PeerService_Handoff_FullMethodName, cOpts...)
+	out := new(HandoffResponse)
+	err := c.cc.Invoke(ctx, PeerService_Handoff_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	x := &grpc.GenericClientStream[HandoffRequest, HandoffResponse]{ClientStream: stream}
-	return x, nil
+	return out, nil
 }
 
-// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type PeerService_HandoffClient = grpc.ClientStreamingClient[HandoffRequest, HandoffResponse]
+func (c *peerServiceClient) Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(LeaseResponse)
+	err := c.cc.Invoke(ctx, PeerService_Lease_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerServiceClient) Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FenceResponse)
+	err := c.cc.Invoke(ctx, PeerService_Fence_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
 
 // PeerServiceServer is the server API for PeerService service.
 // All implementations must embed UnimplementedPeerServiceServer
 // for forward compatibility.
 //
 // PeerService is internal to a cluster: nodes forward checks to the owners
-// of their keys and hand key state over when ownership moves. It is not part
-// of the public API and may change between releases; nodes of one cluster
-// run the same release.
+// of their keys, hand key state over when ownership moves, and grant each
+// other the leases under which they decide (docs/cluster.md, "Fenced
+// ownership", is the protocol's specification). It is not part of the public
+// API and may change between releases; nodes of one cluster run the same
+// release.
+//
+// Status codes a peer answers, and what the caller does with them:
+//
+//   - ABORTED: the receiver does not act for a forwarded key in its
+//     configuration (views differ for a moment). The sender routes the check
+//     again once its own configuration changed, never through the receiver.
+//   - UNAVAILABLE: the receiver acts for the key but may not decide it now:
+//     no lease ("no quorum"), a handoff not yet arrived, the owner down. The
+//     message says which; the caller passes it on to its client.
+//   - FAILED_PRECONDITION: a handoff addressed to an incarnation that is not
+//     the receiver's current one. The sender drops it and starts again for
+//     the new incarnation.
+//   - INVALID_ARGUMENT, RESOURCE_EXHAUSTED: as for clients.
 type PeerServiceServer interface {
-	// Forward decides checks on the node that owns their keys. The checks are
-	// complete (limit, window and algorithm already resolved by the node that
-	// received them). The receiver decides them itself and never forwards
-	// them again.
+	// Forward decides checks on the node that acts for their keys. The checks
+	// are complete (limit, window and algorithm already resolved by the node
+	// that received them). The receiver decides them itself or refuses them;
+	// it never forwards them again.
 	Forward(context.Context, *ForwardRequest) (*ForwardResponse, error)
 	// Release takes back hits that a reserving Forward recorded, when the
 	// all_or_nothing call they belonged to failed on another node.
 	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
-	// Handoff streams the state of keys whose ownership moved to the
-	// receiver, which merges each into what it holds.
-	Handoff(grpc.ClientStreamingServer[HandoffRequest, HandoffResponse]) error
+	// Handoff delivers the state of keys the receiver acts for, and, with
+	// complete set, says that the sender holds nothing more for it in the
+	// sender's configuration. The receiver answers once the states are
+	// committed to its storage; only then does the sender delete them.
+	Handoff(context.Context, *HandoffRequest) (*HandoffResponse, error)
+	// Lease asks the receiver to grant the sender's incarnation a lease. The
+	// receiver grants it unless it promised (Fence) to refuse that
+	// incarnation.
+	Lease(context.Context, *LeaseRequest) (*LeaseResponse, error)
+	// Fence makes the receiver promise never to grant a lease to the named
+	// member's incarnations up to the one given. The promise is kept on disk.
+	Fence(context.Context, *FenceRequest) (*FenceResponse, error)
 	mustEmbedUnimplementedPeerServiceServer()
 }
 
@@ -719,8 +786,14 @@ func (UnimplementedPeerServiceServer) Forward(context.Context, *ForwardRequest) 
 func (UnimplementedPeerServiceServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Release not implemented")
 }
-func (UnimplementedPeerServiceServer) Handoff(grpc.ClientStreamingServer[HandoffRequest, HandoffResponse]) error {
-	return status.Error(codes.Unimplemented, "method Handoff not implemented")
+func (UnimplementedPeerServiceServer) Handoff(context.Context, *HandoffRequest) (*HandoffResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Handoff not implemented")
+}
+func (UnimplementedPeerServiceServer) Lease(context.Context, *LeaseRequest) (*LeaseResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Lease not implemented")
+}
+func (UnimplementedPeerServiceServer) Fence(context.Context, *FenceRequest) (*FenceResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Fence not implemented")
 }
 func (UnimplementedPeerServiceServer) mustEmbedUnimplementedPeerServiceServer() {}
 func (UnimplementedPeerServiceServer) testEmbeddedByValue()                     {}
@@ -779,12 +852,59 @@ func _PeerService_Release_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
-func _PeerService_Handoff_Handler(srv interface{}, stream grpc.ServerStream) error {
-	return srv.(PeerServiceServer).Handoff(&grpc.GenericServerStream[HandoffRequest, HandoffResponse]{ServerStream: stream})
+func _PeerService_Handoff_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(HandoffRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).Handoff(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_Handoff_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).Handoff(ctx, req.(*HandoffRequest))
+	}
+	return interceptor(ctx, in, info, handler)
 }
 
-// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type PeerService_HandoffServer = grpc.ClientStreamingServer[HandoffRequest, HandoffResponse]
+func _PeerService_Lease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(LeaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).Lease(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_Lease_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).Lease(ctx, req.(*LeaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _PeerService_Fence_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FenceRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).Fence(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_Fence_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).Fence(ctx, req.(*FenceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
 
 // PeerService_ServiceDesc is the grpc.ServiceDesc for PeerService service.
 // It's only intended for direct use with grpc.RegisterService,
@@ -801,13 +921,19 @@ var PeerService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Release",
 			Handler:    _PeerService_Release_Handler,
 		},
-	},
-	Streams: []grpc.StreamDesc{
 		{
-			StreamName:    "Handoff",
-			Handler:       _PeerService_Handoff_Handler,
-			ClientStreams: true,
+			MethodName: "Handoff",
+			Handler:    _PeerService_Handoff_Handler,
+		},
+		{
+			MethodName: "Lease",
+			Handler:    _PeerService_Lease_Handler,
+		},
+		{
+			MethodName: "Fence",
+			Handler:    _PeerService_Fence_Handler,
 		},
 	},
+	Streams:  []grpc.StreamDesc{},
 	Metadata: "sluice/v1/sluice.proto",
 }

@@ -1,0 +1,326 @@
+//go:build linux
+
+package faults
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+)
+
+// Ports every node listens on inside its own namespace.
+const (
+	grpcPort   = "8081"
+	httpPort   = "8080"
+	gossipPort = "7946"
+)
+
+// clusterConfig says how to run the nodes of one scenario.
+type clusterConfig struct {
+	// bin is the sluice binary.
+	bin string
+	// joinAll makes every node join all three gossip addresses (the
+	// headless Service of scripts/k8s); otherwise every node joins node 1
+	// (scripts/cluster-up.sh).
+	joinAll bool
+	// extraFlags are added to every node's serve command line after the
+	// harness's own.
+	extraFlags []string
+}
+
+// cluster is three sluice processes, each in its own namespace of a
+// network, with an edge client beside each.
+type cluster struct {
+	nodes []*node
+}
+
+// node is one sluice serve process, restarted as often as a scenario
+// wants on the same data dir, and its edge client: a gRPC connection and an
+// HTTP client whose sockets live in the node's namespace, so they reach it
+// on loopback whatever happens to its link.
+type node struct {
+	name string // its --node-name: "n1", "n2", "n3"
+	host *host
+	args []string // ip's arguments: netns exec, the namespace, the binary, serve and its flags
+	dir  string   // data dir, ready file and log live here
+
+	cmd    *exec.Cmd
+	exited chan struct{} // closed once cmd has exited
+	log    *os.File      // every run of the node appends to it
+	runs   int
+
+	conn  *grpc.ClientConn
+	limit sluicepb.RateLimitServiceClient
+	admin sluicepb.AdminServiceClient
+	http  *http.Client
+}
+
+// startCluster creates a network of three namespaces and starts a node in
+// each, with fresh data dirs, then waits until every node is ready and
+// sees three members alive. The test's end kills the nodes, prints the tail
+// of their logs if the test failed, and deletes the namespaces.
+func startCluster(t *testing.T, cfg clusterConfig) *cluster {
+	t.Helper()
+	nw := newNetwork(t, 3)
+	t.Logf("network: namespaces %s (bridge) and %sn1..n%d on %s0/24", nw.sw, nw.prefix, len(nw.hosts), nw.subnet)
+	c := &cluster{}
+	var gossip []string
+	for _, h := range nw.hosts {
+		gossip = append(gossip, net.JoinHostPort(h.ip, gossipPort))
+	}
+	join := gossip[0]
+	if cfg.joinAll {
+		join = strings.Join(gossip, ",")
+	}
+	// The nodes' directories, made before the cleanup below is registered
+	// so that they are removed after it has read the logs.
+	root := t.TempDir()
+	t.Cleanup(func() {
+		for _, n := range c.nodes {
+			n.kill()
+			n.conn.Close()
+			n.http.CloseIdleConnections()
+			n.log.Close()
+		}
+		if t.Failed() {
+			for _, n := range c.nodes {
+				t.Logf("last lines of %s's log (%d runs):\n%s", n.name, n.runs, n.logTail(40))
+			}
+		}
+	})
+	for i, h := range nw.hosts {
+		name := fmt.Sprintf("n%d", i+1)
+		n := &node{name: name, host: h, dir: filepath.Join(root, name)}
+		if err := os.Mkdir(n.dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		n.args = append([]string{"serve",
+			"--node-name", n.name,
+			"--grpc-addr", "0.0.0.0:" + grpcPort,
+			"--http-addr", "0.0.0.0:" + httpPort,
+			"--gossip-addr", gossip[i],
+			"--join", join,
+			"--data-dir", filepath.Join(n.dir, "data"),
+			"--ready-file", n.readyFile(),
+			"--shutdown-timeout", "10s",
+		}, cfg.extraFlags...)
+		n.args = append([]string{"netns", "exec", h.ns, cfg.bin}, n.args...)
+		var err error
+		if n.log, err = os.Create(filepath.Join(n.dir, "log")); err != nil {
+			t.Fatal(err)
+		}
+		if err := n.connect(); err != nil {
+			t.Fatal(err)
+		}
+		c.nodes = append(c.nodes, n)
+	}
+	// Start them all before waiting for any: a node may wait for the
+	// others before it says it is ready.
+	for _, n := range c.nodes {
+		if err := n.start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for _, n := range c.nodes {
+		if err := n.waitReady(deadline); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.waitMembers(deadline); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// node returns node i, from 1.
+func (c *cluster) node(i int) *node { return c.nodes[i-1] }
+
+// waitMembers polls every node until each sees every node alive.
+func (c *cluster) waitMembers(deadline time.Time) error {
+	for _, n := range c.nodes {
+		for {
+			alive, err := n.alive()
+			if err == nil && len(alive) == len(c.nodes) {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("%s sees members %v alive (err %v); want all %d", n.name, alive, err, len(c.nodes))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// readyFile is where the node writes its addresses once it serves.
+func (n *node) readyFile() string { return filepath.Join(n.dir, "ready.json") }
+
+// connect sets up the node's edge client. Connections are made on demand
+// and remade quickly after the node restarts.
+func (n *node) connect() error {
+	dial := func(ctx context.Context, addr string) (net.Conn, error) { return n.host.dial(ctx, addr) }
+	conn, err := grpc.NewClient("passthrough:///127.0.0.1:"+grpcPort,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(dial),
+		// A sidecar retries its node quickly: gRPC's default backoff grows
+		// to two minutes, which would measure the client, not the node.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 500 * time.Millisecond},
+			MinConnectTimeout: time.Second,
+		}),
+	)
+	if err != nil {
+		return fmt.Errorf("%s: client: %v", n.name, err)
+	}
+	n.conn = conn
+	n.limit = sluicepb.NewRateLimitServiceClient(conn)
+	n.admin = sluicepb.NewAdminServiceClient(conn)
+	n.http = &http.Client{
+		Timeout: 2 * time.Second,
+		Transport: &http.Transport{
+			DialContext:       func(ctx context.Context, _, addr string) (net.Conn, error) { return n.host.dial(ctx, addr) },
+			DisableKeepAlives: true,
+		},
+	}
+	return nil
+}
+
+// start runs sluice serve in the node's namespace, appending its output to
+// the node's log.
+func (n *node) start() error {
+	if err := os.Remove(n.readyFile()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	n.runs++
+	fmt.Fprintf(n.log, "=== run %d of %s at %s\n", n.runs, n.name, time.Now().Format(time.RFC3339Nano))
+	cmd := exec.Command("ip", n.args...)
+	cmd.Env = []string{} // no SLUICE_ variable of the test's environment
+	cmd.Stdout, cmd.Stderr = n.log, n.log
+	// ip netns exec execs sluice in place: the child is the node itself,
+	// and it dies with the test process if that is killed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("%s: %v", n.name, err)
+	}
+	n.cmd, n.exited = cmd, make(chan struct{})
+	go func(exited chan struct{}) {
+		cmd.Wait()
+		close(exited)
+	}(n.exited)
+	return nil
+}
+
+// waitReady waits until the node has written its ready file and its
+// /readyz answers 200, or deadline passes.
+func (n *node) waitReady(deadline time.Time) error {
+	var last string
+	for {
+		select {
+		case <-n.exited:
+			return fmt.Errorf("%s exited (%v) before it was ready", n.name, n.cmd.ProcessState)
+		default:
+		}
+		if _, err := os.Stat(n.readyFile()); err != nil {
+			last = "no ready file"
+		} else if code, err := n.readyz(); err != nil {
+			last = err.Error()
+		} else if code != http.StatusOK {
+			last = fmt.Sprintf("/readyz answers %d", code)
+		} else {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s not ready in time: %s", n.name, last)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// readyz returns the status code of the node's /readyz.
+func (n *node) readyz() (int, error) {
+	resp, err := n.http.Get("http://127.0.0.1:" + httpPort + "/readyz")
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// alive returns the names of the members the node sees alive.
+func (n *node) alive() ([]string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := n.admin.ListMembers(ctx, &sluicepb.ListMembersRequest{})
+	if err != nil {
+		return nil, err
+	}
+	var alive []string
+	for _, m := range resp.Members {
+		if m.State == "alive" {
+			alive = append(alive, m.Name)
+		}
+	}
+	return alive, nil
+}
+
+// signal sends sig to the node.
+func (n *node) signal(sig syscall.Signal) error {
+	if err := n.cmd.Process.Signal(sig); err != nil {
+		return fmt.Errorf("%s: signal %v: %v", n.name, sig, err)
+	}
+	return nil
+}
+
+// wait waits up to timeout for the node to exit and returns its exit code
+// (-1 if a signal ended it).
+func (n *node) wait(timeout time.Duration) (int, error) {
+	select {
+	case <-n.exited:
+		return n.cmd.ProcessState.ExitCode(), nil
+	case <-time.After(timeout):
+		return 0, fmt.Errorf("%s still running %v later", n.name, timeout)
+	}
+}
+
+// kill ends the node at once if it runs (stopped or not) and waits for it.
+func (n *node) kill() {
+	if n.cmd == nil {
+		return
+	}
+	select {
+	case <-n.exited:
+	default:
+		n.cmd.Process.Kill()
+		<-n.exited
+	}
+}
+
+// logTail returns the last lines of the node's log, over all its runs.
+func (n *node) logTail(lines int) string {
+	b, err := os.ReadFile(n.log.Name())
+	if err != nil {
+		return err.Error()
+	}
+	all := bytes.Split(bytes.TrimRight(b, "\n"), []byte("\n"))
+	if len(all) > lines {
+		all = all[len(all)-lines:]
+	}
+	return string(bytes.Join(all, []byte("\n")))
+}

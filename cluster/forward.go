@@ -1,0 +1,328 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluice-io/sluice/actor"
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+)
+
+// maxBatchWait bounds a forwarded batch whose callers set no deadline.
+const maxBatchWait = 5 * time.Second
+
+// forward sends checks to member and fills out (and marks when
+// reserving). Checks that are not reservations share batches with other
+// callers' checks to the same member.
+func (r *Router) forward(ctx context.Context, own *ownership, member string, checks []actor.Check, out []actor.Decision, marks []int64, reserve bool) error {
+	p, err := r.peer(member)
+	if err != nil {
+		return err
+	}
+	if reserve {
+		// Reservations are rare: they go on their own, unbatched.
+		return p.call(ctx, checks, out, marks, true)
+	}
+	closed := fmt.Errorf("%w: %s: connection closed", ErrUnreachable, member)
+	f := &pending{ctx: ctx, checks: checks, out: out, done: make(chan error, 1)}
+	select {
+	case <-p.quit:
+		return closed
+	default:
+	}
+	select {
+	case p.queue <- f:
+	case <-p.quit:
+		return closed
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case err := <-f.done:
+		return err
+	case <-p.quit:
+		// The senders are gone, or going: f may never be sent.
+		select {
+		case err := <-f.done:
+			return err
+		default:
+			return closed
+		}
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// release takes back reserved hits on member.
+func (r *Router) release(ctx context.Context, own *ownership, member string, checks []actor.Check, marks []int64) error {
+	p, err := r.peer(member)
+	if err != nil {
+		return err
+	}
+	req := &sluicepb.ReleaseRequest{Checks: make([]*sluicepb.Check, len(checks)), Marks: marks}
+	for i := range checks {
+		req.Checks[i] = ToProtoCheck(&checks[i])
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_, err = p.client.Release(ctx, req)
+	return err
+}
+
+// peer returns the sender for the live member named name, dialling it if
+// needed (again, if its address changed).
+func (r *Router) peer(name string) (*peer, error) {
+	addr := ""
+	if own := r.own.Load(); own != nil {
+		if m, ok := own.cur.live[name]; ok {
+			addr = m.GRPCAddr
+		}
+	}
+	if addr == "" {
+		return nil, fmt.Errorf("%w: %s is not a live member", ErrUnreachable, name)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, fmt.Errorf("%w: router closed", ErrUnreachable)
+	}
+	if p := r.peers[name]; p != nil && p.addr == addr {
+		return p, nil
+	} else if p != nil {
+		p.close()
+	}
+	conn, err := grpc.NewClient(addr, r.cfg.DialOptions...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: dial %s at %s: %v", ErrUnreachable, name, addr, err)
+	}
+	p := &peer{
+		r: r, name: name, addr: addr, conn: conn,
+		client: sluicepb.NewPeerServiceClient(conn),
+		queue:  make(chan *pending, 4096),
+		quit:   make(chan struct{}),
+	}
+	r.peers[name] = p
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		p.run()
+	}()
+	return p, nil
+}
+
+// pending is a share of a caller's checks waiting to be forwarded.
+type pending struct {
+	ctx    context.Context
+	checks []actor.Check
+	out    []actor.Decision
+	done   chan error
+}
+
+// peer batches the checks forwarded to one member.
+type peer struct {
+	r      *Router
+	name   string
+	addr   string
+	conn   *grpc.ClientConn
+	client sluicepb.PeerServiceClient
+	queue  chan *pending
+	quit   chan struct{}
+	once   sync.Once
+}
+
+func (p *peer) close() {
+	p.once.Do(func() {
+		close(p.quit)
+		p.conn.Close()
+	})
+}
+
+// run starts MaxInFlight senders and waits for them. Each takes what is
+// queued (up to MaxForwardBatch checks) and sends it as one Forward call:
+// while they are all busy, checks queue up and share the next call. A
+// caller's checks go straight to a waiting sender, with no goroutine in
+// between.
+func (p *peer) run() {
+	var senders sync.WaitGroup
+	for range p.r.cfg.MaxInFlight {
+		senders.Go(p.sender)
+	}
+	senders.Wait()
+	p.failQueued()
+}
+
+func (p *peer) sender() {
+	for {
+		var first *pending
+		select {
+		case first = <-p.queue:
+		case <-p.quit:
+			return
+		}
+		if w := p.r.cfg.ForwardWait; w > 0 {
+			time.Sleep(w)
+		}
+		batch := []*pending{first}
+		n := len(first.checks)
+	drain:
+		for n < p.r.cfg.MaxForwardBatch {
+			select {
+			case f := <-p.queue:
+				batch = append(batch, f)
+				n += len(f.checks)
+			default:
+				break drain
+			}
+		}
+		p.send(batch, n)
+	}
+}
+
+// failQueued fails what is still queued once every sender stopped.
+func (p *peer) failQueued() {
+	for {
+		select {
+		case f := <-p.queue:
+			f.done <- fmt.Errorf("%w: %s: connection closed", ErrUnreachable, p.name)
+		default:
+			return
+		}
+	}
+}
+
+// send forwards a batch. The call runs until the latest deadline of the
+// callers still waiting (at most maxBatchWait without one), so that an
+// impatient caller does not fail the others' checks; each caller stops
+// waiting at its own deadline. Callers already gone are left out.
+func (p *peer) send(batch []*pending, n int) {
+	live := batch[:0]
+	for _, f := range batch {
+		if err := f.ctx.Err(); err != nil {
+			f.done <- err
+			continue
+		}
+		live = append(live, f)
+	}
+	if len(live) == 0 {
+		return
+	}
+	checks := make([]actor.Check, 0, n)
+	var deadline time.Time
+	for _, f := range live {
+		checks = append(checks, f.checks...)
+		d, ok := f.ctx.Deadline()
+		if !ok {
+			d = time.Now().Add(maxBatchWait)
+		}
+		if d.After(deadline) {
+			deadline = d
+		}
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	go func() {
+		// Give up the call once every caller is gone.
+		for _, f := range live {
+			select {
+			case <-f.ctx.Done():
+			case <-ctx.Done():
+				return
+			}
+		}
+		cancel()
+	}()
+	out := make([]actor.Decision, len(checks))
+	err := p.call(ctx, checks, out, nil, false)
+	off := 0
+	for _, f := range live {
+		if err == nil {
+			copy(f.out, out[off:off+len(f.checks)])
+		}
+		off += len(f.checks)
+		f.done <- err
+	}
+}
+
+// call makes one Forward call and maps the receiver's status (see the
+// PeerService comment in proto/sluice/v1/sluice.proto).
+func (p *peer) call(ctx context.Context, checks []actor.Check, out []actor.Decision, marks []int64, reserve bool) error {
+	req := &sluicepb.ForwardRequest{Checks: make([]*sluicepb.Check, len(checks)), Reserve: reserve, FromNode: p.r.cfg.Self}
+	for i := range checks {
+		req.Checks[i] = ToProtoCheck(&checks[i])
+	}
+	start := time.Now()
+	resp, err := p.client.Forward(ctx, req)
+	p.r.cfg.Observer.Forwarded(p.name, len(checks), time.Since(start), err)
+	if err != nil {
+		return fromPeerStatus(p.name, err)
+	}
+	if len(resp.Decisions) != len(checks) || reserve && len(resp.Marks) != len(checks) {
+		return fmt.Errorf("%w: %s answered %d decisions for %d checks", ErrUnreachable, p.name, len(resp.Decisions), len(checks))
+	}
+	for i, d := range resp.Decisions {
+		out[i] = actor.Decision{
+			Allowed:    d.Allowed,
+			Limit:      d.Limit,
+			Remaining:  d.Remaining,
+			RetryAfter: d.RetryAfter.AsDuration(),
+			ResetAfter: d.ResetAfter.AsDuration(),
+		}
+	}
+	copy(marks, resp.Marks)
+	return nil
+}
+
+// fromPeerStatus turns a peer's answer into this package's errors.
+func fromPeerStatus(peer string, err error) error {
+	st, ok := status.FromError(err)
+	if !ok {
+		return fmt.Errorf("%w: %s: %v", ErrUnreachable, peer, err)
+	}
+	switch st.Code() {
+	case codes.InvalidArgument, codes.ResourceExhausted:
+		return err
+	case codes.Aborted:
+		return fmt.Errorf("%w: %s", errMisrouted, st.Message())
+	case codes.Unavailable:
+		for _, kind := range []error{ErrNoQuorum, ErrMoving, ErrOwnerDown} {
+			if strings.HasPrefix(st.Message(), kind.Error()) {
+				return &peerError{kind: kind, msg: st.Message()}
+			}
+		}
+	case codes.DeadlineExceeded, codes.Canceled:
+		return fmt.Errorf("%w: %s did not answer in time: %v", ErrUnreachable, peer, st.Message())
+	}
+	return fmt.Errorf("%w: %s: %v", ErrUnreachable, peer, err)
+}
+
+// peerError is a refusal a peer explained: it matches its kind with
+// errors.Is and reads as the peer's message.
+type peerError struct {
+	kind error
+	msg  string
+}
+
+func (e *peerError) Error() string { return e.msg }
+func (e *peerError) Unwrap() error { return e.kind }
+
+// ToProtoCheck encodes a resolved engine check for the wire.
+func ToProtoCheck(c *actor.Check) *sluicepb.Check {
+	cost := c.Cost
+	return &sluicepb.Check{
+		Key:       []byte(c.Key),
+		Limit:     c.Limit,
+		Window:    durationpb.New(c.Window),
+		Algorithm: sluicepb.Algorithm(c.Algorithm + 1),
+		Cost:      &cost,
+		Refund:    c.Refund,
+		Penalty:   c.Penalty,
+	}
+}
