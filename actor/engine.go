@@ -223,7 +223,7 @@ func New(cfg Config) (*Engine, error) {
 // anything is recorded. In the durable storage modes Check returns only once
 // the hits it recorded are committed. Check is Do without options.
 func (e *Engine) Check(ctx context.Context, checks []Check, out []Decision) error {
-	return e.Do(ctx, checks, out, CallOptions{})
+	return e.do(ctx, checks, out, CallOptions{}) // Do, minus a call
 }
 
 // CallOptions are the options of a call to Do. The zero value is a plain
@@ -265,6 +265,7 @@ func (e *Engine) Do(ctx context.Context, checks []Check, out []Decision, opt Cal
 	return e.do(ctx, checks, out, opt)
 }
 
+// do is Do; a fenced reserving call goes through doReserving first.
 func (e *Engine) do(ctx context.Context, checks []Check, out []Decision, opt CallOptions) error {
 	if err := e.validate(checks, out); err != nil || len(checks) == 0 {
 		return err

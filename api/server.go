@@ -535,15 +535,27 @@ func (s *Server) peerTLS() *tls.Config {
 // stops without leaving: its peers see it down, and its keys wait for it.
 func (s *Server) leaveCluster(ctx context.Context) {
 	r := s.router.Load()
-	if err := s.membership.SetLeaving(2 * time.Second); err != nil {
-		s.log.Warn("announce leaving", "err", err)
-	}
-	if err := r.HandOver(ctx); err != nil {
-		s.log.Warn("could not hand every key over; stopping without leaving, so that the others keep its keys for this node", "err", err)
-	} else if err := s.membership.Leave(2 * time.Second); err != nil {
-		s.log.Warn("leave cluster", "err", err)
+	if r.OnlyOwner() {
+		s.log.Info("the only member that owns keys: stopping without leaving, keeping them")
 	} else {
-		s.log.Info("handed every key over and left the cluster")
+		if err := s.membership.SetLeaving(2 * time.Second); err != nil {
+			s.log.Warn("announce leaving", "err", err)
+		}
+		// Keep a third of the time left for the calls in flight.
+		hctx, cancel := ctx, context.CancelFunc(func() {})
+		if d, ok := ctx.Deadline(); ok {
+			hctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(d)*2/3))
+		}
+		err := r.HandOver(hctx)
+		cancel()
+		switch {
+		case err != nil:
+			s.log.Warn("could not hand every key over; stopping without leaving, so that its keys wait for this node", "err", err)
+		case s.membership.Leave(2*time.Second) != nil:
+			s.log.Warn("handed every key over, but the departure may not have reached every peer")
+		default:
+			s.log.Info("handed every key over and left the cluster")
+		}
 	}
 	s.stopRouter()
 	<-s.routerDone

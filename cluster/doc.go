@@ -1,5 +1,6 @@
-// Package cluster runs Sluice's cluster membership and decides which node
-// owns each key.
+// Package cluster runs Sluice's cluster membership, decides which node
+// owns each key, and makes sure that at most one node decides a key at any
+// moment (fenced ownership).
 //
 // # Membership
 //
@@ -34,13 +35,30 @@
 // # Ownership
 //
 // A key's owner is chosen by rendezvous (highest random weight) hashing
-// over the live members of a view: each member scores the key with
+// over the owners of a view (View.Owners: the roster's joined members, up
+// or down): each member scores the key with
 // shard.Score(shard.Hash(key), shard.NodeHash(name)) and the highest score
 // wins, ties going to the smallest name. Every node computes owners from
 // its own view; nodes with the same members agree. A joining node takes
 // about 1/N of the keys, all from the others; a leaving node's keys, and
 // only those, spread over the rest. View.Owner costs one mix per member
 // and does not allocate.
+//
+// # Fenced ownership
+//
+// A Router decides checks on the member that acts for their keys: this
+// node's engine, or a peer through PeerService (this package holds both
+// sides of that protocol and the meaning of each status code: Status). It
+// decides only under a lease granted by a majority of Config.Expect
+// (lease.go, fencing.go), checked before the actors decide and again
+// before answering. Key state moves between nodes like a token
+// (handoff.go): a node that stops acting for a key fences its actors
+// (actor.Engine.Fence), hands the key to its new acting member, deletes it
+// only once that member committed it, and then tells every member it holds
+// nothing more for it; a node that gains a key waits for those completes
+// (ownership.go). Under PolicyAvailable a down owner's keys are taken over
+// once a majority promised never to grant it a lease again. The protocol,
+// its proof and its timing assumptions are in docs/cluster.md.
 //
 // # Concurrency
 //

@@ -83,8 +83,9 @@ func (r *Router) handoffLoop(ctx context.Context) {
 // every live member it has nothing more for it in this configuration. Keys
 // whose owner is down and that nobody may decide stay here until it is
 // back. It returns how many keys it delivered, and nil once every member
-// got its keys and its complete. A round that delivers nothing and finds
-// every member told marks the router idle (see HandOver).
+// got its keys and its complete. A round that delivers nothing, finds
+// every member told and keeps no key that nobody may decide marks the
+// router idle (see HandOver).
 func (r *Router) handoffRound(ctx context.Context) (int, error) {
 	// Imports admitted under an older ownership finish before the keys are
 	// collected, so that what they brought is collected too; later ones
@@ -98,19 +99,38 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 	r.ownMu.Unlock()
 	self := r.cfg.Self
 	byMember := make(map[string][]actor.Exported)
-	var mu sync.Mutex
-	_, err := r.cfg.Engine.Collect(ctx, func(key string) bool {
-		a := cur.actingName(key)
-		return a != "" && a != self
-	}, func(x actor.Exported) error {
-		mu.Lock()
-		defer mu.Unlock()
-		a := cur.actingName(x.Key)
-		byMember[a] = append(byMember[a], x)
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("collect the keys to hand over: %w", err)
+	// A round with no change of configuration since the last round that
+	// delivered everything finds nothing new to collect (imports bring
+	// only keys this node acts for), unless that round kept keys nobody
+	// could decide then (their owner was down): it only has completes to
+	// send (to a member that came back, say). update resets scanned on
+	// every change of configuration.
+	scan := handoffScan{config: cur.id, inc: own.inc}
+	r.handoffMu.Lock()
+	last := r.scanned
+	r.handoffMu.Unlock()
+	if last != scan || last.orphans {
+		var mu sync.Mutex
+		_, err := r.cfg.Engine.Collect(ctx, func(key string) bool {
+			a := cur.actingName(key)
+			if a == "" {
+				mu.Lock()
+				scan.orphans = true
+				mu.Unlock()
+			}
+			return a != "" && a != self
+		}, func(x actor.Exported) error {
+			mu.Lock()
+			defer mu.Unlock()
+			a := cur.actingName(x.Key)
+			byMember[a] = append(byMember[a], x)
+			return nil
+		})
+		if err != nil {
+			return 0, fmt.Errorf("collect the keys to hand over: %w", err)
+		}
+	} else {
+		scan = last
 	}
 	sent := 0
 	var wg sync.WaitGroup
@@ -146,7 +166,12 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 	for err := range errs {
 		all = append(all, err)
 	}
-	if len(all) == 0 && sent == 0 {
+	if len(all) == 0 {
+		r.handoffMu.Lock()
+		r.scanned = scan
+		r.handoffMu.Unlock()
+	}
+	if len(all) == 0 && sent == 0 && !scan.orphans {
 		r.handoffMu.Lock()
 		select {
 		case <-r.handoffIdle:
@@ -158,6 +183,14 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 		r.handoffMu.Unlock()
 	}
 	return sent, errors.Join(all...)
+}
+
+// handoffScan describes the last round that delivered everything it
+// collected: for which configuration and incarnation, and whether it kept
+// keys nobody could decide.
+type handoffScan struct {
+	config, inc uint64
+	orphans     bool
 }
 
 // handTo delivers keys to member m in chunks, forgetting each chunk here
@@ -240,10 +273,23 @@ func (r *Router) receiveHandoff(ctx context.Context, req *sluicepb.HandoffReques
 	return len(states), nil
 }
 
+// OnlyOwner reports whether this node is the only member that owns keys:
+// it has nobody to hand them to, and stops without leaving.
+func (r *Router) OnlyOwner() bool {
+	if r.cfg.Membership == nil {
+		return true
+	}
+	owners := r.own.Load().cur.owners
+	_, self := owners.Member(r.cfg.Self)
+	return owners.Len() == 0 || owners.Len() == 1 && self
+}
+
 // HandOver hands every key this node holds to the members that act for
 // them and returns once everything was delivered (nil) or ctx ended. A
 // leaving node calls it after announcing that it leaves, so that it acts
-// for nothing.
+// for nothing. Keys whose owner is down cannot be delivered: HandOver then
+// waits until ctx ends, and the node must stop without leaving, so that
+// the keys wait for it rather than vanish.
 func (r *Router) HandOver(ctx context.Context) error {
 	if r.cfg.Membership == nil {
 		return nil

@@ -139,6 +139,7 @@ type Router struct {
 	fenceKick   chan struct{} // capacity 1: wakes the fence loop
 	handoffMu   sync.Mutex
 	handedTo    map[string]handedTo // last complete sent to each member
+	scanned     handoffScan         // the last round that delivered all it collected
 	handoffIdle chan struct{}       // closed when a round left nothing to send
 
 	mu     sync.Mutex
@@ -264,6 +265,11 @@ func (r *Router) update(v *View, inc uint64) {
 	moved := old == nil || old.cur.id != c.id || old.inc != inc
 	if moved {
 		r.seq = max(r.seq+1, uint64(time.Now().UnixNano()))
+		// What this node holds may belong elsewhere now: the next round
+		// collects again (see handoffRound).
+		r.handoffMu.Lock()
+		r.scanned = handoffScan{}
+		r.handoffMu.Unlock()
 	}
 	r.publish(old, next)
 	if moved {
