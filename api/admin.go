@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -373,9 +374,26 @@ func (a *adminService) ListMembers(ctx context.Context, req *sluicepb.ListMember
 	view := m.View()
 	shares := keyShares(view.Owners())
 	members := slices.Clone(view.Members)
+	listed := make(map[string]bool)
+	for _, n := range members {
+		listed[n.Name] = true
+	}
+	// Members that are not live: the ones memberlist remembers, and the
+	// roster's, whose phase says whether they left (or were forgotten).
 	for _, n := range m.Nodes() {
-		if _, live := view.Member(n.Name); !live && !n.State.Live() {
+		if !listed[n.Name] && !n.State.Live() {
 			members = append(members, n)
+			listed[n.Name] = true
+		}
+	}
+	for _, e := range view.Roster.Entries() {
+		if !listed[e.Name] {
+			members = append(members, cluster.Member{Name: e.Name, GossipAddr: e.GossipAddr, GRPCAddr: e.GRPCAddr, State: cluster.StateDead})
+		}
+	}
+	for i, n := range members {
+		if e, ok := view.Roster.Entry(n.Name); ok && !n.State.Live() && e.Phase == cluster.PhaseLeft {
+			members[i].State = cluster.StateLeft
 		}
 	}
 	slices.SortFunc(members, func(a, b cluster.Member) int { return strings.Compare(a.Name, b.Name) })
@@ -392,6 +410,40 @@ func (a *adminService) ListMembers(ctx context.Context, req *sluicepb.ListMember
 			State:      n.State.String(),
 			Share:      shares[n.Name],
 		}
+	}
+	return resp, nil
+}
+
+// ForgetMember removes a member that is down for good from the roster of
+// this node and of every other live node.
+func (a *adminService) ForgetMember(ctx context.Context, req *sluicepb.ForgetMemberRequest) (*sluicepb.ForgetMemberResponse, error) {
+	s := a.s
+	if req.Name == "" {
+		return nil, toStatus(badInput("forget member: name is empty"))
+	}
+	m := s.Membership()
+	if m == nil {
+		return nil, toStatus(fmt.Errorf("forget member: %w", errNotClustered))
+	}
+	if err := m.Forget(req.Name); err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &sluicepb.ForgetMemberResponse{Nodes: []string{s.cfg.NodeName}}
+	var errs []error
+	for _, name := range s.otherMembers(ctx) {
+		client, err := s.peerAdmin(name)
+		if err == nil {
+			_, err = client.ForgetMember(s.peerContext(ctx), req)
+		}
+		if err != nil {
+			s.log.Warn("admin: forget member", "member", req.Name, "on", name, "err", err)
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+			continue
+		}
+		resp.Nodes = append(resp.Nodes, name)
+	}
+	if len(errs) > 0 {
+		s.log.Warn("admin: some nodes did not forget the member yet; they learn it by gossip", "member", req.Name, "errs", errors.Join(errs...))
 	}
 	return resp, nil
 }

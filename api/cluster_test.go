@@ -565,3 +565,44 @@ func TestClusterBatchKeepsEachDeadline(t *testing.T) {
 		t.Errorf("impatient check = %v; want DeadlineExceeded", err)
 	}
 }
+
+// TestClusterForgetMember: under the exact policy, the keys of a node that
+// crashed wait for it; an operator who knows it will not come back forgets
+// it, and its keys go to the others (without its state). A member that is
+// alive cannot be forgotten, nor one that does not exist.
+func TestClusterForgetMember(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for failure detection")
+	}
+	tc := newTestCluster(t, 3)
+	key := tc.keyOwnedBy("f", "node-2")
+	admin := tc.nodes[0].admin()
+	if _, err := admin.ForgetMember(tc.nodes[0].ctx(), &sluicepb.ForgetMemberRequest{Name: "node-2"}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("ForgetMember(node-2, alive) = %v; want FailedPrecondition", err)
+	}
+	if _, err := admin.ForgetMember(tc.nodes[0].ctx(), &sluicepb.ForgetMemberRequest{Name: "node-9"}); status.Code(err) != codes.NotFound {
+		t.Fatalf("ForgetMember(node-9, unknown) = %v; want NotFound", err)
+	}
+	tc.nodes[2].crash()
+	tc.waitMembers(2)
+	_, err := tc.client(0).Check(tc.nodes[0].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, 5, time.Hour, 1)}})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "owner down") {
+		t.Fatalf("check on node-2's key while it is down = %v; want Unavailable, owner down", err)
+	}
+	resp, err := admin.ForgetMember(tc.nodes[0].ctx(), &sluicepb.ForgetMemberRequest{Name: "node-2"})
+	if err != nil || len(resp.Nodes) != 2 {
+		t.Fatalf("ForgetMember(node-2, down) = %v, %v; want done on both live nodes", resp, err)
+	}
+	tc.waitReady()
+	for i := 0; i < 2; i++ {
+		resp, err := tc.client(i).Check(tc.nodes[i].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, 5, time.Hour, 1)}})
+		if err != nil || !resp.Decisions[0].Allowed || resp.Decisions[0].Node == "node-2" {
+			t.Fatalf("check on the forgotten node's key via node %d = %v, %v; want allowed by a live node", i, resp, err)
+		}
+	}
+	for _, m := range tc.nodes[1].listMembers().Members {
+		if m.Name == "node-2" && (m.State != "left" || m.Share != 0) {
+			t.Errorf("node-1 lists the forgotten node as %v; want left, no share", m)
+		}
+	}
+}

@@ -369,7 +369,7 @@ func (s *Server) Start() error {
 
 // notReady says why the node should get no traffic, "" when it is ready:
 // it is starting or stopping, or in a cluster it holds no lease or waits
-// for the state of keys it gained.
+// for the state of keys it gained from a live member.
 func (s *Server) notReady() string {
 	if !s.ready.Load() {
 		return "starting or stopping"

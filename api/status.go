@@ -21,6 +21,10 @@ func badInput(format string, args ...any) error {
 	return &inputError{msg: fmt.Sprintf(format, args...)}
 }
 
+// errNotClustered is an admin call that needs a cluster made to a single
+// node: FailedPrecondition.
+var errNotClustered = errors.New("this node is not in a cluster")
+
 // toStatus maps an error to the gRPC status a client sees. It is the only
 // place where errors become statuses.
 func toStatus(err error) error {
@@ -33,6 +37,9 @@ func toStatus(err error) error {
 	var ie *inputError
 	if errors.As(err, &ie) {
 		return status.Error(codes.InvalidArgument, ie.msg)
+	}
+	if errors.Is(err, errNotClustered) {
+		return status.Error(codes.FailedPrecondition, err.Error())
 	}
 	// Engine and cluster errors: the mapping the peer protocol shares.
 	return cluster.Status(err)

@@ -85,7 +85,7 @@ type Config struct {
 	// Expect is the number of members the cluster is meant to have: a
 	// StatefulSet's replicas. While fewer are alive in this node's view, it
 	// contacts the join list and the gossip addresses of its roster every
-	// JoinBackoffMax instead of every RejoinInterval, and the node decides
+	// second instead of every RejoinInterval, and the node decides
 	// nothing without a lease from a majority of Expect (see
 	// docs/cluster.md, "Fenced ownership"). Default 1.
 	Expect int

@@ -142,19 +142,24 @@ func (m *Membership) resolve(ctx context.Context, entries []string) (targets []s
 	return targets, self, failures
 }
 
+// rejoinUrgent is how often the rejoin loop runs while fewer members than
+// expected are alive.
+const rejoinUrgent = time.Second
+
 // rejoinLoop contacts the join addresses and the gossip addresses of the
 // roster's members that are not live members of the view: nodes that
 // started alone at the same time (each seeing only itself in DNS), the
 // members a restarted node knew before (its join list may name only
 // itself), or the other side of a partition that outlived memberlist's
-// gossip to dead nodes. It does so every RejoinInterval, and every
-// JoinBackoffMax while fewer than Config.Expect members are alive.
+// gossip to dead nodes. It does so every RejoinInterval, and every second
+// while fewer than Config.Expect members are alive: a node that cannot
+// see a majority decides nothing, so finding the others is urgent.
 func (m *Membership) rejoinLoop(ctx context.Context, ml *memberlist.Memberlist) {
 	defer m.wg.Done()
 	for {
 		wait := m.cfg.RejoinInterval
 		if m.View().Len() < m.cfg.Expect {
-			wait = min(wait, m.cfg.JoinBackoffMax)
+			wait = min(wait, rejoinUrgent)
 		}
 		t := time.NewTimer(wait)
 		select {

@@ -631,6 +631,42 @@ func (m *Membership) metaPhase() Phase {
 
 func (m *Membership) leavingOrLeft() bool { return m.metaPhase() != PhaseJoined }
 
+// Errors of Forget.
+var (
+	// ErrAlive means a member cannot be forgotten because it is alive.
+	ErrAlive = errors.New("cluster: the member is alive")
+	// ErrNoMember means the roster has no member of that name.
+	ErrNoMember = errors.New("cluster: no such member")
+)
+
+// Forget removes the member named name from the roster (PhaseLeft at its
+// latest incarnation): it owns no keys any more, and nothing waits for the
+// state it held. It is for a member that is down for good; a live member
+// is refused with ErrAlive, and so is this node. The roster spreads the
+// change by gossip; if the member comes back, it joins again under a new
+// incarnation.
+func (m *Membership) Forget(name string) error {
+	if name == m.cfg.NodeName {
+		return fmt.Errorf("%w: %s is this node", ErrAlive, name)
+	}
+	m.stateMu.Lock()
+	defer m.stateMu.Unlock()
+	if _, live := m.live[name]; live {
+		return fmt.Errorf("%w: %s is in this node's view; stop it (or let it leave) first", ErrAlive, name)
+	}
+	e, ok := m.roster.Entry(name)
+	if !ok {
+		return fmt.Errorf("%w: %q is not in the roster", ErrNoMember, name)
+	}
+	if e.Phase == PhaseLeft {
+		return nil
+	}
+	e.Phase = PhaseLeft
+	m.log.Warn("forgetting a member: its keys go to the others without its state", "member", name, "incarnation", e.Incarnation)
+	m.mergeRosterLocked(e)
+	return nil
+}
+
 // Roster returns the current roster.
 func (m *Membership) Roster() *Roster {
 	m.stateMu.Lock()

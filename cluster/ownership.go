@@ -226,6 +226,11 @@ type ownership struct {
 	// waitingFor lists the members whose handoff (or fence) gained keys
 	// wait for, for logs and errors.
 	waitingFor []string
+	// waitingLive reports that some of them are live: their completes are
+	// on the way, and the node should get no traffic until they arrive.
+	// Waiting only for members that are down (their keys wait for them)
+	// costs just those keys: the node is ready for the others.
+	waitingLive bool
 	// changed is closed when a newer ownership replaces this one.
 	changed chan struct{}
 }
@@ -329,6 +334,7 @@ func (o *ownership) fencedAt(member string, now time.Time) bool {
 // or, under the available policy, fenced.
 func (o *ownership) settle(now time.Time) {
 	o.waitingFor = o.waitingFor[:0:0]
+	o.waitingLive = false
 	if len(o.hist) <= 1 {
 		o.settled = true
 		return
@@ -346,6 +352,8 @@ func (o *ownership) settle(now time.Time) {
 	}
 	for name := range waiting {
 		o.waitingFor = append(o.waitingFor, name)
+		_, live := o.cur.live[name]
+		o.waitingLive = o.waitingLive || live
 	}
 	slices.Sort(o.waitingFor)
 	if len(waiting) == 0 {

@@ -177,8 +177,10 @@ func Status(err error) error {
 		return status.Error(codes.Unavailable, "sluice: node shutting down; retry on another node")
 	case errors.Is(err, errMisrouted):
 		return status.Error(codes.Aborted, err.Error())
-	case errors.Is(err, errWrongIncarnation):
+	case errors.Is(err, errWrongIncarnation), errors.Is(err, ErrAlive):
 		return status.Error(codes.FailedPrecondition, err.Error())
+	case errors.Is(err, ErrNoMember):
+		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, ErrNoQuorum), errors.Is(err, ErrMoving), errors.Is(err, ErrOwnerDown):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, actor.ErrStale):

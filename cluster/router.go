@@ -315,15 +315,12 @@ func kick(ch chan struct{}) {
 	}
 }
 
-// Ready reports whether this node can decide every key it acts for: it
-// holds a lease and no gained key waits for its state. A single node is
-// always ready.
-func (r *Router) Ready() bool {
-	if r.cfg.Membership == nil {
-		return true
-	}
-	return r.lease.valid() && r.own.Load().settled
-}
+// Ready reports whether this node should get traffic: it holds a lease,
+// and no key it gained waits for the state a live member is sending. Keys
+// that wait for a member that is down do not make it unready: only they
+// are refused, and taking the node out would refuse every key. A single
+// node is always ready.
+func (r *Router) Ready() bool { return r.Status() == "" }
 
 // Status describes why this node is not ready, "" when it is.
 func (r *Router) Status() string {
@@ -333,7 +330,7 @@ func (r *Router) Status() string {
 	if !r.lease.valid() {
 		return fmt.Sprintf("no lease from a majority (%d) of the %d expected members", r.lease.quorum, r.cfg.Membership.cfg.Expect)
 	}
-	if o := r.own.Load(); !o.settled {
+	if o := r.own.Load(); o.waitingLive {
 		return fmt.Sprintf("waiting for the handoffs of %v", o.waitingFor)
 	}
 	return ""

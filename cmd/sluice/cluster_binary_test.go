@@ -57,7 +57,7 @@ func waitMembers(t *testing.T, addr string, n int) {
 }
 
 // waitServing polls node addr until its grpc health says SERVING: it holds
-// a lease and every key it acts for is here.
+// a lease and no key it gained waits for another node's handoff.
 func waitServing(t *testing.T, addr string) {
 	t.Helper()
 	health := healthpb.NewHealthClient(dial(t, addr))

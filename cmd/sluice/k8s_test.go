@@ -101,7 +101,7 @@ func TestKubernetesManifests(t *testing.T) {
 
 	t.Run("probes", func(t *testing.T) {
 		// Readiness follows grpc health, which is SERVING only while the
-		// node holds a lease and its keys are here. Liveness and startup
+		// node holds a lease and its gained keys arrived. Liveness and startup
 		// must not: a node without quorum (a minority side, a cluster
 		// starting) is alive, and restarting it would not help.
 		if probe, ok := c["readinessProbe"].(map[string]any); !ok {

@@ -87,6 +87,12 @@ func TestMembersCluster(t *testing.T) {
 			}
 		}
 	}
+	// A live member cannot be forgotten (api's TestClusterForgetMember
+	// forgets one that is down).
+	r := mustRun(t, exitError, nil, "members", "forget", "node-1", "--addr", nodes[0].grpcAddr)
+	if !strings.Contains(r.stderr, "FailedPrecondition") || !strings.Contains(r.stderr, "stop it") {
+		t.Errorf("members forget of a live member: stderr %q; want FailedPrecondition, saying to stop it first", r.stderr)
+	}
 }
 
 // waitMemberlistGone waits until no memberlist goroutine is left, so that

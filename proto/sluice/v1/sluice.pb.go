@@ -446,6 +446,99 @@ func (x *Decision) GetNode() string {
 	return ""
 }
 
+// ForgetMemberRequest names the member to forget.
+type ForgetMemberRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The member's node name. Required.
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetMemberRequest) Reset() {
+	*x = ForgetMemberRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetMemberRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetMemberRequest) ProtoMessage() {}
+
+func (x *ForgetMemberRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetMemberRequest.ProtoReflect.Descriptor instead.
+func (*ForgetMemberRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ForgetMemberRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// ForgetMemberResponse reports what was done.
+type ForgetMemberResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Names of the nodes that forgot the member (every live one unless some
+	// could not be reached; those learn it by gossip).
+	Nodes         []string `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetMemberResponse) Reset() {
+	*x = ForgetMemberResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetMemberResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetMemberResponse) ProtoMessage() {}
+
+func (x *ForgetMemberResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetMemberResponse.ProtoReflect.Descriptor instead.
+func (*ForgetMemberResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ForgetMemberResponse) GetNodes() []string {
+	if x != nil {
+		return x.Nodes
+	}
+	return nil
+}
+
 // ListMembersRequest asks for the members.
 type ListMembersRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -455,7 +548,7 @@ type ListMembersRequest struct {
 
 func (x *ListMembersRequest) Reset() {
 	*x = ListMembersRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -467,7 +560,7 @@ func (x *ListMembersRequest) String() string {
 func (*ListMembersRequest) ProtoMessage() {}
 
 func (x *ListMembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -480,7 +573,7 @@ func (x *ListMembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMembersRequest.ProtoReflect.Descriptor instead.
 func (*ListMembersRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
 }
 
 // ListMembersResponse is the membership as one node sees it.
@@ -499,7 +592,7 @@ type ListMembersResponse struct {
 
 func (x *ListMembersResponse) Reset() {
 	*x = ListMembersResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -511,7 +604,7 @@ func (x *ListMembersResponse) String() string {
 func (*ListMembersResponse) ProtoMessage() {}
 
 func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -524,7 +617,7 @@ func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMembersResponse.ProtoReflect.Descriptor instead.
 func (*ListMembersResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ListMembersResponse) GetMembers() []*ClusterMember {
@@ -567,7 +660,7 @@ type ClusterMember struct {
 
 func (x *ClusterMember) Reset() {
 	*x = ClusterMember{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -579,7 +672,7 @@ func (x *ClusterMember) String() string {
 func (*ClusterMember) ProtoMessage() {}
 
 func (x *ClusterMember) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -592,7 +685,7 @@ func (x *ClusterMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterMember.ProtoReflect.Descriptor instead.
 func (*ClusterMember) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ClusterMember) GetName() string {
@@ -641,7 +734,7 @@ type GetKeyRequest struct {
 
 func (x *GetKeyRequest) Reset() {
 	*x = GetKeyRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -653,7 +746,7 @@ func (x *GetKeyRequest) String() string {
 func (*GetKeyRequest) ProtoMessage() {}
 
 func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -666,7 +759,7 @@ func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyRequest.ProtoReflect.Descriptor instead.
 func (*GetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *GetKeyRequest) GetKey() []byte {
@@ -687,7 +780,7 @@ type GetKeyResponse struct {
 
 func (x *GetKeyResponse) Reset() {
 	*x = GetKeyResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -699,7 +792,7 @@ func (x *GetKeyResponse) String() string {
 func (*GetKeyResponse) ProtoMessage() {}
 
 func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -712,7 +805,7 @@ func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyResponse.ProtoReflect.Descriptor instead.
 func (*GetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *GetKeyResponse) GetState() *KeyState {
@@ -774,7 +867,7 @@ type KeyState struct {
 
 func (x *KeyState) Reset() {
 	*x = KeyState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -786,7 +879,7 @@ func (x *KeyState) String() string {
 func (*KeyState) ProtoMessage() {}
 
 func (x *KeyState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -799,7 +892,7 @@ func (x *KeyState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyState.ProtoReflect.Descriptor instead.
 func (*KeyState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *KeyState) GetKey() []byte {
@@ -964,7 +1057,7 @@ type SlidingLogState struct {
 
 func (x *SlidingLogState) Reset() {
 	*x = SlidingLogState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -976,7 +1069,7 @@ func (x *SlidingLogState) String() string {
 func (*SlidingLogState) ProtoMessage() {}
 
 func (x *SlidingLogState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -989,7 +1082,7 @@ func (x *SlidingLogState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlidingLogState.ProtoReflect.Descriptor instead.
 func (*SlidingLogState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SlidingLogState) GetRuns() []*LogRun {
@@ -1012,7 +1105,7 @@ type LogRun struct {
 
 func (x *LogRun) Reset() {
 	*x = LogRun{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1024,7 +1117,7 @@ func (x *LogRun) String() string {
 func (*LogRun) ProtoMessage() {}
 
 func (x *LogRun) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1037,7 +1130,7 @@ func (x *LogRun) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogRun.ProtoReflect.Descriptor instead.
 func (*LogRun) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *LogRun) GetTime() *timestamppb.Timestamp {
@@ -1071,7 +1164,7 @@ type SlidingWindowState struct {
 
 func (x *SlidingWindowState) Reset() {
 	*x = SlidingWindowState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1176,7 @@ func (x *SlidingWindowState) String() string {
 func (*SlidingWindowState) ProtoMessage() {}
 
 func (x *SlidingWindowState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1189,7 @@ func (x *SlidingWindowState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlidingWindowState.ProtoReflect.Descriptor instead.
 func (*SlidingWindowState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *SlidingWindowState) GetBucketStart() *timestamppb.Timestamp {
@@ -1134,7 +1227,7 @@ type TokenBucketState struct {
 
 func (x *TokenBucketState) Reset() {
 	*x = TokenBucketState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1146,7 +1239,7 @@ func (x *TokenBucketState) String() string {
 func (*TokenBucketState) ProtoMessage() {}
 
 func (x *TokenBucketState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1159,7 +1252,7 @@ func (x *TokenBucketState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenBucketState.ProtoReflect.Descriptor instead.
 func (*TokenBucketState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *TokenBucketState) GetTokens() float64 {
@@ -1195,7 +1288,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1207,7 +1300,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1220,7 +1313,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListKeysRequest) GetPrefix() []byte {
@@ -1257,7 +1350,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1269,7 +1362,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1282,7 +1375,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeySummary {
@@ -1317,7 +1410,7 @@ type KeySummary struct {
 
 func (x *KeySummary) Reset() {
 	*x = KeySummary{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1329,7 +1422,7 @@ func (x *KeySummary) String() string {
 func (*KeySummary) ProtoMessage() {}
 
 func (x *KeySummary) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1342,7 +1435,7 @@ func (x *KeySummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeySummary.ProtoReflect.Descriptor instead.
 func (*KeySummary) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *KeySummary) GetKey() []byte {
@@ -1384,7 +1477,7 @@ type ResetKeyRequest struct {
 
 func (x *ResetKeyRequest) Reset() {
 	*x = ResetKeyRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1489,7 @@ func (x *ResetKeyRequest) String() string {
 func (*ResetKeyRequest) ProtoMessage() {}
 
 func (x *ResetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1502,7 @@ func (x *ResetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetKeyRequest.ProtoReflect.Descriptor instead.
 func (*ResetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ResetKeyRequest) GetKey() []byte {
@@ -1430,7 +1523,7 @@ type ResetKeyResponse struct {
 
 func (x *ResetKeyResponse) Reset() {
 	*x = ResetKeyResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1442,7 +1535,7 @@ func (x *ResetKeyResponse) String() string {
 func (*ResetKeyResponse) ProtoMessage() {}
 
 func (x *ResetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1455,7 +1548,7 @@ func (x *ResetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetKeyResponse.ProtoReflect.Descriptor instead.
 func (*ResetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ResetKeyResponse) GetExisted() bool {
@@ -1505,7 +1598,7 @@ type Override struct {
 
 func (x *Override) Reset() {
 	*x = Override{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1517,7 +1610,7 @@ func (x *Override) String() string {
 func (*Override) ProtoMessage() {}
 
 func (x *Override) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1530,7 +1623,7 @@ func (x *Override) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Override.ProtoReflect.Descriptor instead.
 func (*Override) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Override) GetKey() []byte {
@@ -1600,7 +1693,7 @@ type SetOverrideRequest struct {
 
 func (x *SetOverrideRequest) Reset() {
 	*x = SetOverrideRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1612,7 +1705,7 @@ func (x *SetOverrideRequest) String() string {
 func (*SetOverrideRequest) ProtoMessage() {}
 
 func (x *SetOverrideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1625,7 +1718,7 @@ func (x *SetOverrideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetOverrideRequest.ProtoReflect.Descriptor instead.
 func (*SetOverrideRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SetOverrideRequest) GetOverride() *Override {
@@ -1646,7 +1739,7 @@ type SetOverrideResponse struct {
 
 func (x *SetOverrideResponse) Reset() {
 	*x = SetOverrideResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1658,7 +1751,7 @@ func (x *SetOverrideResponse) String() string {
 func (*SetOverrideResponse) ProtoMessage() {}
 
 func (x *SetOverrideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1671,7 +1764,7 @@ func (x *SetOverrideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetOverrideResponse.ProtoReflect.Descriptor instead.
 func (*SetOverrideResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetOverrideResponse) GetOverride() *Override {
@@ -1699,7 +1792,7 @@ type ListOverridesRequest struct {
 
 func (x *ListOverridesRequest) Reset() {
 	*x = ListOverridesRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1711,7 +1804,7 @@ func (x *ListOverridesRequest) String() string {
 func (*ListOverridesRequest) ProtoMessage() {}
 
 func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1724,7 +1817,7 @@ func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesRequest.ProtoReflect.Descriptor instead.
 func (*ListOverridesRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListOverridesRequest) GetPrefix() []byte {
@@ -1762,7 +1855,7 @@ type ListOverridesResponse struct {
 
 func (x *ListOverridesResponse) Reset() {
 	*x = ListOverridesResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1774,7 +1867,7 @@ func (x *ListOverridesResponse) String() string {
 func (*ListOverridesResponse) ProtoMessage() {}
 
 func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1787,7 +1880,7 @@ func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesResponse.ProtoReflect.Descriptor instead.
 func (*ListOverridesResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListOverridesResponse) GetOverrides() []*Override {
@@ -1818,7 +1911,7 @@ type DeleteOverrideRequest struct {
 
 func (x *DeleteOverrideRequest) Reset() {
 	*x = DeleteOverrideRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1830,7 +1923,7 @@ func (x *DeleteOverrideRequest) String() string {
 func (*DeleteOverrideRequest) ProtoMessage() {}
 
 func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1843,7 +1936,7 @@ func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOverrideRequest.ProtoReflect.Descriptor instead.
 func (*DeleteOverrideRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DeleteOverrideRequest) GetKey() []byte {
@@ -1871,7 +1964,7 @@ type DeleteOverrideResponse struct {
 
 func (x *DeleteOverrideResponse) Reset() {
 	*x = DeleteOverrideResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1883,7 +1976,7 @@ func (x *DeleteOverrideResponse) String() string {
 func (*DeleteOverrideResponse) ProtoMessage() {}
 
 func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1896,7 +1989,7 @@ func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOverrideResponse.ProtoReflect.Descriptor instead.
 func (*DeleteOverrideResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DeleteOverrideResponse) GetExisted() bool {
@@ -1920,7 +2013,7 @@ type EnvoyKeyRequest struct {
 
 func (x *EnvoyKeyRequest) Reset() {
 	*x = EnvoyKeyRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1932,7 +2025,7 @@ func (x *EnvoyKeyRequest) String() string {
 func (*EnvoyKeyRequest) ProtoMessage() {}
 
 func (x *EnvoyKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1945,7 +2038,7 @@ func (x *EnvoyKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvoyKeyRequest.ProtoReflect.Descriptor instead.
 func (*EnvoyKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *EnvoyKeyRequest) GetDomain() string {
@@ -1975,7 +2068,7 @@ type DescriptorEntry struct {
 
 func (x *DescriptorEntry) Reset() {
 	*x = DescriptorEntry{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1987,7 +2080,7 @@ func (x *DescriptorEntry) String() string {
 func (*DescriptorEntry) ProtoMessage() {}
 
 func (x *DescriptorEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2000,7 +2093,7 @@ func (x *DescriptorEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescriptorEntry.ProtoReflect.Descriptor instead.
 func (*DescriptorEntry) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DescriptorEntry) GetKey() string {
@@ -2032,7 +2125,7 @@ type EnvoyKeyResponse struct {
 
 func (x *EnvoyKeyResponse) Reset() {
 	*x = EnvoyKeyResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2044,7 +2137,7 @@ func (x *EnvoyKeyResponse) String() string {
 func (*EnvoyKeyResponse) ProtoMessage() {}
 
 func (x *EnvoyKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2057,7 +2150,7 @@ func (x *EnvoyKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvoyKeyResponse.ProtoReflect.Descriptor instead.
 func (*EnvoyKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *EnvoyKeyResponse) GetKey() []byte {
@@ -2092,7 +2185,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2104,7 +2197,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2117,7 +2210,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ForwardRequest) GetChecks() []*Check {
@@ -2161,7 +2254,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2173,7 +2266,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2186,7 +2279,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ForwardResponse) GetDecisions() []*Decision {
@@ -2217,7 +2310,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2229,7 +2322,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2242,7 +2335,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReleaseRequest) GetChecks() []*Check {
@@ -2268,7 +2361,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2280,7 +2373,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2293,7 +2386,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
 }
 
 // HandoffRequest is one part of a handoff from one node to another.
@@ -2324,7 +2417,7 @@ type HandoffRequest struct {
 
 func (x *HandoffRequest) Reset() {
 	*x = HandoffRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2336,7 +2429,7 @@ func (x *HandoffRequest) String() string {
 func (*HandoffRequest) ProtoMessage() {}
 
 func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2349,7 +2442,7 @@ func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffRequest.ProtoReflect.Descriptor instead.
 func (*HandoffRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *HandoffRequest) GetKeys() []*KeyRecord {
@@ -2421,7 +2514,7 @@ type KeyRecord struct {
 
 func (x *KeyRecord) Reset() {
 	*x = KeyRecord{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2433,7 +2526,7 @@ func (x *KeyRecord) String() string {
 func (*KeyRecord) ProtoMessage() {}
 
 func (x *KeyRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2446,7 +2539,7 @@ func (x *KeyRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRecord.ProtoReflect.Descriptor instead.
 func (*KeyRecord) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *KeyRecord) GetKey() []byte {
@@ -2474,7 +2567,7 @@ type HandoffResponse struct {
 
 func (x *HandoffResponse) Reset() {
 	*x = HandoffResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2486,7 +2579,7 @@ func (x *HandoffResponse) String() string {
 func (*HandoffResponse) ProtoMessage() {}
 
 func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2499,7 +2592,7 @@ func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffResponse.ProtoReflect.Descriptor instead.
 func (*HandoffResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *HandoffResponse) GetMerged() int64 {
@@ -2522,7 +2615,7 @@ type LeaseRequest struct {
 
 func (x *LeaseRequest) Reset() {
 	*x = LeaseRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2534,7 +2627,7 @@ func (x *LeaseRequest) String() string {
 func (*LeaseRequest) ProtoMessage() {}
 
 func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2547,7 +2640,7 @@ func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
 func (*LeaseRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{36}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *LeaseRequest) GetFromNode() string {
@@ -2580,7 +2673,7 @@ type LeaseResponse struct {
 
 func (x *LeaseResponse) Reset() {
 	*x = LeaseResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2592,7 +2685,7 @@ func (x *LeaseResponse) String() string {
 func (*LeaseResponse) ProtoMessage() {}
 
 func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2605,7 +2698,7 @@ func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
 func (*LeaseResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{37}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *LeaseResponse) GetGranted() bool {
@@ -2644,7 +2737,7 @@ type FenceRequest struct {
 
 func (x *FenceRequest) Reset() {
 	*x = FenceRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2656,7 +2749,7 @@ func (x *FenceRequest) String() string {
 func (*FenceRequest) ProtoMessage() {}
 
 func (x *FenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2669,7 +2762,7 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
 func (*FenceRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{38}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *FenceRequest) GetMember() string {
@@ -2702,7 +2795,7 @@ type FenceResponse struct {
 
 func (x *FenceResponse) Reset() {
 	*x = FenceResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2714,7 +2807,7 @@ func (x *FenceResponse) String() string {
 func (*FenceResponse) ProtoMessage() {}
 
 func (x *FenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2727,7 +2820,7 @@ func (x *FenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
 func (*FenceResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{39}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{41}
 }
 
 var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
@@ -2757,7 +2850,11 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"retryAfter\x12:\n" +
 	"\vreset_after\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"resetAfter\x12\x12\n" +
-	"\x04node\x18\x06 \x01(\tR\x04node\"\x14\n" +
+	"\x04node\x18\x06 \x01(\tR\x04node\")\n" +
+	"\x13ForgetMemberRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\",\n" +
+	"\x14ForgetMemberResponse\x12\x14\n" +
+	"\x05nodes\x18\x01 \x03(\tR\x05nodes\"\x14\n" +
 	"\x12ListMembersRequest\"s\n" +
 	"\x13ListMembersResponse\x122\n" +
 	"\amembers\x18\x01 \x03(\v2\x18.sluice.v1.ClusterMemberR\amembers\x12\x14\n" +
@@ -2909,7 +3006,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x18ALGORITHM_SLIDING_WINDOW\x10\x02\x12\x1a\n" +
 	"\x16ALGORITHM_TOKEN_BUCKET\x10\x032N\n" +
 	"\x10RateLimitService\x12:\n" +
-	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse2\xe3\x04\n" +
+	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse2\xb4\x05\n" +
 	"\fAdminService\x12=\n" +
 	"\x06GetKey\x12\x18.sluice.v1.GetKeyRequest\x1a\x19.sluice.v1.GetKeyResponse\x12C\n" +
 	"\bListKeys\x12\x1a.sluice.v1.ListKeysRequest\x1a\x1b.sluice.v1.ListKeysResponse\x12C\n" +
@@ -2918,7 +3015,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\rListOverrides\x12\x1f.sluice.v1.ListOverridesRequest\x1a .sluice.v1.ListOverridesResponse\x12U\n" +
 	"\x0eDeleteOverride\x12 .sluice.v1.DeleteOverrideRequest\x1a!.sluice.v1.DeleteOverrideResponse\x12C\n" +
 	"\bEnvoyKey\x12\x1a.sluice.v1.EnvoyKeyRequest\x1a\x1b.sluice.v1.EnvoyKeyResponse\x12L\n" +
-	"\vListMembers\x12\x1d.sluice.v1.ListMembersRequest\x1a\x1e.sluice.v1.ListMembersResponse2\xcb\x02\n" +
+	"\vListMembers\x12\x1d.sluice.v1.ListMembersRequest\x1a\x1e.sluice.v1.ListMembersResponse\x12O\n" +
+	"\fForgetMember\x12\x1e.sluice.v1.ForgetMemberRequest\x1a\x1f.sluice.v1.ForgetMemberResponse2\xcb\x02\n" +
 	"\vPeerService\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12@\n" +
 	"\aRelease\x12\x19.sluice.v1.ReleaseRequest\x1a\x1a.sluice.v1.ReleaseResponse\x12@\n" +
@@ -2939,118 +3037,122 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 40)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),                 // 0: sluice.v1.Algorithm
 	(*CheckRequest)(nil),           // 1: sluice.v1.CheckRequest
 	(*Check)(nil),                  // 2: sluice.v1.Check
 	(*CheckResponse)(nil),          // 3: sluice.v1.CheckResponse
 	(*Decision)(nil),               // 4: sluice.v1.Decision
-	(*ListMembersRequest)(nil),     // 5: sluice.v1.ListMembersRequest
-	(*ListMembersResponse)(nil),    // 6: sluice.v1.ListMembersResponse
-	(*ClusterMember)(nil),          // 7: sluice.v1.ClusterMember
-	(*GetKeyRequest)(nil),          // 8: sluice.v1.GetKeyRequest
-	(*GetKeyResponse)(nil),         // 9: sluice.v1.GetKeyResponse
-	(*KeyState)(nil),               // 10: sluice.v1.KeyState
-	(*SlidingLogState)(nil),        // 11: sluice.v1.SlidingLogState
-	(*LogRun)(nil),                 // 12: sluice.v1.LogRun
-	(*SlidingWindowState)(nil),     // 13: sluice.v1.SlidingWindowState
-	(*TokenBucketState)(nil),       // 14: sluice.v1.TokenBucketState
-	(*ListKeysRequest)(nil),        // 15: sluice.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),       // 16: sluice.v1.ListKeysResponse
-	(*KeySummary)(nil),             // 17: sluice.v1.KeySummary
-	(*ResetKeyRequest)(nil),        // 18: sluice.v1.ResetKeyRequest
-	(*ResetKeyResponse)(nil),       // 19: sluice.v1.ResetKeyResponse
-	(*Override)(nil),               // 20: sluice.v1.Override
-	(*SetOverrideRequest)(nil),     // 21: sluice.v1.SetOverrideRequest
-	(*SetOverrideResponse)(nil),    // 22: sluice.v1.SetOverrideResponse
-	(*ListOverridesRequest)(nil),   // 23: sluice.v1.ListOverridesRequest
-	(*ListOverridesResponse)(nil),  // 24: sluice.v1.ListOverridesResponse
-	(*DeleteOverrideRequest)(nil),  // 25: sluice.v1.DeleteOverrideRequest
-	(*DeleteOverrideResponse)(nil), // 26: sluice.v1.DeleteOverrideResponse
-	(*EnvoyKeyRequest)(nil),        // 27: sluice.v1.EnvoyKeyRequest
-	(*DescriptorEntry)(nil),        // 28: sluice.v1.DescriptorEntry
-	(*EnvoyKeyResponse)(nil),       // 29: sluice.v1.EnvoyKeyResponse
-	(*ForwardRequest)(nil),         // 30: sluice.v1.ForwardRequest
-	(*ForwardResponse)(nil),        // 31: sluice.v1.ForwardResponse
-	(*ReleaseRequest)(nil),         // 32: sluice.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),        // 33: sluice.v1.ReleaseResponse
-	(*HandoffRequest)(nil),         // 34: sluice.v1.HandoffRequest
-	(*KeyRecord)(nil),              // 35: sluice.v1.KeyRecord
-	(*HandoffResponse)(nil),        // 36: sluice.v1.HandoffResponse
-	(*LeaseRequest)(nil),           // 37: sluice.v1.LeaseRequest
-	(*LeaseResponse)(nil),          // 38: sluice.v1.LeaseResponse
-	(*FenceRequest)(nil),           // 39: sluice.v1.FenceRequest
-	(*FenceResponse)(nil),          // 40: sluice.v1.FenceResponse
-	(*durationpb.Duration)(nil),    // 41: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 42: google.protobuf.Timestamp
+	(*ForgetMemberRequest)(nil),    // 5: sluice.v1.ForgetMemberRequest
+	(*ForgetMemberResponse)(nil),   // 6: sluice.v1.ForgetMemberResponse
+	(*ListMembersRequest)(nil),     // 7: sluice.v1.ListMembersRequest
+	(*ListMembersResponse)(nil),    // 8: sluice.v1.ListMembersResponse
+	(*ClusterMember)(nil),          // 9: sluice.v1.ClusterMember
+	(*GetKeyRequest)(nil),          // 10: sluice.v1.GetKeyRequest
+	(*GetKeyResponse)(nil),         // 11: sluice.v1.GetKeyResponse
+	(*KeyState)(nil),               // 12: sluice.v1.KeyState
+	(*SlidingLogState)(nil),        // 13: sluice.v1.SlidingLogState
+	(*LogRun)(nil),                 // 14: sluice.v1.LogRun
+	(*SlidingWindowState)(nil),     // 15: sluice.v1.SlidingWindowState
+	(*TokenBucketState)(nil),       // 16: sluice.v1.TokenBucketState
+	(*ListKeysRequest)(nil),        // 17: sluice.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),       // 18: sluice.v1.ListKeysResponse
+	(*KeySummary)(nil),             // 19: sluice.v1.KeySummary
+	(*ResetKeyRequest)(nil),        // 20: sluice.v1.ResetKeyRequest
+	(*ResetKeyResponse)(nil),       // 21: sluice.v1.ResetKeyResponse
+	(*Override)(nil),               // 22: sluice.v1.Override
+	(*SetOverrideRequest)(nil),     // 23: sluice.v1.SetOverrideRequest
+	(*SetOverrideResponse)(nil),    // 24: sluice.v1.SetOverrideResponse
+	(*ListOverridesRequest)(nil),   // 25: sluice.v1.ListOverridesRequest
+	(*ListOverridesResponse)(nil),  // 26: sluice.v1.ListOverridesResponse
+	(*DeleteOverrideRequest)(nil),  // 27: sluice.v1.DeleteOverrideRequest
+	(*DeleteOverrideResponse)(nil), // 28: sluice.v1.DeleteOverrideResponse
+	(*EnvoyKeyRequest)(nil),        // 29: sluice.v1.EnvoyKeyRequest
+	(*DescriptorEntry)(nil),        // 30: sluice.v1.DescriptorEntry
+	(*EnvoyKeyResponse)(nil),       // 31: sluice.v1.EnvoyKeyResponse
+	(*ForwardRequest)(nil),         // 32: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),        // 33: sluice.v1.ForwardResponse
+	(*ReleaseRequest)(nil),         // 34: sluice.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 35: sluice.v1.ReleaseResponse
+	(*HandoffRequest)(nil),         // 36: sluice.v1.HandoffRequest
+	(*KeyRecord)(nil),              // 37: sluice.v1.KeyRecord
+	(*HandoffResponse)(nil),        // 38: sluice.v1.HandoffResponse
+	(*LeaseRequest)(nil),           // 39: sluice.v1.LeaseRequest
+	(*LeaseResponse)(nil),          // 40: sluice.v1.LeaseResponse
+	(*FenceRequest)(nil),           // 41: sluice.v1.FenceRequest
+	(*FenceResponse)(nil),          // 42: sluice.v1.FenceResponse
+	(*durationpb.Duration)(nil),    // 43: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 44: google.protobuf.Timestamp
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	2,  // 0: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.Check
-	41, // 1: sluice.v1.Check.window:type_name -> google.protobuf.Duration
+	43, // 1: sluice.v1.Check.window:type_name -> google.protobuf.Duration
 	0,  // 2: sluice.v1.Check.algorithm:type_name -> sluice.v1.Algorithm
 	4,  // 3: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
-	41, // 4: sluice.v1.Decision.retry_after:type_name -> google.protobuf.Duration
-	41, // 5: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
-	7,  // 6: sluice.v1.ListMembersResponse.members:type_name -> sluice.v1.ClusterMember
-	10, // 7: sluice.v1.GetKeyResponse.state:type_name -> sluice.v1.KeyState
+	43, // 4: sluice.v1.Decision.retry_after:type_name -> google.protobuf.Duration
+	43, // 5: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
+	9,  // 6: sluice.v1.ListMembersResponse.members:type_name -> sluice.v1.ClusterMember
+	12, // 7: sluice.v1.GetKeyResponse.state:type_name -> sluice.v1.KeyState
 	0,  // 8: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
-	41, // 9: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
-	11, // 10: sluice.v1.KeyState.sliding_log:type_name -> sluice.v1.SlidingLogState
-	13, // 11: sluice.v1.KeyState.sliding_window:type_name -> sluice.v1.SlidingWindowState
-	14, // 12: sluice.v1.KeyState.token_bucket:type_name -> sluice.v1.TokenBucketState
-	41, // 13: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
-	41, // 14: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
-	42, // 15: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
-	42, // 16: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
-	12, // 17: sluice.v1.SlidingLogState.runs:type_name -> sluice.v1.LogRun
-	42, // 18: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
-	42, // 19: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
-	42, // 20: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
-	17, // 21: sluice.v1.ListKeysResponse.keys:type_name -> sluice.v1.KeySummary
-	42, // 22: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
-	41, // 23: sluice.v1.Override.window:type_name -> google.protobuf.Duration
+	43, // 9: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
+	13, // 10: sluice.v1.KeyState.sliding_log:type_name -> sluice.v1.SlidingLogState
+	15, // 11: sluice.v1.KeyState.sliding_window:type_name -> sluice.v1.SlidingWindowState
+	16, // 12: sluice.v1.KeyState.token_bucket:type_name -> sluice.v1.TokenBucketState
+	43, // 13: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
+	43, // 14: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
+	44, // 15: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
+	44, // 16: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
+	14, // 17: sluice.v1.SlidingLogState.runs:type_name -> sluice.v1.LogRun
+	44, // 18: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
+	44, // 19: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
+	44, // 20: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
+	19, // 21: sluice.v1.ListKeysResponse.keys:type_name -> sluice.v1.KeySummary
+	44, // 22: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
+	43, // 23: sluice.v1.Override.window:type_name -> google.protobuf.Duration
 	0,  // 24: sluice.v1.Override.algorithm:type_name -> sluice.v1.Algorithm
-	42, // 25: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
-	42, // 26: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
-	20, // 27: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
-	20, // 28: sluice.v1.SetOverrideResponse.override:type_name -> sluice.v1.Override
-	20, // 29: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
-	28, // 30: sluice.v1.EnvoyKeyRequest.entries:type_name -> sluice.v1.DescriptorEntry
+	44, // 25: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
+	44, // 26: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
+	22, // 27: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
+	22, // 28: sluice.v1.SetOverrideResponse.override:type_name -> sluice.v1.Override
+	22, // 29: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
+	30, // 30: sluice.v1.EnvoyKeyRequest.entries:type_name -> sluice.v1.DescriptorEntry
 	2,  // 31: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.Check
 	4,  // 32: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
 	2,  // 33: sluice.v1.ReleaseRequest.checks:type_name -> sluice.v1.Check
-	35, // 34: sluice.v1.HandoffRequest.keys:type_name -> sluice.v1.KeyRecord
+	37, // 34: sluice.v1.HandoffRequest.keys:type_name -> sluice.v1.KeyRecord
 	1,  // 35: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
-	8,  // 36: sluice.v1.AdminService.GetKey:input_type -> sluice.v1.GetKeyRequest
-	15, // 37: sluice.v1.AdminService.ListKeys:input_type -> sluice.v1.ListKeysRequest
-	18, // 38: sluice.v1.AdminService.ResetKey:input_type -> sluice.v1.ResetKeyRequest
-	21, // 39: sluice.v1.AdminService.SetOverride:input_type -> sluice.v1.SetOverrideRequest
-	23, // 40: sluice.v1.AdminService.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
-	25, // 41: sluice.v1.AdminService.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
-	27, // 42: sluice.v1.AdminService.EnvoyKey:input_type -> sluice.v1.EnvoyKeyRequest
-	5,  // 43: sluice.v1.AdminService.ListMembers:input_type -> sluice.v1.ListMembersRequest
-	30, // 44: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
-	32, // 45: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
-	34, // 46: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
-	37, // 47: sluice.v1.PeerService.Lease:input_type -> sluice.v1.LeaseRequest
-	39, // 48: sluice.v1.PeerService.Fence:input_type -> sluice.v1.FenceRequest
-	3,  // 49: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
-	9,  // 50: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
-	16, // 51: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
-	19, // 52: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
-	22, // 53: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
-	24, // 54: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
-	26, // 55: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
-	29, // 56: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
-	6,  // 57: sluice.v1.AdminService.ListMembers:output_type -> sluice.v1.ListMembersResponse
-	31, // 58: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
-	33, // 59: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
-	36, // 60: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
-	38, // 61: sluice.v1.PeerService.Lease:output_type -> sluice.v1.LeaseResponse
-	40, // 62: sluice.v1.PeerService.Fence:output_type -> sluice.v1.FenceResponse
-	49, // [49:63] is the sub-list for method output_type
-	35, // [35:49] is the sub-list for method input_type
+	10, // 36: sluice.v1.AdminService.GetKey:input_type -> sluice.v1.GetKeyRequest
+	17, // 37: sluice.v1.AdminService.ListKeys:input_type -> sluice.v1.ListKeysRequest
+	20, // 38: sluice.v1.AdminService.ResetKey:input_type -> sluice.v1.ResetKeyRequest
+	23, // 39: sluice.v1.AdminService.SetOverride:input_type -> sluice.v1.SetOverrideRequest
+	25, // 40: sluice.v1.AdminService.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
+	27, // 41: sluice.v1.AdminService.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
+	29, // 42: sluice.v1.AdminService.EnvoyKey:input_type -> sluice.v1.EnvoyKeyRequest
+	7,  // 43: sluice.v1.AdminService.ListMembers:input_type -> sluice.v1.ListMembersRequest
+	5,  // 44: sluice.v1.AdminService.ForgetMember:input_type -> sluice.v1.ForgetMemberRequest
+	32, // 45: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
+	34, // 46: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
+	36, // 47: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
+	39, // 48: sluice.v1.PeerService.Lease:input_type -> sluice.v1.LeaseRequest
+	41, // 49: sluice.v1.PeerService.Fence:input_type -> sluice.v1.FenceRequest
+	3,  // 50: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
+	11, // 51: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
+	18, // 52: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
+	21, // 53: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
+	24, // 54: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
+	26, // 55: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
+	28, // 56: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
+	31, // 57: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
+	8,  // 58: sluice.v1.AdminService.ListMembers:output_type -> sluice.v1.ListMembersResponse
+	6,  // 59: sluice.v1.AdminService.ForgetMember:output_type -> sluice.v1.ForgetMemberResponse
+	33, // 60: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
+	35, // 61: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
+	38, // 62: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
+	40, // 63: sluice.v1.PeerService.Lease:output_type -> sluice.v1.LeaseResponse
+	42, // 64: sluice.v1.PeerService.Fence:output_type -> sluice.v1.FenceResponse
+	50, // [50:65] is the sub-list for method output_type
+	35, // [35:50] is the sub-list for method input_type
 	35, // [35:35] is the sub-list for extension type_name
 	35, // [35:35] is the sub-list for extension extendee
 	0,  // [0:35] is the sub-list for field type_name
@@ -3062,7 +3164,7 @@ func file_sluice_v1_sluice_proto_init() {
 		return
 	}
 	file_sluice_v1_sluice_proto_msgTypes[1].OneofWrappers = []any{}
-	file_sluice_v1_sluice_proto_msgTypes[9].OneofWrappers = []any{
+	file_sluice_v1_sluice_proto_msgTypes[11].OneofWrappers = []any{
 		(*KeyState_SlidingLog)(nil),
 		(*KeyState_SlidingWindow)(nil),
 		(*KeyState_TokenBucket)(nil),
@@ -3073,7 +3175,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   40,
+			NumMessages:   42,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

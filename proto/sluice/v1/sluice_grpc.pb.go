@@ -193,6 +193,7 @@ const (
 	AdminService_DeleteOverride_FullMethodName = "/sluice.v1.AdminService/DeleteOverride"
 	AdminService_EnvoyKey_FullMethodName       = "/sluice.v1.AdminService/EnvoyKey"
 	AdminService_ListMembers_FullMethodName    = "/sluice.v1.AdminService/ListMembers"
+	AdminService_ForgetMember_FullMethodName   = "/sluice.v1.AdminService/ForgetMember"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -238,6 +239,13 @@ type AdminServiceClient interface {
 	// name, addresses, state, share of keys and the node's view epoch. A
 	// single node lists itself.
 	ListMembers(ctx context.Context, in *ListMembersRequest, opts ...grpc.CallOption) (*ListMembersResponse, error)
+	// ForgetMember removes a member that is down for good (its machine and
+	// disk are gone) from the cluster's roster, on every live node. Its keys,
+	// which waited for it under the exact policy, go to the others without
+	// the state it held: up to one window's limit of excess per key. A member
+	// that is alive is refused (FAILED_PRECONDITION): stop it first, or let it
+	// leave gracefully. A member forgotten that comes back joins again.
+	ForgetMember(ctx context.Context, in *ForgetMemberRequest, opts ...grpc.CallOption) (*ForgetMemberResponse, error)
 }
 
 type adminServiceClient struct {
@@ -328,6 +336,16 @@ func (c *adminServiceClient) ListMembers(ctx context.Context, in *ListMembersReq
 	return out, nil
 }
 
+func (c *adminServiceClient) ForgetMember(ctx context.Context, in *ForgetMemberRequest, opts ...grpc.CallOption) (*ForgetMemberResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForgetMemberResponse)
+	err := c.cc.Invoke(ctx, AdminService_ForgetMember_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -371,6 +389,13 @@ type AdminServiceServer interface {
 	// name, addresses, state, share of keys and the node's view epoch. A
 	// single node lists itself.
 	ListMembers(context.Context, *ListMembersRequest) (*ListMembersResponse, error)
+	// ForgetMember removes a member that is down for good (its machine and
+	// disk are gone) from the cluster's roster, on every live node. Its keys,
+	// which waited for it under the exact policy, go to the others without
+	// the state it held: up to one window's limit of excess per key. A member
+	// that is alive is refused (FAILED_PRECONDITION): stop it first, or let it
+	// leave gracefully. A member forgotten that comes back joins again.
+	ForgetMember(context.Context, *ForgetMemberRequest) (*ForgetMemberResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -404,6 +429,9 @@ func (UnimplementedAdminServiceServer) EnvoyKey(context.Context, *EnvoyKeyReques
 }
 func (UnimplementedAdminServiceServer) ListMembers(context.Context, *ListMembersRequest) (*ListMembersResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListMembers not implemented")
+}
+func (UnimplementedAdminServiceServer) ForgetMember(context.Context, *ForgetMemberRequest) (*ForgetMemberResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForgetMember not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -570,6 +598,24 @@ func _AdminService_ListMembers_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ForgetMember_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForgetMemberRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ForgetMember(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ForgetMember_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ForgetMember(ctx, req.(*ForgetMemberRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -608,6 +654,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListMembers",
 			Handler:    _AdminService_ListMembers_Handler,
+		},
+		{
+			MethodName: "ForgetMember",
+			Handler:    _AdminService_ForgetMember_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
