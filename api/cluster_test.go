@@ -606,3 +606,50 @@ func TestClusterForgetMember(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterLeaveHandsOverInParallel: a leaving node hands its keys to
+// every member at once, so a member that cannot be reached (node-1 here,
+// its gRPC server stopped but its gossip alive) delays nobody else: node-2
+// gets its share, with its state, at once. The keys meant for node-1 stay
+// on the leaving node, which then stops without leaving (its keys wait for
+// it) rather than lose them.
+func TestClusterLeaveHandsOverInParallel(t *testing.T) {
+	tc := newTestClusterWith(t, 3, func(c *Config) { c.ShutdownTimeout = 3 * time.Second })
+	owners := tc.nodes[0].srv.Membership().View().Owners()
+	without := owners.Without("node-0")
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := fmt.Sprintf("h%d", i); owners.Owner(k).Name == "node-0" && without.Owner(k).Name == "node-2" {
+			key = k
+		}
+	}
+	for i := 0; i < 3; i++ {
+		if resp, err := tc.client(0).Check(tc.nodes[0].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, 5, time.Hour, 1)}}); err != nil || !resp.Decisions[0].Allowed {
+			t.Fatalf("hit %d on %s = %v, %v", i, key, resp, err)
+		}
+	}
+	tc.nodes[1].srv.grpc.Stop()
+	start := time.Now()
+	leaver := tc.nodes[0]
+	stopped := make(chan struct{})
+	go func() {
+		leaver.stop()
+		close(stopped)
+	}()
+	deadline := start.Add(2 * time.Second)
+	for {
+		resp, err := tc.client(2).Check(tc.nodes[2].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, 5, time.Hour, 0)}})
+		if err == nil {
+			if d := resp.Decisions[0]; d.Node != "node-2" || d.Remaining != 2 {
+				t.Fatalf("peek at %s via node-2 after node-0 left = %v; want decided by node-2 with 2 remaining (node-0's 3 hits handed over)", key, d)
+			}
+			t.Logf("node-2 decided %s with its state %v after node-0 started leaving", key, time.Since(start).Round(time.Millisecond))
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node-2 still refuses %s 2s after node-0 started leaving: %v", key, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	<-stopped
+}
