@@ -133,7 +133,7 @@ func (a *adminService) ListKeys(ctx context.Context, req *sluicepb.ListKeysReque
 		}
 		resp.Keys[i] = ks
 	}
-	if s.membership != nil && !replicated(ctx) {
+	if s.membership() != nil && !replicated(ctx) {
 		return s.listKeysCluster(ctx, req, resp, size)
 	}
 	return resp, nil
@@ -363,7 +363,7 @@ func (a *adminService) ListMembers(ctx context.Context, req *sluicepb.ListMember
 			Node: s.cfg.NodeName,
 			Members: []*sluicepb.ClusterMember{{
 				Name:     s.cfg.NodeName,
-				GrpcAddr: s.GRPCAddr(),
+				GrpcAddr: s.grpcAddr(),
 				State:    cluster.StateAlive.String(),
 				Share:    1,
 			}},
@@ -536,7 +536,7 @@ func (s *Server) checkKey(field string, key []byte) error {
 
 // engineLimits is the engine's configured limits with their defaults.
 func (s *Server) engineLimits() actor.Limits {
-	l := s.cfg.Engine.Limits
+	l := s.cfg.Limits
 	if l.MaxKeyLen <= 0 {
 		l.MaxKeyLen = actor.DefaultMaxKeyLen
 	}

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -15,7 +16,9 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/api/limits"
+	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -197,7 +200,7 @@ func TestAdminGetKeyAgreesWithDecisions(t *testing.T) {
 // TestAdminKeyOnDisk: a key evicted from memory is still shown, with
 // in_memory false, by GetKey and ListKeys, and still counts.
 func TestAdminKeyOnDisk(t *testing.T) {
-	ts := newTestServer(t, func(c *Config) {
+	ts := newTestServer(t, func(c *testConfig) {
 		c.Engine.Actors = 1
 		c.Engine.MaxKeys = 2
 	})
@@ -493,7 +496,7 @@ func TestAdminOverridesSurviveRestart(t *testing.T) {
 // TestAdminOverridesInMemoryMode: without a data file, overrides work and
 // a restart forgets them.
 func TestAdminOverridesInMemoryMode(t *testing.T) {
-	ts := newTestServer(t, func(c *Config) { c.Durability = "memory" })
+	ts := newTestServer(t, func(c *testConfig) { c.Durability = "memory" })
 	ts.setOverride(&sluicepb.Override{Key: []byte("m"), Limit: 3})
 	if got := ts.limitOf("m"); got != 3 {
 		t.Errorf("m has limit %d; want 3", got)
@@ -655,7 +658,7 @@ func TestAdminBadInput(t *testing.T) {
 // TestAdminToken: with an admin token, admin calls need it; decisions do
 // not.
 func TestAdminToken(t *testing.T) {
-	ts := newTestServer(t, func(c *Config) { c.AdminToken = "s3cret" })
+	ts := newTestServer(t, func(c *testConfig) { c.AdminToken = "s3cret" })
 	admin := ts.admin()
 	get := func(ctx context.Context) error {
 		_, err := admin.GetKey(ctx, &sluicepb.GetKeyRequest{Key: []byte("k")})
@@ -722,9 +725,17 @@ func TestAdminUnreadableOverrideStopsNode(t *testing.T) {
 				t.Fatal(err)
 			}
 			ts.stop()
-			srv, err := New(ts.cfg)
-			if err == nil {
-				srv.Shutdown(context.Background())
+			store, err := persist.Open(persist.Options{Path: filepath.Join(ts.cfg.DataDir, "sluice.db")})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer store.Close()
+			engine, err := actor.New(actor.Config{Actors: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer engine.Close()
+			if _, err = New(Config{NodeName: "n"}, Deps{Engine: engine, Store: store}); err == nil {
 				t.Fatalf("New with override record %q = %q: no error; want one naming the record", tt.rk, tt.value)
 			}
 			if !strings.Contains(err.Error(), fmt.Sprintf("%q", tt.rk)) {

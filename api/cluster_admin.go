@@ -35,7 +35,7 @@ func (s *Server) peerContext(ctx context.Context) context.Context {
 
 // peerAdmin returns an admin client for the member named name.
 func (s *Server) peerAdmin(name string) (sluicepb.AdminServiceClient, error) {
-	conn, err := s.router.Load().Conn(name)
+	conn, err := s.router().Conn(name)
 	if err != nil {
 		return nil, err
 	}
@@ -45,7 +45,7 @@ func (s *Server) peerAdmin(name string) (sluicepb.AdminServiceClient, error) {
 // keyOwner returns an admin client for key's owner when that is another
 // node and the call did not come from one; nil means answer locally.
 func (s *Server) keyOwner(ctx context.Context, key []byte) (sluicepb.AdminServiceClient, error) {
-	r := s.router.Load()
+	r := s.router()
 	if r == nil || replicated(ctx) {
 		return nil, nil
 	}
@@ -59,11 +59,12 @@ func (s *Server) keyOwner(ctx context.Context, key []byte) (sluicepb.AdminServic
 // others returns the names of the other live members; none for a single
 // node or a call that came from another node.
 func (s *Server) otherMembers(ctx context.Context) []string {
-	if s.membership == nil || replicated(ctx) {
+	m := s.membership()
+	if m == nil || replicated(ctx) {
 		return nil
 	}
 	var names []string
-	for _, m := range s.membership.View().Members {
+	for _, m := range m.View().Members {
 		if m.Name != s.cfg.NodeName {
 			names = append(names, m.Name)
 		}

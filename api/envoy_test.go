@@ -136,11 +136,11 @@ func writeLimits(t testing.TB, path, yaml string) {
 
 // newLimitsServer starts a node on a limits file holding yaml. The file is
 // polled rarely: tests reload it with Reload.
-func newLimitsServer(t *testing.T, yaml string, edit func(*Config)) (*testServer, string) {
+func newLimitsServer(t *testing.T, yaml string, edit func(*testConfig)) (*testServer, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "limits.yaml")
 	writeLimits(t, path, yaml)
-	ts := newTestServer(t, func(c *Config) {
+	ts := newTestServer(t, func(c *testConfig) {
 		c.LimitsFile = path
 		c.LimitsPollInterval = time.Hour
 		if edit != nil {
@@ -619,7 +619,7 @@ func TestEnvoyOverrides(t *testing.T) {
 // RateLimit-Policy and RateLimit fields of the most restrictive descriptor,
 // and Retry-After when over the limit; without it, none.
 func TestEnvoyResponseHeaders(t *testing.T) {
-	ts, _ := newLimitsServer(t, edgeLimits, func(c *Config) { c.RateLimitHeaders = true })
+	ts, _ := newLimitsServer(t, edgeLimits, func(c *testConfig) { c.RateLimitHeaders = true })
 	ec := newEnvoyClient(ts)
 	headers := func(resp *rlsv3.RateLimitResponse) string {
 		var hs []string

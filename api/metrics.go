@@ -1,37 +1,15 @@
 package api
 
 import (
-	"time"
-
-	"github.com/sluice-io/sluice/cluster"
-
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics are the node's Prometheus metrics, on the node's own registry.
-// They also receive the engine's measurements (actor.Observer).
+// metrics are the decision metrics of the APIs, on the node's registry.
+// The node's other metrics (engine, storage, cluster) are the node's (see
+// cmd/sluice/node).
 type metrics struct {
-	decisions     *prometheus.CounterVec
-	latency       *prometheus.HistogramVec
-	keys          prometheus.Gauge
-	evictions     prometheus.Counter
-	expired       prometheus.Counter
-	queueDepth    prometheus.Histogram
-	batchChecks   prometheus.Histogram
-	commitLatency prometheus.Histogram
-	commitRecords prometheus.Histogram
-	limitsReloads *prometheus.CounterVec
-
-	peerDecisions     prometheus.Counter
-	forwarded         *prometheus.CounterVec
-	forwardLatency    prometheus.Histogram
-	forwardBatch      prometheus.Histogram
-	handoffKeys       *prometheus.CounterVec
-	refused           *prometheus.CounterVec
-	unserved          *prometheus.CounterVec
-	renewals          *prometheus.CounterVec
-	membershipChanges *prometheus.CounterVec
-	members           prometheus.Gauge
+	decisions *prometheus.CounterVec
+	latency   *prometheus.HistogramVec
 
 	// The children of decisions and latency that the decision APIs use,
 	// looked up once rather than on every call.
@@ -65,171 +43,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "Time to answer a decision request, by API.",
 			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16), // 25µs .. 0.8s
 		}, []string{"api"}),
-		keys: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sluice_keys_in_memory",
-			Help: "Keys whose state is held in memory.",
-		}),
-		evictions: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_evictions_total",
-			Help: "Keys that left memory for the memory bound (their state stays on disk).",
-		}),
-		expired: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "sluice_expired_keys_total",
-			Help: "Keys that left memory because their state emptied.",
-		}),
-		queueDepth: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "sluice_actor_mailbox_depth",
-			Help:    "Calls waiting in an actor's mailbox when it finished a batch.",
-			Buckets: []float64{0, 1, 4, 16, 64, 256, 1024},
-		}),
-		batchChecks: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "sluice_actor_batch_checks",
-			Help:    "Checks an actor decided in one batch.",
-			Buckets: prometheus.ExponentialBuckets(1, 4, 8),
-		}),
-		commitLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "sluice_storage_commit_duration_seconds",
-			Help:    "Time to commit one storage transaction.",
-			Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16),
-		}),
-		commitRecords: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "sluice_storage_commit_records",
-			Help:    "Key records written by one storage transaction.",
-			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
-		}),
-		limitsReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "sluice_limits_reloads_total",
-			Help: "Reloads of the limits file, by result (ok, error).",
-		}, []string{"result"}),
 	}
-	m.peerDecisions = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "sluice_peer_decisions_total",
-		Help: "Checks this node decided for other nodes that forwarded them.",
-	})
-	m.forwarded = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_forwarded_checks_total",
-		Help: "Checks forwarded to their owner, by result (ok, error).",
-	}, []string{"result"})
-	m.forwardLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "sluice_forward_duration_seconds",
-		Help:    "Time of one Forward call to a peer.",
-		Buckets: prometheus.ExponentialBuckets(50e-6, 2, 16),
-	})
-	m.forwardBatch = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "sluice_forward_batch_checks",
-		Help:    "Checks carried by one Forward call.",
-		Buckets: prometheus.ExponentialBuckets(1, 4, 8),
-	})
-	m.handoffKeys = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_handoff_keys_total",
-		Help: "Keys handed over when ownership moved, by direction (sent, received, failed).",
-	}, []string{"direction"})
-	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_refused_checks_total",
-		Help: "Checks this node answered UNAVAILABLE rather than decide without showing it may, by reason (no_quorum: no lease from a majority; moving: the key's state has not arrived; owner_down: its owner is down and the policy keeps its keys for it).",
-	}, []string{"reason"})
-	m.unserved = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_unserved_seconds_total",
-		Help: "Seconds during which this node could not decide all the keys it acts for, by reason (no_quorum: no lease, so none of them; waiting: some gained keys waited for their state).",
-	}, []string{"reason"})
-	m.renewals = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_lease_renewals_total",
-		Help: "Lease renewals, by result (granted by a majority, or not).",
-	}, []string{"result"})
-	m.membershipChanges = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "sluice_membership_changes_total",
-		Help: "Membership changes seen, by kind (joined, updated, left, failed).",
-	}, []string{"kind"})
-	m.members = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "sluice_members",
-		Help: "Live members in this node's view.",
-	})
-	reg.MustRegister(m.peerDecisions, m.forwarded, m.forwardLatency, m.forwardBatch, m.handoffKeys,
-		m.refused, m.unserved, m.renewals, m.membershipChanges, m.members)
-	reg.MustRegister(m.decisions, m.latency, m.keys, m.evictions, m.expired, m.queueDepth,
-		m.batchChecks, m.commitLatency, m.commitRecords, m.limitsReloads)
+	reg.MustRegister(m.decisions, m.latency)
 	m.native, m.envoy = newAPIMetrics(m, "native"), newAPIMetrics(m, "envoy")
 	return m
-}
-
-// Batch implements actor.Observer.
-func (m *metrics) Batch(_, checks, queued int) {
-	m.batchChecks.Observe(float64(checks))
-	m.queueDepth.Observe(float64(queued))
-}
-
-// Keys implements actor.Observer.
-func (m *metrics) Keys(delta int) { m.keys.Add(float64(delta)) }
-
-// Evicted implements actor.Observer.
-func (m *metrics) Evicted(n int) { m.evictions.Add(float64(n)) }
-
-// Expired implements actor.Observer.
-func (m *metrics) Expired(n int) { m.expired.Add(float64(n)) }
-
-// commit is the store's OnCommit hook.
-func (m *metrics) commit(records int, d time.Duration) {
-	m.commitLatency.Observe(d.Seconds())
-	m.commitRecords.Observe(float64(records))
-}
-
-// Changed implements cluster.Observer.
-func (m *metrics) Changed(kind cluster.ChangeKind, _ uint64, members int) {
-	m.membershipChanges.WithLabelValues(kind.String()).Inc()
-	m.members.Set(float64(members))
-}
-
-// JoinAttempt implements cluster.Observer.
-func (m *metrics) JoinAttempt(error) {}
-
-// Forwarded implements cluster.RouterObserver.
-func (m *metrics) Forwarded(_ string, checks int, d time.Duration, err error) {
-	result := "ok"
-	if err != nil {
-		result = "error"
-	}
-	m.forwarded.WithLabelValues(result).Add(float64(checks))
-	m.forwardLatency.Observe(d.Seconds())
-	m.forwardBatch.Observe(float64(checks))
-}
-
-// HandedOff implements cluster.RouterObserver.
-func (m *metrics) HandedOff(_ string, keys int, err error) {
-	if err != nil {
-		m.handoffKeys.WithLabelValues("failed").Add(float64(keys))
-		return
-	}
-	m.handoffKeys.WithLabelValues("sent").Add(float64(keys))
-}
-
-// HandoffReceived implements cluster.RouterObserver.
-func (m *metrics) HandoffReceived(_ string, keys int) {
-	m.handoffKeys.WithLabelValues("received").Add(float64(keys))
-}
-
-// Served implements cluster.RouterObserver.
-func (m *metrics) Served(checks int) { m.peerDecisions.Add(float64(checks)) }
-
-// Refused implements cluster.RouterObserver.
-func (m *metrics) Refused(reason string, checks int) {
-	m.refused.WithLabelValues(reason).Add(float64(checks))
-}
-
-// Renewed implements cluster.RouterObserver.
-func (m *metrics) Renewed(granted bool) {
-	if granted {
-		m.renewals.WithLabelValues("granted").Inc()
-	} else {
-		m.renewals.WithLabelValues("refused").Inc()
-	}
-}
-
-// Unserved implements cluster.RouterObserver.
-func (m *metrics) Unserved(d time.Duration, noLease, waiting bool) {
-	switch {
-	case noLease:
-		m.unserved.WithLabelValues("no_quorum").Add(d.Seconds())
-	case waiting:
-		m.unserved.WithLabelValues("waiting").Add(d.Seconds())
-	}
 }

@@ -139,17 +139,12 @@ func toProtoAlgorithm(a actor.Algorithm) sluicepb.Algorithm {
 }
 
 // maxBatch is the most checks one call may carry.
-func (s *Server) maxBatch() int {
-	if m := s.cfg.Engine.Limits.MaxBatch; m > 0 {
-		return m
-	}
-	return actor.DefaultMaxBatch
-}
+func (s *Server) maxBatch() int { return s.engineLimits().MaxBatch }
 
 // decide runs checks on their owners, all or nothing if asked, and puts
 // the name of the node that decided each into nodes (if not nil).
 func (s *Server) decide(ctx context.Context, checks []actor.Check, out []actor.Decision, nodes []string, allOrNothing bool) error {
-	if r := s.router.Load(); r != nil {
+	if r := s.router(); r != nil {
 		if nodes == nil {
 			nodes = make([]string, len(checks))
 		}

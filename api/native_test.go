@@ -9,15 +9,14 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/sluice-io/sluice/api/apitest"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
-func nativeCheck(key string, limit int64, window time.Duration, cost int64) *sluicepb.Check {
-	return &sluicepb.Check{Key: []byte(key), Limit: limit, Window: durationpb.New(window), Cost: proto.Int64(cost)}
-}
+// nativeCheck is apitest.Check: a native check of cost hits on key.
+var nativeCheck = apitest.Check
 
 // TestNativeExactUnderConcurrency: callers on many connections hitting one
 // key get exactly its limit allowed.

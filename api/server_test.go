@@ -2,50 +2,66 @@ package api
 
 import (
 	"context"
-	"crypto/tls"
 	"log/slog"
+	"net"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/actor/clock"
+	"github.com/sluice-io/sluice/api/limits"
 	"github.com/sluice-io/sluice/cluster/clustertest"
+	"github.com/sluice-io/sluice/persist"
 )
 
-// / TestMain checks for leaked goroutines after the tests.
 func TestMain(m *testing.M) { os.Exit(clustertest.Run(m)) }
 
 // epoch is where the fake clocks of tests start.
 var epoch = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 
-// testServer is one node on 127.0.0.1:0 with a data file in t.TempDir() and
-// a fake clock, and a gRPC client connection to it.
-type testServer struct {
-	t    testing.TB
-	cfg  Config
-	clk  *clock.Fake
-	srv  *Server
-	conn *grpc.ClientConn
+// testConfig is what a test sets on the parts its services adapt. The
+// tests of a whole node (listeners, cluster, HTTP) are cmd/sluice/node's.
+type testConfig struct {
+	NodeName         string
+	AdminToken       string
+	RateLimitHeaders bool
+	// Durability is "memory" or a persist mode; DataDir holds the data file.
+	Durability string
+	DataDir    string
+	Engine     actor.Config
+	// LimitsFile, when set, is watched every LimitsPollInterval.
+	LimitsFile         string
+	LimitsPollInterval time.Duration
 }
 
-// newTestServer starts a node; edit may change its config before start.
-func newTestServer(t testing.TB, edit func(*Config)) *testServer {
+// testServer is the services over a real engine, a data file in
+// t.TempDir(), a fake clock and a real gRPC server on 127.0.0.1:0, and a
+// client connection to it.
+type testServer struct {
+	t    testing.TB
+	cfg  testConfig
+	clk  *clock.Fake
+	srv  *Server
+	addr string
+	conn *grpc.ClientConn
+
+	store  *persist.Store
+	limits *limits.Watcher
+	engine *actor.Engine
+	grpc   *grpc.Server
+}
+
+// newTestServer starts the services; edit may change their config first.
+func newTestServer(t testing.TB, edit func(*testConfig)) *testServer {
 	t.Helper()
 	ts := &testServer{t: t, clk: clock.NewFake(epoch)}
-	ts.cfg = DefaultConfig()
-	ts.cfg.NodeName = "test-node"
-	ts.cfg.GRPCAddr = "127.0.0.1:0"
-	ts.cfg.HTTPAddr = "127.0.0.1:0"
-	ts.cfg.DataDir = t.TempDir()
-	ts.cfg.Clock = ts.clk
+	ts.cfg = testConfig{NodeName: "test-node", Durability: "commit", DataDir: t.TempDir(), LimitsPollInterval: 2 * time.Second}
 	ts.cfg.Engine.Actors = 4
-	if testing.Verbose() {
-		ts.cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	}
 	if edit != nil {
 		edit(&ts.cfg)
 	}
@@ -54,44 +70,81 @@ func newTestServer(t testing.TB, edit func(*Config)) *testServer {
 	return ts
 }
 
+// start opens the parts (again, after stop, on the same data dir) and
+// serves the services.
 func (ts *testServer) start() {
-	ts.t.Helper()
-	srv, err := New(ts.cfg)
-	if err != nil {
-		ts.t.Fatalf("New: %v", err)
+	t := ts.t
+	t.Helper()
+	var log *slog.Logger
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	if err := srv.Start(); err != nil {
-		srv.Shutdown(context.Background())
-		ts.t.Fatalf("Start: %v", err)
-	}
-	ts.srv = srv
-	creds := insecure.NewCredentials()
-	if ts.cfg.TLSCert != "" {
-		tc, err := loadTLS(ts.cfg) // the node's own certificate: trusted, and presented
+	var err error
+	if ts.cfg.Durability != "memory" {
+		mode, err := persist.ParseMode(ts.cfg.Durability)
 		if err != nil {
-			ts.t.Fatal(err)
+			t.Fatal(err)
 		}
-		creds = credentials.NewTLS(&tls.Config{Certificates: tc.Certificates, RootCAs: tc.ClientCAs, MinVersion: tls.VersionTLS12})
+		if ts.store, err = persist.Open(persist.Options{Path: filepath.Join(ts.cfg.DataDir, "sluice.db"), Mode: mode}); err != nil {
+			t.Fatal(err)
+		}
 	}
-	ts.conn, err = grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(creds))
+	if ts.cfg.LimitsFile != "" {
+		if ts.limits, err = limits.NewWatcher(limits.WatcherOptions{Path: ts.cfg.LimitsFile, Interval: ts.cfg.LimitsPollInterval}); err != nil {
+			t.Fatal(err)
+		}
+		ts.limits.Start()
+	}
+	ecfg := ts.cfg.Engine
+	ecfg.Store, ecfg.Clock = ts.store, ts.clk
+	if ts.engine, err = actor.New(ecfg); err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		ts.t.Fatal(err)
+		t.Fatal(err)
+	}
+	ts.addr = lis.Addr().String()
+	ts.srv, err = New(Config{
+		NodeName: ts.cfg.NodeName, AdminToken: ts.cfg.AdminToken,
+		RateLimitHeaders: ts.cfg.RateLimitHeaders, Limits: ts.cfg.Engine.Limits,
+	}, Deps{
+		Engine: ts.engine, Store: ts.store, Limits: ts.limits, Clock: ts.clk, Logger: log,
+		GRPCAddr: func() string { return ts.addr },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(4 << 20)}, ts.srv.Interceptors()...)...)
+	ts.srv.Register(ts.grpc)
+	go ts.grpc.Serve(lis)
+	if ts.conn, err = grpc.NewClient(ts.addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		t.Fatal(err)
 	}
 }
 
+// stop stops serving and closes the parts, flushing the data file.
 func (ts *testServer) stop() {
 	if ts.srv == nil {
 		return
 	}
 	ts.conn.Close()
-	if err := ts.srv.Shutdown(context.Background()); err != nil {
-		ts.t.Errorf("Shutdown: %v", err)
+	ts.grpc.GracefulStop()
+	if err := ts.engine.Close(); err != nil {
+		ts.t.Errorf("close engine: %v", err)
 	}
-	ts.srv = nil
+	if ts.limits != nil {
+		ts.limits.Close()
+	}
+	if ts.store != nil {
+		if err := ts.store.Close(); err != nil {
+			ts.t.Errorf("close store: %v", err)
+		}
+	}
+	ts.srv, ts.store, ts.limits = nil, nil, nil
 }
 
-// restart stops the node and starts it again on the same data dir. The
-// listeners get new ports.
+// restart stops the services and starts them again on the same data dir.
 func (ts *testServer) restart() {
 	ts.t.Helper()
 	ts.stop()

@@ -1,5 +1,5 @@
 // Package apitest holds what tests of a node's API need in more than one
-// package (api, cmd/sluice).
+// package (api, cmd/sluice, cmd/sluice/node).
 package apitest
 
 import (

@@ -87,20 +87,20 @@ func TestBinaryClusterKill9(t *testing.T) {
 		t.Skip("runs a three-process cluster")
 	}
 	seed := gossipAddr(t)
-	type node struct {
+	type member struct {
 		name, gossip, data string
 		p                  *proc
 	}
-	nodes := make([]*node, 3)
+	nodes := make([]*member, 3)
 	for i := range nodes {
-		n := &node{name: fmt.Sprintf("node-%d", i), data: t.TempDir()}
+		n := &member{name: fmt.Sprintf("node-%d", i), data: t.TempDir()}
 		n.gossip = seed
 		if i > 0 {
 			n.gossip = gossipAddr(t)
 		}
 		nodes[i] = n
 	}
-	start := func(n *node) {
+	start := func(n *member) {
 		n.p = startProc(t, n.data, "--node-name", n.name, "--gossip-addr", n.gossip, "--join", seed, "--expect", "3", "--shutdown-timeout", "5s")
 	}
 	for _, n := range nodes {

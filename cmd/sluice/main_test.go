@@ -92,9 +92,9 @@ func decodeJSON(t testing.TB, out string, m proto.Message) {
 	}
 }
 
-// node is a "sluice serve" running in-process, through run, on 127.0.0.1
+// cliNode is a "sluice serve" running in-process, through run, on 127.0.0.1
 // port 0.
-type node struct {
+type cliNode struct {
 	t        testing.TB
 	dataDir  string
 	grpcAddr string
@@ -109,10 +109,10 @@ type node struct {
 // on port 0 and a ready file, then args (later flags win), in the
 // environment e. It returns once the node serves; the node stops at the end
 // of the test, which fails unless it exits 0.
-func startNode(t testing.TB, e env, args ...string) *node {
+func startNode(t testing.TB, e env, args ...string) *cliNode {
 	t.Helper()
 	dir := t.TempDir()
-	n := &node{t: t, dataDir: filepath.Join(dir, "data"), logs: &syncBuffer{}, done: make(chan int, 1)}
+	n := &cliNode{t: t, dataDir: filepath.Join(dir, "data"), logs: &syncBuffer{}, done: make(chan int, 1)}
 	ready := filepath.Join(dir, "ready.json")
 	full := append([]string{"serve",
 		"--grpc-addr", "127.0.0.1:0",
@@ -139,7 +139,7 @@ func startNode(t testing.TB, e env, args ...string) *node {
 }
 
 // stop ends the node as a first SIGINT would and checks that it exits 0.
-func (n *node) stop() {
+func (n *cliNode) stop() {
 	n.t.Helper()
 	if n.stopped {
 		return

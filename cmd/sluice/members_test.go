@@ -58,7 +58,7 @@ func TestMembersCluster(t *testing.T) {
 	// Registered first, so it runs after the nodes have stopped.
 	t.Cleanup(func() { waitMemberlistGone(t) })
 	gossip := []string{gossipAddr(t), gossipAddr(t), gossipAddr(t)}
-	nodes := make([]*node, 3)
+	nodes := make([]*cliNode, 3)
 	for i := range nodes {
 		nodes[i] = startNode(t, nil, "--node-name", "node-"+strconv.Itoa(i),
 			"--gossip-addr", gossip[i], "--join", gossip[0], "--expect", "3")

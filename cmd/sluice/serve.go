@@ -1,14 +1,11 @@
 package main
 
 import (
-	"encoding/base64"
-	"strings"
-
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/sluice-io/sluice/cluster"
 	"io"
 	"log/slog"
 	"net"
@@ -16,19 +13,21 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-io/sluice/actor"
-	"github.com/sluice-io/sluice/api"
+	"github.com/sluice-io/sluice/cluster"
+	"github.com/sluice-io/sluice/cmd/sluice/node"
 )
 
 // serveOptions holds the flags of serve: the node's configuration and how
 // the command logs and reports.
 type serveOptions struct {
-	cfg       api.Config
+	cfg       node.Config
 	logFormat string
 	logLevel  string
 	readyFile string
@@ -43,7 +42,7 @@ type serveOptions struct {
 }
 
 func (c *cli) serveCommand() *cobra.Command {
-	o := &serveOptions{cfg: api.DefaultConfig()}
+	o := &serveOptions{cfg: node.DefaultConfig()}
 	o.cfg.Engine.Limits.MaxKeyLen = actor.DefaultMaxKeyLen
 	o.cfg.Engine.Limits.MaxBatch = actor.DefaultMaxBatch
 	cmd := &cobra.Command{
@@ -196,7 +195,7 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 		}
 	}
 
-	srv, err := api.New(cfg)
+	srv, err := node.New(cfg)
 	if err != nil {
 		return err
 	}

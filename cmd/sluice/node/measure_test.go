@@ -1,4 +1,4 @@
-package api
+package node
 
 import (
 	"fmt"
@@ -46,7 +46,7 @@ func hasLabelValue(m *dto.Metric, v string) bool {
 // TestMeasureHandoff measures how long a handoff of N keys takes when a
 // second node joins a node that holds them (about half move):
 //
-//	SLUICE_MEASURE_HANDOFF=100000 go test ./api/ -run MeasureHandoff -v
+//	SLUICE_MEASURE_HANDOFF=100000 go test ./cmd/sluice/node/ -run MeasureHandoff -v
 func TestMeasureHandoff(t *testing.T) {
 	n, _ := strconv.Atoi(os.Getenv("SLUICE_MEASURE_HANDOFF"))
 	if n == 0 {

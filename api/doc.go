@@ -1,0 +1,22 @@
+// Package api adapts gRPC to the engine: Sluice's native API
+// (sluice.v1.RateLimitService), Envoy's Rate Limit Service v3, and the
+// admin API (sluice.v1.AdminService), over an actor.Engine or, in a
+// cluster, a cluster.Router.
+//
+// It turns requests into engine checks (limits from the request, an
+// override or the limits file, in that order of precedence; Envoy
+// descriptors into keys), decisions into responses (Envoy's statuses and
+// headers included), and errors into gRPC statuses in exactly one place,
+// toStatus (status.go), which shares the mapping of engine and cluster
+// errors with the peer protocol (cluster.Status). Bad input fails the whole
+// call with INVALID_ARGUMENT before anything is recorded.
+//
+// Admin calls are answered as if there were one node: a key's state comes
+// from its owner, listings cover every node, overrides are set on every
+// node and kept in the data file's meta bucket "overrides".
+//
+// The package wires nothing: the node (cmd/sluice/node) opens the store,
+// starts the engine, joins the cluster and serves these services with
+// Register and Interceptors (which require the admin token on admin and
+// peer calls when one is set).
+package api

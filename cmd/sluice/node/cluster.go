@@ -1,0 +1,162 @@
+package node
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"os"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sluice-io/sluice/cluster"
+)
+
+// joinTimeout bounds how long Start tries to join the cluster.
+const joinTimeout = 2 * time.Minute
+
+// startCluster joins the cluster and starts the router: forwarding,
+// leases, handoff.
+func (n *Node) startCluster() error {
+	ccfg := *n.cfg.Cluster
+	ccfg.NodeName, ccfg.GRPCAddr = n.cfg.NodeName, n.GRPCAddr()
+	if ccfg.Logger == nil {
+		ccfg.Logger = n.log.With("component", "cluster")
+	}
+	ccfg.Observer = n.metrics
+	if n.store != nil {
+		ccfg.Store = n.store
+	}
+	m, err := cluster.New(ccfg)
+	if err != nil {
+		return err
+	}
+	// Start joins before the node reports ready; a join list that never
+	// answers fails start-up after joinTimeout instead of hanging.
+	jctx, cancel := context.WithTimeout(context.Background(), joinTimeout)
+	defer cancel()
+	if err := m.Start(jctx); err != nil {
+		return err
+	}
+	rcfg := n.cfg.Router
+	rcfg.Membership, rcfg.Engine, rcfg.Self = m, n.engine, n.cfg.NodeName
+	rcfg.Logger, rcfg.Observer = n.log, n.metrics
+	if n.store != nil {
+		rcfg.Store = n.store
+	}
+	rcfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if n.tls != nil {
+		rcfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(n.tls.peer))}
+	}
+	if creds := n.api.PeerCredentials(n.tls != nil); creds != nil {
+		rcfg.DialOptions = append(rcfg.DialOptions, grpc.WithPerRPCCredentials(creds))
+	}
+	r, err := cluster.NewRouter(rcfg)
+	if err != nil {
+		m.Shutdown()
+		return err
+	}
+	n.membership.Store(m)
+	n.router.Store(r)
+	n.api.SyncOverrides(context.Background())
+	ctx, stop := context.WithCancel(context.Background())
+	n.stopRouter, n.routerDone = stop, make(chan struct{})
+	n.wg.Add(2)
+	go func() {
+		defer n.wg.Done()
+		defer close(n.routerDone)
+		r.Run(ctx)
+	}()
+	go func() {
+		defer n.wg.Done()
+		n.watchReadiness(ctx)
+	}()
+	return nil
+}
+
+// watchReadiness keeps grpc health in step with the router's readiness
+// until ctx ends.
+func (n *Node) watchReadiness(ctx context.Context) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			n.updateHealth()
+		}
+	}
+}
+
+// leaveCluster hands every key over to the members that act for it and
+// leaves: announce leaving (this node then acts for nothing, and its
+// clients' checks are forwarded), hand over, and only once everything was
+// delivered mark the handoff done and leave. If ctx ends first, the node
+// stops without leaving: its peers see it down, and its keys wait for it.
+func (n *Node) leaveCluster(ctx context.Context) {
+	m, r := n.membership.Load(), n.router.Load()
+	if r.OnlyOwner() {
+		n.log.Info("the only member that owns keys: stopping without leaving, keeping them")
+	} else {
+		if err := m.SetLeaving(2 * time.Second); err != nil {
+			n.log.Warn("announce leaving", "err", err)
+		}
+		// Keep a third of the time left for the calls in flight.
+		hctx, cancel := ctx, context.CancelFunc(func() {})
+		if d, ok := ctx.Deadline(); ok {
+			hctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(d)*2/3))
+		}
+		err := r.HandOver(hctx)
+		cancel()
+		switch {
+		case err != nil:
+			n.log.Warn("could not hand every key over; stopping without leaving, so that its keys wait for this node", "err", err)
+		case m.Leave(2*time.Second) != nil:
+			n.log.Warn("handed every key over, but the departure may not have reached every peer")
+		default:
+			n.log.Info("handed every key over and left the cluster")
+		}
+	}
+	n.stopRouter()
+	<-n.routerDone
+	m.Shutdown()
+	r.Close()
+}
+
+// tlsConfig is the node's TLS: the server side of its listeners, and the
+// client side it dials its peers with.
+type tlsConfig struct {
+	server, peer *tls.Config
+}
+
+// loadTLS reads the node's certificate and, if set, the CA its clients
+// (and peers) must be signed by. Peers are dialled with the node's own
+// certificate and verified against that CA (without one, the traffic is
+// encrypted but peers are not verified).
+func loadTLS(cfg Config) (*tlsConfig, error) {
+	cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
+	if err != nil {
+		return nil, fmt.Errorf("node: load TLS key pair %s, %s: %w", cfg.TLSCert, cfg.TLSKey, err)
+	}
+	server := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if cfg.TLSClientCA != "" {
+		pem, err := os.ReadFile(cfg.TLSClientCA)
+		if err != nil {
+			return nil, fmt.Errorf("node: read client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("node: client CA %s holds no PEM certificate", cfg.TLSClientCA)
+		}
+		server.ClientCAs, server.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	peer := &tls.Config{Certificates: server.Certificates, MinVersion: tls.VersionTLS12, RootCAs: server.ClientCAs}
+	if peer.RootCAs == nil {
+		peer.InsecureSkipVerify = true // no CA to check peers with; traffic is still encrypted
+	}
+	return &tlsConfig{server: server, peer: peer}, nil
+}

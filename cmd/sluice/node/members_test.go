@@ -1,0 +1,67 @@
+package node
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+)
+
+// listMembers returns ts's ListMembers, failing the test on error.
+func (ts *testServer) listMembers() *sluicepb.ListMembersResponse {
+	ts.t.Helper()
+	resp, err := ts.admin().ListMembers(ts.ctx(), &sluicepb.ListMembersRequest{})
+	if err != nil {
+		ts.t.Fatalf("ListMembers() = %v; want no error", err)
+	}
+	return resp
+}
+
+// TestListMembersCluster: every node of a 3-node cluster lists the three,
+// alive, with their addresses, each owning about a third of the keys; once
+// one leaves, it is listed as left with no keys and the two others own
+// about half each.
+func TestListMembersCluster(t *testing.T) {
+	tc := newTestCluster(t, 3)
+	for i, ts := range tc.nodes {
+		got := ts.listMembers()
+		if got.Node != ts.cfg.NodeName || got.Epoch == 0 || len(got.Members) != 3 {
+			t.Fatalf("ListMembers() via node %d = %v; want node %s, an epoch, 3 members", i, got, ts.cfg.NodeName)
+		}
+		var sum float64
+		for j, m := range got.Members {
+			peer := tc.nodes[j] // names sort as the nodes were added
+			if m.Name != peer.cfg.NodeName || m.State != "alive" || m.GrpcAddr != peer.srv.GRPCAddr() ||
+				m.GossipAddr != peer.cfg.Cluster.GossipAddr {
+				t.Errorf("ListMembers() via node %d: member %d = %v; want %s alive at gRPC %s, gossip %s",
+					i, j, m, peer.cfg.NodeName, peer.srv.GRPCAddr(), peer.cfg.Cluster.GossipAddr)
+			}
+			if math.Abs(m.Share-1.0/3) > 0.03 {
+				t.Errorf("ListMembers() via node %d: %s owns %.4f of the keys; want about 1/3", i, m.Name, m.Share)
+			}
+			sum += m.Share
+		}
+		if math.Abs(sum-1) > 1e-9 {
+			t.Errorf("ListMembers() via node %d: shares sum to %v; want 1", i, sum)
+		}
+	}
+
+	tc.nodes[2].stop()
+	tc.waitMembers(2)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := tc.nodes[0].listMembers()
+		ok := len(got.Members) == 3 && got.Members[2].State == "left" && got.Members[2].Share == 0
+		for _, m := range got.Members[:min(2, len(got.Members))] {
+			ok = ok && m.State == "alive" && math.Abs(m.Share-0.5) < 0.03
+		}
+		if ok {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("ListMembers() via node 0 after node-2 left = %v; want node-2 left with share 0, the others alive with about 1/2", got)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,401 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/sluice-io/sluice/actor"
+	"github.com/sluice-io/sluice/actor/clock"
+	"github.com/sluice-io/sluice/api"
+	"github.com/sluice-io/sluice/api/limits"
+	"github.com/sluice-io/sluice/cluster"
+	"github.com/sluice-io/sluice/persist"
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+)
+
+// Node is one Sluice node: its store, engine and limits file, its cluster
+// membership and router, the gRPC services in front of them, and the gRPC
+// and HTTP listeners.
+type Node struct {
+	cfg      Config
+	log      *slog.Logger
+	store    *persist.Store
+	engine   *actor.Engine
+	limits   *limits.Watcher
+	api      *api.Server
+	metrics  *metrics
+	registry *prometheus.Registry
+
+	grpc   *grpc.Server
+	health *health.Server
+	http   *http.Server
+	tls    *tlsConfig
+
+	membership atomic.Pointer[cluster.Membership]
+	router     atomic.Pointer[cluster.Router]
+	stopRouter context.CancelFunc // ends the router's Run
+	routerDone chan struct{}      // closed when Run returned
+
+	grpcLis, httpLis net.Listener
+	ready            atomic.Bool
+	wg               sync.WaitGroup
+	shutdownOnce     sync.Once
+	shutdownErr      error
+}
+
+// New opens the data file, starts the engine and builds the services and
+// the listeners' handlers. Nothing listens until Start.
+func New(cfg Config) (n *Node, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.Real{}
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.MaxMessageBytes == 0 {
+		cfg.MaxMessageBytes = 4 << 20
+	}
+	if cfg.ShutdownTimeout == 0 {
+		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	n = &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName)}
+	built := n // "return nil, err" sets n to nil before the deferred call runs
+	defer func() {
+		if err != nil {
+			built.closeStorage()
+		}
+	}()
+	n.registry = prometheus.NewRegistry()
+	n.metrics = newMetrics(n.registry)
+
+	if cfg.Durability != "memory" {
+		mode, _ := persist.ParseMode(cfg.Durability)
+		n.store, err = persist.Open(persist.Options{
+			Path:     filepath.Join(cfg.DataDir, "sluice.db"),
+			Mode:     mode,
+			Logger:   n.log,
+			OnCommit: n.metrics.commit,
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	if cfg.LimitsFile != "" {
+		n.limits, err = limits.NewWatcher(limits.WatcherOptions{
+			Path:     cfg.LimitsFile,
+			Interval: cfg.LimitsPollInterval,
+			Logger:   n.log.With("component", "limits"),
+			OnReload: func(*limits.Config) { n.metrics.limitsReloads.WithLabelValues("ok").Inc() },
+			OnError:  func(error) { n.metrics.limitsReloads.WithLabelValues("error").Inc() },
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+
+	ecfg := cfg.Engine
+	ecfg.Store, ecfg.Clock = n.store, cfg.Clock
+	ecfg.Logger = n.log.With("component", "actor")
+	ecfg.Observer = n.metrics
+	if cfg.Cluster != nil {
+		// Calls routed before the ownership changed are checked again in
+		// the actors (see actor.Config.Owns).
+		ecfg.Owns = func(key string) bool {
+			r := n.router.Load()
+			return r == nil || r.Decidable(key)
+		}
+	}
+	if n.engine, err = actor.New(ecfg); err != nil {
+		return nil, err
+	}
+
+	n.api, err = api.New(api.Config{
+		NodeName:         cfg.NodeName,
+		AdminToken:       cfg.AdminToken,
+		RateLimitHeaders: cfg.RateLimitHeaders,
+		Limits:           cfg.Engine.Limits,
+	}, api.Deps{
+		Engine:     n.engine,
+		Store:      n.store,
+		Limits:     n.limits,
+		Router:     n.router.Load,
+		Membership: n.membership.Load,
+		GRPCAddr:   n.GRPCAddr,
+		Registry:   n.registry,
+		Clock:      cfg.Clock,
+		Logger:     n.log,
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	if cfg.TLSCert != "" {
+		if n.tls, err = loadTLS(cfg); err != nil {
+			return nil, err
+		}
+	}
+	opts := append([]grpc.ServerOption{
+		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
+		// A pool of goroutines for the calls, whose stacks have grown
+		// already: without it, gRPC starts a goroutine per call and grows
+		// its stack each time (7% of the CPU at saturation). Calls wait on
+		// the actors, so the pool is sized for calls in flight, not cores;
+		// past it, gRPC starts goroutines as before.
+		grpc.NumStreamWorkers(uint32(64 * runtime.GOMAXPROCS(0))),
+	}, n.api.Interceptors()...)
+	if n.tls != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(n.tls.server)))
+	}
+	n.grpc = grpc.NewServer(opts...)
+	n.api.Register(n.grpc)
+	sluicepb.RegisterPeerServiceServer(n.grpc, cluster.NewPeerService(n.router.Load))
+	n.health = health.NewServer()
+	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	healthpb.RegisterHealthServer(n.grpc, n.health)
+	reflection.Register(n.grpc)
+
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(n.registry, promhttp.HandlerOpts{Registry: n.registry}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if why := n.NotReady(); why != "" {
+			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	if cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
+	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	if n.tls != nil {
+		n.http.TLSConfig = n.tls.server
+	}
+	return n, nil
+}
+
+// Start listens on the configured addresses (a bind error returns here),
+// serves in the background, and in a cluster joins it and starts the
+// router.
+func (n *Node) Start() error {
+	var err error
+	if n.grpcLis, err = net.Listen("tcp", n.cfg.GRPCAddr); err != nil {
+		return fmt.Errorf("node: listen gRPC on %s: %w", n.cfg.GRPCAddr, err)
+	}
+	if n.cfg.HTTPAddr != "" {
+		if n.httpLis, err = net.Listen("tcp", n.cfg.HTTPAddr); err != nil {
+			n.grpcLis.Close()
+			return fmt.Errorf("node: listen HTTP on %s: %w", n.cfg.HTTPAddr, err)
+		}
+	}
+	if n.limits != nil {
+		n.limits.Start()
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := n.grpc.Serve(n.grpcLis); err != nil {
+			n.log.Error("gRPC server stopped", "err", err)
+		}
+	}()
+	if n.httpLis != nil {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			var err error
+			if n.tls != nil {
+				err = n.http.ServeTLS(n.httpLis, "", "")
+			} else {
+				err = n.http.Serve(n.httpLis)
+			}
+			if err != nil && !errors.Is(err, http.ErrServerClosed) {
+				n.log.Error("HTTP server stopped", "err", err)
+			}
+		}()
+	}
+	if n.cfg.Cluster != nil {
+		if err := n.startCluster(); err != nil {
+			n.grpc.Stop()
+			if n.httpLis != nil {
+				n.http.Close()
+			}
+			n.wg.Wait()
+			return err
+		}
+	}
+	n.ready.Store(true)
+	n.updateHealth()
+	n.log.Info("serving", "grpc", n.GRPCAddr(), "http", n.HTTPAddr(), "durability", n.cfg.Durability)
+	return nil
+}
+
+// NotReady says why the node should get no traffic, "" when it is ready:
+// it is starting or stopping, or in a cluster it holds no lease or waits
+// for the state of keys it gained from a live member.
+func (n *Node) NotReady() string {
+	if !n.ready.Load() {
+		return "starting or stopping"
+	}
+	if r := n.router.Load(); r != nil {
+		return r.Status()
+	}
+	return ""
+}
+
+// updateHealth sets grpc health from NotReady.
+func (n *Node) updateHealth() {
+	if n.NotReady() == "" {
+		n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	} else {
+		n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+	}
+}
+
+// GRPCAddr is the address the gRPC listener is bound to (useful with :0).
+func (n *Node) GRPCAddr() string {
+	if n.grpcLis == nil {
+		return ""
+	}
+	return n.grpcLis.Addr().String()
+}
+
+// HTTPAddr is the address the HTTP listener is bound to, "" if none.
+func (n *Node) HTTPAddr() string {
+	if n.httpLis == nil {
+		return ""
+	}
+	return n.httpLis.Addr().String()
+}
+
+// Shutdown stops the node gracefully: it reports not ready, in a cluster
+// hands its keys over and leaves, stops accepting calls, lets the calls in
+// flight finish (until ctx or ShutdownTimeout ends, then cuts them),
+// flushes the data file and closes it. It is idempotent.
+func (n *Node) Shutdown(ctx context.Context) error {
+	n.shutdownOnce.Do(func() {
+		n.ready.Store(false)
+		ctx, cancel := context.WithTimeout(ctx, n.cfg.ShutdownTimeout)
+		defer cancel()
+		if n.membership.Load() != nil {
+			n.leaveCluster(ctx)
+		}
+		n.health.Shutdown()
+		stopped := make(chan struct{})
+		go func() {
+			n.grpc.GracefulStop()
+			close(stopped)
+		}()
+		select {
+		case <-stopped:
+		case <-ctx.Done():
+			n.log.Warn("graceful stop timed out; cutting calls in flight")
+			n.grpc.Stop()
+			<-stopped
+		}
+		if n.httpLis != nil {
+			if err := n.http.Shutdown(ctx); err != nil {
+				n.http.Close()
+			}
+		}
+		n.wg.Wait()
+		n.shutdownErr = n.closeStorage()
+		n.log.Info("stopped")
+	})
+	return n.shutdownErr
+}
+
+// Crash stops the node as kill -9 would for its peers: no leave, no
+// handoff, calls in flight cut. Its data file is flushed and closed, as
+// the durable modes guarantee for every acknowledged hit. For tests.
+func (n *Node) Crash() {
+	n.shutdownOnce.Do(func() {
+		n.ready.Store(false)
+		n.grpc.Stop()
+		if n.httpLis != nil {
+			n.http.Close()
+		}
+		if m := n.membership.Load(); m != nil {
+			m.Shutdown()
+			n.stopRouter()
+			<-n.routerDone
+			n.router.Load().Close()
+		}
+		n.wg.Wait()
+		n.shutdownErr = n.closeStorage()
+	})
+}
+
+// StopServing stops the gRPC server at once, without leaving the cluster:
+// for its peers the node is alive (it gossips) but unreachable. For tests.
+func (n *Node) StopServing() { n.grpc.Stop() }
+
+// closeStorage stops the engine and closes the limits watcher and the store.
+func (n *Node) closeStorage() error {
+	var errs []error
+	if n.engine != nil {
+		errs = append(errs, n.engine.Close())
+	}
+	if n.limits != nil {
+		errs = append(errs, n.limits.Close())
+	}
+	if n.store != nil {
+		errs = append(errs, n.store.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Membership is the node's cluster membership, nil for a single node.
+func (n *Node) Membership() *cluster.Membership { return n.membership.Load() }
+
+// Router is the node's cluster router, nil for a single node.
+func (n *Node) Router() *cluster.Router { return n.router.Load() }
+
+// Registry is the node's own Prometheus registry.
+func (n *Node) Registry() *prometheus.Registry { return n.registry }
+
+// Store is the node's data file, nil in memory mode.
+func (n *Node) Store() *persist.Store { return n.store }
+
+// Engine is the node's engine.
+func (n *Node) Engine() *actor.Engine { return n.engine }
+
+// Limits is the node's limits file, nil without one.
+func (n *Node) Limits() *limits.Watcher { return n.limits }
+
+// Config is the node's configuration, with its defaults filled in.
+func (n *Node) Config() Config { return n.cfg }
+
+// ReloadLimits reloads the limits file now (it is also polled). With an
+// error, the previous limits stay in force. Without a limits file it does
+// nothing.
+func (n *Node) ReloadLimits() error {
+	if n.limits == nil {
+		return nil
+	}
+	return n.limits.Reload()
+}
