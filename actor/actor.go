@@ -153,8 +153,6 @@ func (a *actor) handle() {
 				wrote = a.reset(c, now)
 			case opList:
 				a.list(c)
-			case opExport:
-				wrote = a.export(c, now)
 			case opImport:
 				wrote = a.importStates(c, now)
 			case opCollect:
@@ -296,36 +294,6 @@ func (a *actor) list(c *call) {
 		out = out[:c.limit]
 	}
 	c.lists[a.id] = out
-}
-
-// export encodes the keys of c that move (all keys in memory for which
-// c.moved is true, or c's own keys) into c.exports[a.id] and forgets them.
-func (a *actor) export(c *call, now int64) (wrote bool) {
-	take := func(ent *entry) {
-		if ent.st.isEmpty(now) {
-			return
-		}
-		c.exports[a.id] = append(c.exports[a.id], Exported{Key: ent.key, State: ent.st.appendBinary(nil)})
-		ent.st = state{}
-		a.markDirty(ent)
-		wrote = true
-	}
-	if c.moved != nil {
-		for key, ent := range a.keys {
-			if c.moved(key) {
-				take(ent)
-			}
-		}
-		return wrote
-	}
-	for i := range c.checks {
-		if c.shards[i] == a.id {
-			if ent := a.keys[c.checks[i].Key]; ent != nil {
-				take(ent)
-			}
-		}
-	}
-	return wrote
 }
 
 // importStates merges the handed-over states of c into its keys.

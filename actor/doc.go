@@ -47,8 +47,6 @@
 // Collect read it. A handoff cut short at any point (a cancelled context, a
 // closing engine, a full mailbox) leaves each hit here, on the new owner,
 // or on both (counted twice, which only denies more), never on neither.
-// Export, which forgot keys before their states reached the caller, is
-// deprecated.
 //
 // A call may carry the ownership generation its caller read before routing
 // it (CallOptions.Generation). Fence moves the generation on. An actor

@@ -505,7 +505,6 @@ const (
 	opInspect               // fill view with the state of checks[0].Key
 	opReset                 // forget checks[0].Key
 	opList                  // list keys by prefix into lists[actor]
-	opExport                // hand over keys (all actors with moved, or checks' keys)
 	opImport                // merge states[i] into checks[i].Key
 	opCollect               // read moved keys (all actors with moved, or checks' keys)
 	opForget                // delete checks[i].Key if it still holds states[i]
@@ -546,7 +545,7 @@ type call struct {
 	after   string
 	limit   int
 	lists   [][]KeySummary
-	// For opExport, opImport, opCollect and opForget.
+	// For opImport, opCollect and opForget.
 	moved   func(key string) bool
 	exports [][]Exported
 	states  [][]byte
@@ -555,7 +554,7 @@ type call struct {
 // broadcast reports whether c goes to every actor rather than to the owners
 // of its keys.
 func (c *call) broadcast() bool {
-	return c.op == opList || (c.op == opExport || c.op == opCollect) && c.moved != nil
+	return c.op == opList || c.op == opCollect && c.moved != nil
 }
 
 func (c *call) fail(err error) { c.err.CompareAndSwap(nil, &err) }
@@ -740,78 +739,6 @@ func (e *Engine) List(ctx context.Context, prefix, after string, limit int) ([]K
 type Exported struct {
 	Key   string
 	State []byte
-}
-
-// Export hands over every key for which moved returns true: fn receives
-// each key's encoded state (for Import on its new owner), and the key is
-// then forgotten here, in memory and on disk. Keys in memory are exported
-// first, then keys only on disk. moved is called from actor goroutines and
-// must be safe for concurrent use. It returns how many keys were exported.
-//
-// Deprecated: Export forgets a key before its state has reached fn, and a
-// call that fails (a cancelled context, a closing engine, ErrOverloaded
-// after some actors took their part) loses the states it had already
-// forgotten. Use Collect, then Forget once the new owner has committed the
-// states.
-func (e *Engine) Export(ctx context.Context, moved func(key string) bool, fn func(Exported) error) (int, error) {
-	if e.closing.Load() {
-		return 0, ErrClosed
-	}
-	n := 0
-	emit := func(c *call) error {
-		for _, list := range c.exports {
-			for _, x := range list {
-				if err := fn(x); err != nil {
-					return err
-				}
-				n++
-			}
-		}
-		return nil
-	}
-	c := &call{done: make(chan struct{}, 1), ctx: ctx, op: opExport, moved: moved}
-	c.exports = make([][]Exported, len(e.actors))
-	if err, _ := e.wait(c); err != nil {
-		return n, err
-	}
-	if err := emit(c); err != nil || e.store == nil {
-		return n, err
-	}
-	if err := e.store.Flush(); err != nil { // the deletes of what was in memory
-		return n, err
-	}
-	const page = 1000
-	after := ""
-	for {
-		var keys []Check
-		scanned := 0
-		now := e.cfg.Clock.Now().UnixNano()
-		err := e.store.Scan("", after, page, func(key string, deadline int64, _ []byte) bool {
-			scanned++
-			after = key
-			if deadline > now && moved(key) {
-				keys = append(keys, Check{Key: key})
-			}
-			return true
-		})
-		if err != nil {
-			return n, err
-		}
-		for start := 0; start < len(keys); start += e.cfg.Limits.MaxBatch {
-			part := keys[start:min(start+e.cfg.Limits.MaxBatch, len(keys))]
-			c := &call{done: make(chan struct{}, 1), ctx: ctx, op: opExport, checks: part, out: make([]Decision, len(part))}
-			c.exports = make([][]Exported, len(e.actors))
-			if err, _ := e.wait(c); err != nil {
-				return n, err
-			}
-			if err := emit(c); err != nil {
-				return n, err
-			}
-		}
-		if scanned < page {
-			return n, nil
-		}
-	}
 }
 
 // Import merges handed-over states into their keys: the result counts at

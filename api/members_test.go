@@ -8,6 +8,7 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluice-io/sluice/api/apitest"
 	"github.com/sluice-io/sluice/cluster"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
@@ -15,11 +16,7 @@ import (
 // listMembers returns ts's ListMembers, failing the test on error.
 func (ts *testServer) listMembers() *sluicepb.ListMembersResponse {
 	ts.t.Helper()
-	resp, err := ts.admin().ListMembers(ts.ctx(), &sluicepb.ListMembersRequest{})
-	if err != nil {
-		ts.t.Fatalf("ListMembers() = %v; want no error", err)
-	}
-	return resp
+	return apitest.ListMembers(ts.t, ts.ctx(), ts.admin())
 }
 
 // TestListMembersSingleNode: a node outside a cluster lists itself, alive,

@@ -47,17 +47,9 @@ func (r *Router) renew(ctx context.Context, timeout time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	type answer struct{ granted, fenced bool }
-	answers := make(chan answer, len(own.cur.live))
-	asked := 0
-	for name := range own.cur.live {
-		if name == r.cfg.Self {
-			continue
-		}
-		p, err := r.peer(name)
-		if err != nil {
-			continue
-		}
-		asked++
+	peers := r.livePeers(own)
+	answers := make(chan answer, len(peers))
+	for _, p := range peers {
 		go func() {
 			resp, err := p.client.Lease(ctx, &sluicepb.LeaseRequest{FromNode: r.cfg.Self, Incarnation: inc})
 			if err != nil {
@@ -68,7 +60,7 @@ func (r *Router) renew(ctx context.Context, timeout time.Duration) {
 		}()
 	}
 	granted, fenced := 0, false
-	for range asked {
+	for range peers {
 		a := <-answers
 		fenced = fenced || a.fenced
 		if a.granted {
@@ -159,14 +151,7 @@ func (r *Router) fenceDown(ctx context.Context) {
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.Lease)
-		for name := range own.cur.live {
-			if name == r.cfg.Self {
-				continue
-			}
-			p, err := r.peer(name)
-			if err != nil {
-				continue
-			}
+		for _, p := range r.livePeers(own) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -187,4 +172,19 @@ func (r *Router) fenceDown(ctx context.Context) {
 		r.log.Info("fenced a member that is down", "member", m.Name, "incarnation", m.Incarnation, "act_from", f.at)
 		r.amend(func(o *ownership) *ownership { return o.with(m.Name, nil, &f, r.clk.Now()) })
 	}
+}
+
+// livePeers returns the senders of the live members of own other than
+// this node (those that cannot be dialled left out).
+func (r *Router) livePeers(own *ownership) []*peer {
+	var peers []*peer
+	for name := range own.cur.live {
+		if name == r.cfg.Self {
+			continue
+		}
+		if p, err := r.peer(name); err == nil {
+			peers = append(peers, p)
+		}
+	}
+	return peers
 }

@@ -1,6 +1,8 @@
 package apitest
 
 import (
+	"context"
+	"testing"
 	"time"
 
 	"google.golang.org/protobuf/proto"
@@ -13,4 +15,14 @@ import (
 // (cost 0 peeks).
 func Check(key string, limit int64, window time.Duration, cost int64) *sluicepb.Check {
 	return &sluicepb.Check{Key: []byte(key), Limit: limit, Window: durationpb.New(window), Cost: proto.Int64(cost)}
+}
+
+// ListMembers calls ListMembers through admin, failing t on an error.
+func ListMembers(t testing.TB, ctx context.Context, admin sluicepb.AdminServiceClient) *sluicepb.ListMembersResponse {
+	t.Helper()
+	resp, err := admin.ListMembers(ctx, &sluicepb.ListMembersRequest{})
+	if err != nil {
+		t.Fatalf("ListMembers() = %v; want no error", err)
+	}
+	return resp
 }

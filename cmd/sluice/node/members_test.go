@@ -5,17 +5,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sluice-io/sluice/api/apitest"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
 // listMembers returns ts's ListMembers, failing the test on error.
 func (ts *testServer) listMembers() *sluicepb.ListMembersResponse {
 	ts.t.Helper()
-	resp, err := ts.admin().ListMembers(ts.ctx(), &sluicepb.ListMembersRequest{})
-	if err != nil {
-		ts.t.Fatalf("ListMembers() = %v; want no error", err)
-	}
-	return resp
+	return apitest.ListMembers(ts.t, ts.ctx(), ts.admin())
 }
 
 // TestListMembersCluster: every node of a 3-node cluster lists the three,
