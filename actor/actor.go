@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sluice-io/sluice/actor/clock"
@@ -37,14 +38,17 @@ type entry struct {
 	key        string
 	st         state
 	prev, next *entry
-	heapIdx    int   // position in the alarm heap; -1 when no alarm is armed
 	alarmAt    int64 // when the armed alarm fires, unix ns
 	// commit is the storage write holding the key's latest state, until it
 	// is known to be done. A key is not evicted before: loading it again
 	// from disk would read an older state.
 	commit *persist.Commit
-	dirty  bool
-	used   bool // used since it was last put at the front of the LRU list
+	// heapIdx is the position in the alarm heap; -1 when no alarm is armed.
+	// An int32 next to the two flags keeps an entry at 176 bytes on amd64
+	// (an allocation size class); an actor holds far fewer keys.
+	heapIdx int32
+	dirty   bool
+	used    bool // used since it was last put at the front of the LRU list
 	// saved is what the store holds of the key's log, for tail writes.
 	saved saved
 }
@@ -318,9 +322,10 @@ func (a *actor) importStates(c *call, now int64) (wrote bool) {
 	return wrote
 }
 
-// persist hands the batch's dirty keys to the store as one write and
-// acknowledges the calls: at once in Async mode and for calls that recorded
-// nothing, after the commit otherwise.
+// persist hands the batch's dirty keys to the store as one write, and its
+// records to the Replicator if there is one, and acknowledges the calls: at
+// once in Async mode and for calls that recorded nothing, otherwise after
+// the commit (and the Replicator's confirmation).
 func (a *actor) persist(now int64) {
 	f := flushPool.Get().(*flush)
 	for _, ent := range a.dirty {
@@ -360,7 +365,19 @@ func (a *actor) persist(now int64) {
 			f.calls = append(f.calls, c)
 		}
 	}
-	commit := a.e.store.Submit(f.recs, f.finish)
+	var commit *persist.Commit
+	if rep := a.e.cfg.Replicator; rep == nil {
+		commit = a.e.store.Submit(f.recs, f.finish)
+	} else {
+		// The calls wait for the store and the replicator; whichever
+		// answers last acknowledges them and recycles f.
+		if f.storeDone == nil {
+			f.storeDone, f.replicaDone = f.finishStore, f.finishReplica
+		}
+		f.left.Store(2)
+		commit = a.e.store.Submit(f.recs, f.storeDone)
+		rep.Replicate(f.recs, f.replicaDone)
+	}
 	for _, ent := range a.dirty {
 		ent.commit = commit
 	}
@@ -516,7 +533,7 @@ func (a *actor) arm(ent *entry, now int64) bool {
 	dl := ent.st.deadline()
 	if dl == 0 || dl <= now {
 		if ent.heapIdx >= 0 {
-			a.alarms.remove(ent.heapIdx)
+			a.alarms.remove(int(ent.heapIdx))
 		}
 		return false
 	}
@@ -533,7 +550,7 @@ func (a *actor) armAt(ent *entry, dl int64) {
 		a.alarms.push(ent)
 	case dl < ent.alarmAt:
 		ent.alarmAt = dl
-		a.alarms.fix(ent.heapIdx)
+		a.alarms.fix(int(ent.heapIdx))
 	}
 }
 
@@ -572,7 +589,7 @@ func (a *actor) remove(ent *entry) {
 	ent.prev.next, ent.next.prev = ent.next, ent.prev
 	ent.prev, ent.next = nil, nil
 	if ent.heapIdx >= 0 {
-		a.alarms.remove(ent.heapIdx)
+		a.alarms.remove(int(ent.heapIdx))
 	}
 	a.e.cfg.Observer.Keys(-1)
 }
@@ -591,16 +608,27 @@ func (a *actor) pushFront(ent *entry) {
 }
 
 // flush is one storage write of an actor's batch and the calls waiting for
-// it. It is recycled once the write is done.
+// it. It is recycled once the write is done (and, with a Replicator,
+// replicated).
 type flush struct {
 	recs  []persist.Record
 	buf   []byte
 	calls []*call
+
+	// With a Replicator: how many of the store and the replicator have not
+	// answered yet, and what they answered (each written before its
+	// decrement of left, read by the last one).
+	left              atomic.Int32
+	storeErr, replErr error
+	// storeDone and replicaDone are finishStore and finishReplica, bound
+	// once per flush so that a write does not allocate them.
+	storeDone, replicaDone func(error)
 }
 
 var flushPool = sync.Pool{New: func() any { return new(flush) }}
 
-// finish runs on the store's writer goroutine once the write is committed.
+// finish runs on the store's writer goroutine once the write is committed
+// (without a Replicator).
 func (f *flush) finish(err error) {
 	for _, c := range f.calls {
 		if err != nil {
@@ -608,6 +636,47 @@ func (f *flush) finish(err error) {
 		}
 		c.ack()
 	}
+	f.recycle()
+}
+
+// finishStore is the store's answer when there is a Replicator.
+func (f *flush) finishStore(err error) {
+	f.storeErr = err
+	if f.left.Add(-1) == 0 {
+		f.finishBoth()
+	}
+}
+
+// finishReplica is the Replicator's answer.
+func (f *flush) finishReplica(err error) {
+	f.replErr = err
+	if f.left.Add(-1) == 0 {
+		f.finishBoth()
+	}
+}
+
+// finishBoth acknowledges the calls once the store and the Replicator have
+// answered: failed if either failed (the store's error first: the hits may
+// not be recorded here then).
+func (f *flush) finishBoth() {
+	var err error
+	switch {
+	case f.storeErr != nil:
+		err = fmt.Errorf("actor: store: %w", f.storeErr)
+	case f.replErr != nil:
+		err = fmt.Errorf("%w: %w", ErrReplication, f.replErr)
+	}
+	for _, c := range f.calls {
+		if err != nil {
+			c.fail(err)
+		}
+		c.ack()
+	}
+	f.storeErr, f.replErr = nil, nil
+	f.recycle()
+}
+
+func (f *flush) recycle() {
 	clear(f.recs)
 	clear(f.calls)
 	f.recs, f.buf, f.calls = f.recs[:0], f.buf[:0], f.calls[:0]
@@ -618,9 +687,9 @@ func (f *flush) finish(err error) {
 type alarmHeap []*entry
 
 func (h *alarmHeap) push(ent *entry) {
-	ent.heapIdx = len(*h)
+	ent.heapIdx = int32(len(*h))
 	*h = append(*h, ent)
-	h.up(ent.heapIdx)
+	h.up(int(ent.heapIdx))
 }
 
 func (h *alarmHeap) pop() *entry {
@@ -635,7 +704,7 @@ func (h *alarmHeap) remove(i int) {
 	ent := old[i]
 	if i != last {
 		old[i] = old[last]
-		old[i].heapIdx = i
+		old[i].heapIdx = int32(i)
 	}
 	old[last] = nil
 	*h = old[:last]
@@ -684,5 +753,5 @@ func (h alarmHeap) down(i int) bool {
 
 func (h alarmHeap) swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].heapIdx, h[j].heapIdx = i, j
+	h[i].heapIdx, h[j].heapIdx = int32(i), int32(j)
 }

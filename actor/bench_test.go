@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,8 +26,78 @@ func BenchmarkEngine(b *testing.B) {
 	}
 }
 
+// BenchmarkEngineReplicated is BenchmarkEngine in the commit mode with a
+// Replicator that confirms every write at once, on the actor's goroutine
+// (inline), or from another goroutine (goroutine): the cost of the hook
+// itself, without a network.
+func BenchmarkEngineReplicated(b *testing.B) {
+	for _, kind := range []string{"inline", "goroutine"} {
+		for _, keys := range []int{1, 100_000} {
+			for _, batch := range []int{1, 10} {
+				name := fmt.Sprintf("commit/replicator=%s/keys=%d/batch=%d", kind, keys, batch)
+				b.Run(name, func(b *testing.B) {
+					var rep Replicator = inlineReplicator{}
+					if kind == "goroutine" {
+						r := newGoroutineReplicator()
+						defer r.close()
+						rep = r
+					}
+					benchEngineWith(b, "commit", keys, batch, rep)
+				})
+			}
+		}
+	}
+}
+
+// inlineReplicator confirms every write at once.
+type inlineReplicator struct{}
+
+func (inlineReplicator) Replicate(_ []persist.Record, done func(error)) { done(nil) }
+
+// goroutineReplicator confirms every write from a goroutine of its own.
+type goroutineReplicator struct {
+	ch   chan func(error)
+	quit chan struct{}
+	wg   sync.WaitGroup
+}
+
+func newGoroutineReplicator() *goroutineReplicator {
+	r := &goroutineReplicator{ch: make(chan func(error), 1<<16), quit: make(chan struct{})}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		for {
+			select {
+			case done := <-r.ch:
+				done(nil)
+			case <-r.quit:
+				return
+			}
+		}
+	}()
+	return r
+}
+
+func (r *goroutineReplicator) Replicate(_ []persist.Record, done func(error)) {
+	select {
+	case r.ch <- done:
+	default:
+		go done(nil) // never block the actor
+	}
+}
+
+// close stops the goroutine once the engine is closed.
+func (r *goroutineReplicator) close() {
+	close(r.quit)
+	r.wg.Wait()
+}
+
 func benchEngine(b *testing.B, mode string, keys, batch int) {
-	cfg := Config{}
+	benchEngineWith(b, mode, keys, batch, nil)
+}
+
+func benchEngineWith(b *testing.B, mode string, keys, batch int, rep Replicator) {
+	cfg := Config{Replicator: rep}
 	if mode != "memory" {
 		m, _ := persist.ParseMode(mode)
 		st, err := persist.Open(persist.Options{Path: filepath.Join(b.TempDir(), "sluice.db"), Mode: m})

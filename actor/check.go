@@ -2,6 +2,7 @@ package actor
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -87,6 +88,20 @@ type Decision struct {
 	ResetAfter time.Duration
 }
 
+// ReservedPrefix starts keys that clients may not use: checks (and
+// Inspect, Reset, List's prefix, Import, Forget, Get) on them are refused
+// with an *InvalidCheckError ("key: keys starting with two NUL bytes are
+// reserved"). The engine keeps its own records under it (ReplicaPrefix), in
+// the same store as the keys it decides; no actor ever holds such a key.
+const ReservedPrefix = "\x00\x00"
+
+// ReplicaPrefix + key is where a node keeps its copy of key, a key another
+// node decides (see Engine.PutReplicas).
+const ReplicaPrefix = "\x00\x00r:"
+
+// reservedReason is the InvalidCheckError reason for a reserved key.
+const reservedReason = "keys starting with two NUL bytes are reserved"
+
 // Limits bounds what a check may ask for. The zero value of a field means its
 // default.
 type Limits struct {
@@ -130,7 +145,7 @@ type InvalidCheckError struct {
 	// Index is the position of the check in its batch.
 	Index int
 	// Field names the offending field: "key", "limit", "window", "cost",
-	// "algorithm".
+	// "algorithm" (or, for List, "prefix").
 	Field string
 	// Reason says what is wrong and what to change.
 	Reason string
@@ -151,6 +166,8 @@ func (c *Check) validate(i int, l Limits) error {
 		return bad("key", "empty; every check needs a key")
 	case len(c.Key) > l.MaxKeyLen:
 		return bad("key", "%d bytes long; the maximum is %d", len(c.Key), l.MaxKeyLen)
+	case strings.HasPrefix(c.Key, ReservedPrefix):
+		return bad("key", reservedReason)
 	case c.Limit <= 0:
 		return bad("limit", "%d; it must be a positive count", c.Limit)
 	case c.Window < l.MinWindow:
@@ -163,6 +180,19 @@ func (c *Check) validate(i int, l Limits) error {
 		return bad("cost", "%d; it must be 0 (peek) or more", c.Cost)
 	case c.Cost > c.Limit && !c.Refund:
 		return bad("cost", "%d is above the limit %d, so it could never be allowed; split it or raise the limit", c.Cost, c.Limit)
+	}
+	return nil
+}
+
+// validKey returns an *InvalidCheckError (of check index i) if key cannot
+// be a client's key: empty, too long, or reserved. l must have its defaults
+// applied.
+func validKey(i int, key string, l Limits) error {
+	switch {
+	case key == "" || len(key) > l.MaxKeyLen:
+		return &InvalidCheckError{Index: i, Field: "key", Reason: fmt.Sprintf("%d bytes long; want 1 to %d", len(key), l.MaxKeyLen)}
+	case strings.HasPrefix(key, ReservedPrefix):
+		return &InvalidCheckError{Index: i, Field: "key", Reason: reservedReason}
 	}
 	return nil
 }

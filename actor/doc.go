@@ -59,6 +59,27 @@
 // release what they reserved). A call at the current generation costs the
 // actor one atomic load, and an unfenced call nothing.
 //
+// # Copies: lineage, replication and replica keys
+//
+// Every key's state carries a lineage, a random number drawn when it
+// starts from empty and kept through every change and encoding. Two states
+// with the same lineage are copies of one history (the owner's disk and
+// its standby's copy), and merge (Import) joins them idempotently, by the
+// larger count, so that copies meeting in any order count each hit once;
+// states of different or unknown lineages add up, as a handoff's do.
+//
+// Config.Replicator receives the records of every storage write, right
+// after the actor submitted them; in the durable modes a call whose hits
+// were written is acknowledged once both the store and the Replicator
+// confirmed them (ErrReplication if the Replicator failed; the hits stay
+// recorded). The actor never waits for it: the later of the two answers
+// acknowledges. Another node's records are kept here with PutReplicas,
+// under ReplicaPrefix in the same store, read with CollectReplicas and
+// deleted with DeleteReplicas. Keys with ReservedPrefix are refused to
+// every client call, so no actor holds one and replica writes, which
+// bypass the actors, never race them; they are ordered among themselves by
+// one lock. List and Collect skip them; the janitor expires them.
+//
 // docs/engine.md describes the algorithms, their error bounds, the
-// durability modes and the on-disk format.
+// durability modes, the on-disk format, and copies.
 package actor

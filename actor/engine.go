@@ -40,6 +40,16 @@ var (
 	// others: the caller must not retry the whole call. A *StaleError
 	// matches it and ErrStale, and says which checks were refused.
 	ErrStalePartial = errors.New("actor: ownership of a key moved during the call after part of it was decided and recorded; route only the refused checks again")
+	// ErrReplication means that the Replicator did not confirm the write
+	// holding the call's hits (the error wraps the Replicator's too). The
+	// hits are recorded and committed here, and count in every later
+	// decision of this node, but were not acknowledged: the caller may
+	// treat the call as failed (conservative: the hits stay counted).
+	ErrReplication = errors.New("actor: the standby did not confirm the write; its hits are recorded here but not acknowledged")
+	// ErrNoStore means a call needs a data file and the engine runs in
+	// memory mode (Config.Store nil): PutReplicas keeps its copies in the
+	// store.
+	ErrNoStore = errors.New("actor: replica copies need a data file; this engine runs in memory mode")
 )
 
 // errPartlySent is ErrOverloaded after some actors already took their part.
@@ -83,6 +93,32 @@ type Config struct {
 	// must not call the engine. Nil means every key is owned: no call is
 	// ever refused as stale.
 	Owns func(key string) bool
+	// Replicator, if not nil, receives the records of every storage write
+	// of the actors, and in the commit and fsync modes a call whose hits
+	// were in a write is acknowledged only once the Replicator confirmed
+	// it too (see Replicator). Nil: none. It is not used in memory mode
+	// (no Store: there are no writes).
+	Replicator Replicator
+}
+
+// Replicator keeps copies of what the engine writes elsewhere (the
+// cluster's standbys).
+type Replicator interface {
+	// Replicate is called by an actor with the records of one storage
+	// write (the same records, in the same order, that it submitted to the
+	// store), right after it submitted them. It must not block. It calls
+	// done exactly once, from any goroutine: nil when the records are safe
+	// wherever it keeps copies, or the reason they are not.
+	//
+	// recs and their values belong to the engine: they may be read until
+	// done is called, never modified or kept after.
+	//
+	// In the commit and fsync modes, a call whose hits were in the write
+	// is acknowledged once both the store's commit and done arrived; if
+	// done reports an error, the call fails with ErrReplication (its hits
+	// stay recorded here). Calls that recorded nothing are acknowledged at
+	// once, and in async mode every call is, before done.
+	Replicate(recs []persist.Record, done func(error))
 }
 
 // Observer receives measurements from the engine for metrics. Its methods
@@ -143,6 +179,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("actor: config: %d actors; at most 65536", c.Actors)
 	case c.MaxKeys < c.Actors:
 		return fmt.Errorf("actor: config: max keys %d is below the number of actors %d", c.MaxKeys, c.Actors)
+	case c.MaxKeys/c.Actors > 1<<30:
+		return fmt.Errorf("actor: config: max keys %d is above 2^30 per actor (%d actors)", c.MaxKeys, c.Actors)
 	case c.Limits.MinWindow > c.Limits.MaxWindow:
 		return fmt.Errorf("actor: config: min window %v above max window %v", c.Limits.MinWindow, c.Limits.MaxWindow)
 	}
@@ -162,6 +200,9 @@ type Engine struct {
 	gen atomic.Uint64
 	// reserving counts the fenced reserving calls in flight, for Collect.
 	reserving reservations
+	// replicas orders the writes of replica copies (PutReplicas,
+	// DeleteReplicas).
+	replicas replicaWrites
 
 	closing   atomic.Bool
 	quit      chan struct{} // closed by Close: actors drain and exit
@@ -681,8 +722,8 @@ func (e *Engine) Reset(ctx context.Context, key string) (bool, error) {
 }
 
 func (e *Engine) keyCall(ctx context.Context, op opKind, key string, v *KeyState) (bool, error) {
-	if key == "" || len(key) > e.cfg.Limits.MaxKeyLen {
-		return false, &InvalidCheckError{Field: "key", Reason: fmt.Sprintf("%d bytes long; want 1 to %d", len(key), e.cfg.Limits.MaxKeyLen)}
+	if err := validKey(0, key, e.cfg.Limits); err != nil {
+		return false, err
 	}
 	if e.closing.Load() {
 		return false, ErrClosed
@@ -695,10 +736,15 @@ func (e *Engine) keyCall(ctx context.Context, op opKind, key string, v *KeyState
 }
 
 // List returns up to limit keys that start with prefix and sort after
-// after, in key order, from memory and disk.
+// after, in key order, from memory and disk. Keys with ReservedPrefix are
+// never listed, and a prefix that starts with it is refused with an
+// *InvalidCheckError.
 func (e *Engine) List(ctx context.Context, prefix, after string, limit int) ([]KeySummary, error) {
 	if limit <= 0 {
 		limit = 100
+	}
+	if strings.HasPrefix(prefix, ReservedPrefix) {
+		return nil, &InvalidCheckError{Field: "prefix", Reason: reservedReason}
 	}
 	if e.closing.Load() {
 		return nil, ErrClosed
@@ -718,7 +764,7 @@ func (e *Engine) List(ctx context.Context, prefix, after string, limit int) ([]K
 	}
 	if e.store != nil {
 		now := e.cfg.Clock.Now().UnixNano()
-		err := e.store.Scan(prefix, after, limit+len(all), func(key string, deadline int64, _ []byte) bool {
+		err := e.scanKeys(prefix, after, limit+len(all), func(key string, deadline int64) bool {
 			if !seen[key] && deadline > now {
 				all = append(all, KeySummary{Key: key, ExpiresAt: time.Unix(0, deadline)})
 			}
@@ -735,14 +781,55 @@ func (e *Engine) List(ctx context.Context, prefix, after string, limit int) ([]K
 	return all, nil
 }
 
+// scanKeys calls fn, in key order, for at most limit (> 0) keys in the
+// store that start with prefix, sort after after and do not start with
+// ReservedPrefix (the range of those keys is jumped over, not read); fn
+// returns false to stop. It is Store.Scan for the keys clients see.
+func (e *Engine) scanKeys(prefix, after string, limit int, fn func(key string, deadline int64) bool) error {
+	if strings.HasPrefix(prefix, ReservedPrefix) {
+		return nil
+	}
+	n := 0
+	for {
+		reserved, stop := "", false
+		err := e.store.Scan(prefix, after, limit-n, func(key string, deadline int64, _ []byte) bool {
+			if strings.HasPrefix(key, ReservedPrefix) {
+				reserved = key
+				return false
+			}
+			n++
+			stop = !fn(key, deadline)
+			return !stop
+		})
+		if err != nil || reserved == "" || stop || n >= limit {
+			return err
+		}
+		// Go on after the reserved keys (after this one, should one sort
+		// after reservedEnd: after always moves forward).
+		after = max(reservedEnd, reserved)
+	}
+}
+
+// reservedEnd sorts after every key the engine writes under ReservedPrefix
+// (they all start with ReplicaPrefix) and before every key clients may use
+// that sorts after them.
+const reservedEnd = ReservedPrefix + "\xff"
+
 // Exported is the encoded state of one key handed over to another node.
 type Exported struct {
 	Key   string
 	State []byte
+	// Deadline is when the state becomes empty if nothing else arrives, in
+	// unix ns (the deadline its record has in the store). Set by Collect,
+	// Get and CollectReplicas; Import does not read it.
+	Deadline int64
 }
 
 // Import merges handed-over states into their keys: the result counts at
-// least what either side counted, so a handoff never frees a window.
+// least what either side counted, so a handoff never frees a window. A
+// state of the same lineage as the key's (a copy of the same history: a
+// standby's copy, the owner's disk) merges idempotently, each hit they
+// share counted once; states of different lineages add up (see merge).
 func (e *Engine) Import(ctx context.Context, states []Exported) error {
 	for start := 0; start < len(states); start += e.cfg.Limits.MaxBatch {
 		part := states[start:min(start+e.cfg.Limits.MaxBatch, len(states))]
@@ -750,8 +837,8 @@ func (e *Engine) Import(ctx context.Context, states []Exported) error {
 		c.checks = make([]Check, len(part))
 		c.states = make([][]byte, len(part))
 		for i, x := range part {
-			if x.Key == "" || len(x.Key) > e.cfg.Limits.MaxKeyLen {
-				return &InvalidCheckError{Index: start + i, Field: "key", Reason: fmt.Sprintf("%d bytes long; want 1 to %d", len(x.Key), e.cfg.Limits.MaxKeyLen)}
+			if err := validKey(start+i, x.Key, e.cfg.Limits); err != nil {
+				return err
 			}
 			c.checks[i].Key, c.states[i] = x.Key, x.State
 		}

@@ -10,7 +10,8 @@ import (
 // Collect reads the state of every key for which moved returns true, to
 // hand it over to the key's new owner (where Import merges it): fn receives
 // each key's encoded state once, the keys in memory first, then the keys
-// only on disk. A key whose state is empty now is skipped. Collect changes
+// only on disk. A key whose state is empty now is skipped, and so are the
+// keys with ReservedPrefix (replica copies: see CollectReplicas). Collect changes
 // nothing, here or on disk, so it may be cancelled or fail at any point:
 // whatever fn did not receive is still here, and so is what it did. Once
 // the new owner has committed the states, Forget deletes them here.
@@ -72,7 +73,7 @@ func (e *Engine) Collect(ctx context.Context, moved func(key string) bool, fn fu
 		var keys []Check
 		scanned := 0
 		now := e.cfg.Clock.Now().UnixNano()
-		err := e.store.Scan("", after, page, func(key string, deadline int64, _ []byte) bool {
+		err := e.scanKeys("", after, page, func(key string, deadline int64) bool {
 			scanned++
 			after = key
 			if _, ok := seen[key]; !ok && deadline > now && moved(key) {
@@ -124,8 +125,8 @@ func (e *Engine) Forget(ctx context.Context, keys []Exported) (forgotten int, er
 		c.checks = make([]Check, len(part))
 		c.states = make([][]byte, len(part))
 		for i, x := range part {
-			if x.Key == "" || len(x.Key) > e.cfg.Limits.MaxKeyLen {
-				return forgotten, &InvalidCheckError{Index: start + i, Field: "key", Reason: fmt.Sprintf("%d bytes long; want 1 to %d", len(x.Key), e.cfg.Limits.MaxKeyLen)}
+			if err := validKey(start+i, x.Key, e.cfg.Limits); err != nil {
+				return forgotten, err
 			}
 			c.checks[i].Key, c.states[i] = x.Key, x.State
 		}
@@ -143,7 +144,7 @@ func (e *Engine) Forget(ctx context.Context, keys []Exported) (forgotten int, er
 func (a *actor) collect(c *call, now int64) {
 	add := func(key string, st *state) {
 		if !st.isEmpty(now) {
-			c.exports[a.id] = append(c.exports[a.id], Exported{Key: key, State: st.appendBinary(nil)})
+			c.exports[a.id] = append(c.exports[a.id], Exported{Key: key, State: st.appendBinary(nil), Deadline: st.deadline()})
 		}
 	}
 	if c.moved != nil {

@@ -149,8 +149,11 @@ func TestForgetOnlyUnchanged(t *testing.T) {
 			}
 
 			h.hit("key-2", 100, 1) // changed since: kept
-			if err := h.eng.Import(context.Background(), []Exported{got["key-4"]}); err != nil {
-				t.Fatal(err) // merged since: kept
+			// Merged since with another history's hits (here, the same
+			// hits under another lineage: they add up): kept.
+			other := Exported{Key: "key-4", State: withLineage(t, got["key-4"].State, 42)}
+			if err := h.eng.Import(context.Background(), []Exported{other}); err != nil {
+				t.Fatal(err)
 			}
 			h.clk.Advance(25 * time.Second) // key-0's first hits have expired
 			if mode != "memory" {
@@ -198,6 +201,17 @@ func TestForgetOnlyUnchanged(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withLineage returns the encoded state b with another lineage.
+func withLineage(t testing.TB, b []byte, lineage uint64) []byte {
+	t.Helper()
+	var st state
+	if err := st.decode(b); err != nil {
+		t.Fatal(err)
+	}
+	st.lineage = lineage
+	return st.appendBinary(nil)
 }
 
 // handOver moves the keys for which moved is true from one engine to

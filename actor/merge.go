@@ -6,28 +6,75 @@ import (
 )
 
 // This file combines two states of the same key, for when the key's ownership
-// moves between nodes: the new owner may already hold hits for the key (those
-// it recorded while the old owner was unreachable, or an older copy from
-// before a crash) and receives the old owner's state. The two hold different
-// hits (each hit was recorded by one node), so the merged state counts their
-// union, and never less than either of them: ownership moving never hands
-// out a free window.
+// moves between nodes or copies of its state meet: the new owner may already
+// hold hits for the key (those it recorded while the old owner was
+// unreachable, or an older copy from before a crash) and receives the old
+// owner's state; a standby's copy meets the returning owner's disk; several
+// nodes' copies of one key meet on a node that lost its disk.
+//
+// Two states are either copies of one history (the same non-zero lineage:
+// the same state, written to disk and to a standby, perhaps one of them
+// further along) or states that counted different hits (different or
+// unknown lineages: each hit was recorded by one of them). The first merge
+// idempotently (each hit they share is counted once), the second add up
+// (the union of their hits). Either way the merged state counts at least
+// what either side counted: ownership moving never hands out a free window.
 
 // merge folds o into s at time now (unix ns), so that from now on s counts
-// at least what s and o each counted before, and as nearly as the algorithm
-// can tell, the union of their hits. o is not changed (o may be s itself:
-// then every hit counts twice). maxRuns bounds the sliding log as in decide.
+// at least what s and o each counted before. o is not changed (o may be s
+// itself). maxRuns bounds the sliding log as in decide.
 //
-// Which side decides the parameters:
+// An empty side contributes nothing:
 //
 //   - A side that is not a valid state (zero value: a key never seen) or
 //     holds nothing at now (isEmpty) contributes nothing. If s holds nothing
-//     and o is valid, s becomes a copy of o: algorithm, limit, window and all.
-//     If o holds nothing, s is left exactly as it was.
-//   - Otherwise s keeps its algorithm, limit and window, and o's hits are
-//     judged against them from now on, as resize and convert do for a check
-//     that brings other values; the next check applies its own anyway.
-//     What expired at now under o's own window stays expired.
+//     and o is valid, s becomes a copy of o: algorithm, limit, window,
+//     lineage and all (s's own history has ended; the result is o's, and
+//     later copies of o's history merge with it idempotently). If o holds
+//     nothing, s is left exactly as it was.
+//
+// Same non-zero lineage: s and o are copies of one history (versions of one
+// state, as the owner wrote it to its disk and to its standby, one perhaps
+// further along or with hits the other never received). Counting the hits
+// they share twice would deny for nothing, so they merge by the larger
+// count, not the sum (join):
+//
+//   - SlidingLog: the union of the live runs, with the larger count at an
+//     equal timestamp, then kept to the newest limit+1 hits as below.
+//   - SlidingWindow: both are advanced to the bucket of now; per bucket the
+//     larger count. If one's bucket is ahead of now (a clock that went
+//     back), its grid is kept and the other's estimate at now becomes its
+//     current bucket if that is larger.
+//   - TokenBucket: both are refilled to the same time, now, and the fewer
+//     tokens (more used) win. If a side's refill time is ahead of now (a
+//     clock that went back), the merged bucket refills from that time.
+//
+// This is a join: merge(s, s) is s, the result does not depend on the
+// order in which copies are merged (commutative and associative: with the
+// same algorithm, limit and window, and no state ahead of now), and it
+// counts at every later time at least what each side counts (for the log,
+// up to limit+1 hits, beyond which no decision changes). It forgets nothing
+// a copy holds: hits only one copy has (recorded by an owner after its last
+// write reached the standby, or by a standby that took over) are kept, as
+// long as they are at another timestamp or bucket than the other copy's
+// hits; at the same one the larger count wins, which is exact for copies of
+// one history, where the smaller count is a prefix of the larger. If the
+// sides differ in algorithm, limit or window (one copy missed a change),
+// the parameters of the side that was written last (the later latest
+// time; ties broken by algorithm, limit, window) apply, the other side is
+// converted to them as a check bringing them would (resize, convert), and
+// the two are joined; the order of merges then matters only through that
+// conversion.
+//
+// Different lineages, or one unknown (0): s and o counted different hits,
+// and merge adds them up (sum). The result keeps s's lineage if it has one,
+// else o's: it is s's history, which received o's hits (o's later copies
+// then add up with it again: conservative).
+//
+//   - If s holds hits, s keeps its algorithm, limit and window, and o's hits
+//     are judged against them from now on, as resize and convert do for a
+//     check that brings other values; the next check applies its own
+//     anyway. What expired at now under o's own window stays expired.
 //
 // Same algorithm: with t any time from now on, s₀ and o the states before
 // the merge, and used(t) = usedAt(t) with no further hits:
@@ -93,21 +140,17 @@ func (s *state) merge(now int64, o *state, maxRuns int) {
 		c := o.clone()
 		o = &c
 	}
+	if s.lineage != 0 && s.lineage == o.lineage {
+		s.join(now, o, maxRuns)
+		return
+	}
+	if s.lineage == 0 {
+		s.lineage = o.lineage
+	}
 	if o.algo != s.algo {
-		used := o.usedAt(now)
-		if used <= 0 {
+		t := o.converted(now, s.algo, s.limit, s.window, maxRuns)
+		if !t.valid() {
 			return
-		}
-		at := max(now, o.latest())
-		var t state
-		t.reset(at, s.algo, s.limit, s.window)
-		switch s.algo {
-		case SlidingLog:
-			t.logAdd(at, used, maxRuns)
-		case SlidingWindow:
-			t.cur = used
-		case TokenBucket:
-			t.tokens = max(0, float64(s.limit)-float64(used))
 		}
 		o = &t
 	}
@@ -119,6 +162,79 @@ func (s *state) merge(now int64, o *state, maxRuns int) {
 	case TokenBucket:
 		s.bucketMerge(now, o)
 	}
+}
+
+// converted returns s's hits as a state of another algorithm, limit and
+// window (convert's rule, as merge applies it): the hits s counts at now,
+// recorded at now or at s's latest time if that is ahead of now, of s's
+// lineage. It returns the zero state if s counts nothing at now.
+func (s *state) converted(now int64, algo Algorithm, limit, window int64, maxRuns int) state {
+	used := s.usedAt(now)
+	if used <= 0 {
+		return state{}
+	}
+	at := max(now, s.latest())
+	var t state
+	t.reset(at, algo, limit, window)
+	t.lineage = s.lineage
+	switch algo {
+	case SlidingLog:
+		t.logAdd(at, used, maxRuns)
+	case SlidingWindow:
+		t.cur = used
+	case TokenBucket:
+		t.tokens = max(0, float64(limit)-float64(used))
+	}
+	return t
+}
+
+// join merges o into s, both valid, holding hits at now and of the same
+// lineage: copies of one history (see merge).
+func (s *state) join(now int64, o *state, maxRuns int) {
+	if s.algo != o.algo || s.limit != o.limit || s.window != o.window {
+		// One copy missed a change of parameters: the one written last
+		// sets them, and the other is converted.
+		if paramsFirst(s, o) {
+			u := *s // s's log goes with it: s gets a copy of o's
+			*s = o.clone()
+			o = &u
+		}
+		var t state
+		if o.algo != s.algo {
+			t = o.converted(now, s.algo, s.limit, s.window, maxRuns)
+		} else {
+			t = o.clone()
+			t.resize(now, s.limit, s.window)
+		}
+		if !t.valid() || t.isEmpty(now) {
+			return
+		}
+		o = &t
+	}
+	switch s.algo {
+	case SlidingLog:
+		s.logJoin(now, o, maxRuns)
+	case SlidingWindow:
+		s.windowJoin(now, o)
+	case TokenBucket:
+		s.bucketJoin(now, o)
+	}
+}
+
+// paramsFirst reports whether a's parameters give way to b's in a join:
+// b was written last (its latest time is later), or, at the same time, its
+// algorithm, limit and window sort after a's.
+func paramsFirst(a, b *state) bool {
+	if x, y := a.latest(), b.latest(); x != y {
+		return x < y
+	}
+	if a.algo != b.algo {
+		return a.algo < b.algo
+	}
+	if a.limit != b.limit {
+		return a.limit < b.limit
+	}
+	return a.window < b.window
 }
 
 // valid reports whether s is a state decide could have built: a known
@@ -141,15 +257,10 @@ func (s *state) latest() int64 {
 	return s.at
 }
 
-// logMerge makes s's log the union of s's and o's live runs (see merge).
+// logMerge makes s's log the union of s's and o's live runs, equal
+// timestamps adding up (see merge).
 func (s *state) logMerge(now int64, o *state, maxRuns int) {
-	var res int64 = 1
-	if s.limit > int64(maxRuns) {
-		res = s.window / int64(maxRuns)
-		if s.window%int64(maxRuns) != 0 {
-			res++
-		}
-	}
+	res := s.logRes(maxRuns)
 	live := func(w, at int64) bool { return at > now-w } // !expired under window w
 	a := make([]run, 0, len(s.buf)+len(o.buf))
 	a = s.appendEntries(a)
@@ -181,7 +292,71 @@ func (s *state) logMerge(now int64, o *state, maxRuns int) {
 		}
 		j++
 	}
-	// Keep the newest limit+1 hits (the rule of logDecide's penalties).
+	s.setLog(out, maxRuns, 0)
+}
+
+// logJoin makes s's log the union of s's and o's live runs, the larger
+// count winning at an equal timestamp (see merge). o has s's limit and
+// window.
+//
+// Timestamps are not rounded to the resolution (as logMerge does): copies
+// with the same parameters are on the same grid already, and rounding the
+// runs a state recorded under other parameters would move them each time,
+// so that merge(s, s) would not be s. So that the log stays bounded all the
+// same, it holds at most as many runs as the longer side, or
+// min(limit, maxRuns)+1 if that is more: beyond, the oldest are folded into
+// the next one.
+func (s *state) logJoin(now int64, o *state, maxRuns int) {
+	side := func(x *state) []run {
+		out := make([]run, 0, len(x.buf))
+		a, b := x.segments()
+		for _, seg := range [2][]run{a, b} {
+			for _, r := range seg {
+				if r.n > 0 && !x.expired(r.at, now) && (len(out) == 0 || r.at > out[len(out)-1].at) {
+					out = append(out, r)
+				}
+			}
+		}
+		return out
+	}
+	a, b := side(s), side(o)
+	out := make([]run, 0, len(a)+len(b))
+	i, j := 0, 0
+	for i < len(a) || j < len(b) {
+		switch {
+		case j == len(b) || i < len(a) && a[i].at < b[j].at:
+			out = append(out, a[i])
+			i++
+		case i == len(a) || b[j].at < a[i].at:
+			out = append(out, b[j])
+			j++
+		default:
+			out = append(out, run{a[i].at, max(a[i].n, b[j].n)})
+			i++
+			j++
+		}
+	}
+	s.setLog(out, maxRuns, max(len(a), len(b)))
+}
+
+// logRes returns the resolution of s's log timestamps: 1 ns, or
+// ceil(window/maxRuns) when the limit is above maxRuns (see logAdd).
+func (s *state) logRes(maxRuns int) int64 {
+	if s.limit <= int64(maxRuns) {
+		return 1
+	}
+	res := s.window / int64(maxRuns)
+	if s.window%int64(maxRuns) != 0 {
+		res++
+	}
+	return res
+}
+
+// setLog makes out (runs oldest first, at increasing times, each n > 0) s's
+// log, keeping its newest limit+1 hits (the rule of logDecide's penalties)
+// and at most max(min(limit, maxRuns)+1, most) runs, the oldest folded into
+// the next one beyond that.
+func (s *state) setLog(out []run, maxRuns, most int) {
 	keep := satAdd(s.limit, 1)
 	var used int64
 	for k := len(out) - 1; k >= 0; k-- {
@@ -194,7 +369,7 @@ func (s *state) logMerge(now int64, o *state, maxRuns int) {
 		used += out[k].n // < keep: no overflow
 	}
 	// Runs ahead of now may still exceed the bound: fold the oldest forward.
-	bound := int(min(s.limit, int64(maxRuns))) + 1
+	bound := max(int(min(s.limit, int64(maxRuns)))+1, most)
 	for len(out) > bound {
 		out[1].n += out[0].n // the sum is at most keep
 		out = out[1:]
@@ -268,5 +443,41 @@ func (s *state) bucketMerge(now int64, o *state) {
 		tokens = float64(s.limit)
 	}
 	s.tokens = tokens
+	s.at = max(s.at, t.at)
+}
+
+// windowJoin takes per bucket the larger of s's and o's counts (see merge).
+// o has s's window.
+func (s *state) windowJoin(now int64, o *state) {
+	s.windowAdvance(now)
+	t := *o
+	t.windowAdvance(now)
+	switch {
+	case t.at == s.at:
+		s.prev, s.cur = max(s.prev, t.prev), max(s.cur, t.cur)
+	case t.at > s.at:
+		// o's clock was ahead: keep its grid; s's estimate at now bounds
+		// what s counts at every later time.
+		est := s.windowEstimate(now)
+		s.at, s.prev, s.cur = t.at, t.prev, max(t.cur, est)
+	default:
+		s.cur = max(s.cur, t.windowEstimate(now))
+	}
+}
+
+// bucketJoin keeps the fewer of s's and o's tokens, both refilled to now
+// (see merge). o has s's limit and window. If a side's refill time is ahead
+// of now, the merged bucket refills from that time: it holds no more tokens
+// than either side at any later time.
+func (s *state) bucketJoin(now int64, o *state) {
+	s.bucketRefill(now)
+	t := *o
+	t.bucketRefill(now)
+	if !(t.tokens >= s.tokens) { // fewer, or NaN
+		s.tokens = t.tokens
+	}
+	if !(s.tokens >= 0) { // also NaN
+		s.tokens = 0
+	}
 	s.at = max(s.at, t.at)
 }

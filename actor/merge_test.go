@@ -433,7 +433,10 @@ func TestMergeEmptySides(t *testing.T) {
 }
 
 // TestMergeTwice checks the documented cost of receiving the same handoff
-// twice: its hits count twice (conservative).
+// twice when the two sides are different histories (different or unknown
+// lineages): its hits count twice (conservative); and that a state merged
+// into itself, or into a copy of itself, counts them once if its lineage is
+// known.
 func TestMergeTwice(t *testing.T) {
 	for _, algo := range []Algorithm{SlidingLog, SlidingWindow, TokenBucket} {
 		var s, o state
@@ -441,17 +444,28 @@ func TestMergeTwice(t *testing.T) {
 		c := Check{Key: "k", Limit: 10, Window: stMin, Algorithm: algo, Cost: 3}
 		s.decide(st0, &c, stMaxRuns, &d)
 		o.decide(st0, &c, stMaxRuns, &d)
+		if s.lineage == 0 || s.lineage == o.lineage {
+			t.Fatalf("%v: two new states have lineages %x and %x; want two different non-zero ones", algo, s.lineage, o.lineage)
+		}
 		mgMerge(t, &s, st0, &o, stMaxRuns)
 		mgMerge(t, &s, st0, &o, stMaxRuns)
 		if got := s.usedAt(st0); got != 9 {
 			t.Errorf("%v: 3 hits merged twice into 3: %d used; want 9", algo, got)
 		}
-		// Merged into itself: 18 hits, of which the log keeps limit+1 and
+		// Merged into itself, or a copy of itself: nothing changes.
+		mgMerge(t, &s, st0, &s, stMaxRuns)
+		cp := s.clone()
+		mgMerge(t, &s, st0, &cp, stMaxRuns)
+		if got := s.usedAt(st0); got != 9 {
+			t.Errorf("%v: 9 hits merged into themselves: %d used; want 9", algo, got)
+		}
+		// Of unknown lineage: 18 hits, of which the log keeps limit+1 and
 		// the bucket can hold the limit.
+		s.lineage = 0
 		mgMerge(t, &s, st0, &s, stMaxRuns)
 		want := map[Algorithm]int64{SlidingLog: 11, SlidingWindow: 18, TokenBucket: 10}[algo]
 		if got := s.usedAt(st0); got != want {
-			t.Errorf("%v: 9 hits merged into themselves: %d used; want %d", algo, got, want)
+			t.Errorf("%v: 9 hits of unknown lineage merged into themselves: %d used; want %d", algo, got, want)
 		}
 	}
 }

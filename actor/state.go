@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"math/rand/v2"
 	"slices"
 	"time"
 )
@@ -33,6 +34,10 @@ import (
 //     state never moves back: hits are recorded no earlier than the newest
 //     one, buckets and refills stay where they are. Backward time only delays
 //     capacity.
+//   - Every state that holds hits carries a lineage, a random number drawn
+//     when it starts from empty (see state.lineage): two copies with the
+//     same lineage are versions of one history, which merge tells apart
+//     from states that counted different hits.
 
 // run is n hits recorded at time at (unix ns).
 type run struct{ at, n int64 }
@@ -41,7 +46,7 @@ type run struct{ at, n int64 }
 // user, so it has no locks. The zero value is a key never seen: the first
 // check sets its algorithm, limit and window.
 //
-// The fields that an algorithm does not use are zero. On amd64 a state is 80
+// The fields that an algorithm does not use are zero. On amd64 a state is 88
 // bytes, plus 16 bytes per run of the sliding log.
 type state struct {
 	// limit is the number of hits allowed per window; 0 only in the zero
@@ -66,6 +71,16 @@ type state struct {
 	// tokens is, for TokenBucket, the tokens available at time at, in
 	// [0, limit].
 	tokens float64
+	// lineage names the history the state belongs to: a random non-zero
+	// number drawn when a check records hits in a state that held nothing
+	// (a key never seen, or one whose hits have all expired), kept through
+	// every later change (new limit, window or algorithm, refunds,
+	// releases, merges) and through encoding. Copies of one state (on disk,
+	// on a standby, handed over) keep it, so merge can tell copies of one
+	// history, to be merged without counting a hit twice, from states that
+	// counted different hits. 0 is unknown: the zero value, and states
+	// written before lineages; such a state draws one at its next change.
+	lineage uint64
 	// head is the index of the oldest run in buf[:cap(buf)].
 	head uint32
 	algo Algorithm
@@ -150,10 +165,29 @@ func (s *state) decide(now int64, c *Check, maxRuns int, d *Decision) (changed b
 	case TokenBucket:
 		recorded = s.bucketDecide(now, c, d)
 	}
-	return changed || recorded
+	changed = changed || recorded
+	if changed && s.lineage == 0 {
+		// A new history (the algorithms zero the lineage when they record
+		// hits in a state that held nothing), or a state of unknown
+		// lineage: draw one. The next write must be a full one, which
+		// carries it.
+		s.lineage = newLineage()
+		s.rewrite = true
+	}
+	return changed
 }
 
-// reset makes s an empty state of the given algorithm and parameters at now.
+// newLineage returns a random non-zero lineage.
+func newLineage() uint64 {
+	for {
+		if l := rand.Uint64(); l != 0 {
+			return l
+		}
+	}
+}
+
+// reset makes s an empty state of the given algorithm and parameters at now,
+// of unknown lineage.
 func (s *state) reset(now int64, algo Algorithm, limit, window int64) {
 	buf := s.buf[:0]
 	if algo != SlidingLog {
@@ -177,8 +211,9 @@ func (s *state) reset(now int64, algo Algorithm, limit, window int64) {
 // had at the switch, and never forgets a hit sooner than the true history
 // would.
 func (s *state) convert(now int64, algo Algorithm, limit, window int64, maxRuns int) {
-	used := s.usedAt(now)
+	used, lineage := s.usedAt(now), s.lineage
 	s.reset(now, algo, limit, window)
+	s.lineage = lineage
 	if used <= 0 {
 		return
 	}
@@ -331,6 +366,9 @@ func (s *state) logDecide(now int64, c *Check, maxRuns int, d *Decision) (record
 	default:
 		d.Allowed = used <= s.limit && c.Cost <= s.limit-used
 		if d.Allowed || c.Penalty {
+			if len(s.buf) == 0 {
+				s.lineage = 0 // it held nothing: a new history
+			}
 			s.logAdd(now, c.Cost, maxRuns)
 			recorded = true
 		}
@@ -515,6 +553,9 @@ func (s *state) windowDecide(now int64, c *Check, d *Decision) (recorded bool) {
 		d.Allowed = false
 	default:
 		d.Allowed = est <= s.limit && c.Cost <= s.limit-est
+		if (d.Allowed || c.Penalty) && est == 0 {
+			s.lineage = 0 // it held nothing: a new history
+		}
 		if d.Allowed {
 			s.cur += c.Cost // est + cost <= limit, so no overflow
 			recorded = true
@@ -619,6 +660,9 @@ func (s *state) bucketDecide(now int64, c *Check, d *Decision) (recorded bool) {
 		d.Allowed = s.tokens+eps >= float64(c.Cost)
 		if d.Allowed || c.Penalty {
 			if t := max(0, s.tokens-float64(c.Cost)); t != s.tokens {
+				if s.tokens+eps >= float64(s.limit) {
+					s.lineage = 0 // full: it held nothing, a new history
+				}
 				s.tokens = t
 				recorded = true
 			}
@@ -728,8 +772,10 @@ func (s *state) bucketWait(need float64) int64 {
 // followed by tail segments, each holding hits added to the log since the
 // segment before (see appendTail). A segment:
 //
-//	byte     version: 1 for a full segment, 2 for a tail segment
+//	byte     version: 3 for a full segment with a lineage, 1 for a full
+//	         segment without (lineage 0: unknown), 2 for a tail segment
 //	byte     algorithm
+//	8 bytes  version 3 only: the lineage, little-endian, not 0
 //	uvarint  limit (> 0)
 //	uvarint  window in ns (> 0)
 //	SlidingLog:    uvarint count, then count times: timestamp (the first as a
@@ -742,22 +788,30 @@ func (s *state) bucketWait(need float64) int64 {
 //
 // The log of a chain is the runs of its segments in order; the first run of a
 // tail segment may have the time of the run before it (more hits at that
-// time), never an earlier one. The limit and window are the last segment's.
-// A tail segment alone is a valid state too: the store keeps it alone when
-// the value it followed was deleted, which happens only once every hit of
-// that value has expired.
+// time), never an earlier one. The limit and window are the last segment's,
+// the lineage the full segment's (tails do not carry one: a tail extends the
+// history of the value it is appended to). A tail segment alone is a valid
+// state too, of unknown lineage: the store keeps it alone when the value it
+// followed was deleted, which happens only once every hit of that value has
+// expired.
 //
-// A full log of limit 100 with one hit per ms takes about 9 + 100*3 bytes; a
+// A full log of limit 100 with one hit per ms takes about 17 + 100*3 bytes; a
 // tail segment of one hit about 20.
 
 const (
-	stateVersion = 1 // a full segment; what versions before tails wrote
-	tailVersion  = 2
+	stateVersion   = 1 // a full segment without lineage; what versions before tails wrote
+	tailVersion    = 2
+	lineageVersion = 3 // a full segment with a lineage
 )
 
-// appendBinary appends the full encoding of s to b: one full segment.
+// appendBinary appends the full encoding of s to b: one full segment (of
+// version 1 if its lineage is unknown, so that it reads as it was written).
 func (s *state) appendBinary(b []byte) []byte {
-	b = s.appendHeader(b, stateVersion)
+	if s.lineage == 0 {
+		b = s.appendHeader(b, stateVersion)
+	} else {
+		b = s.appendHeader(b, lineageVersion)
+	}
 	switch s.algo {
 	case SlidingLog:
 		b = binary.AppendUvarint(b, uint64(len(s.buf)))
@@ -787,6 +841,9 @@ func (s *state) appendBinary(b []byte) []byte {
 
 func (s *state) appendHeader(b []byte, version byte) []byte {
 	b = append(b, version, byte(s.algo))
+	if version == lineageVersion {
+		b = binary.LittleEndian.AppendUint64(b, s.lineage)
+	}
 	b = binary.AppendUvarint(b, uint64(s.limit))
 	return binary.AppendUvarint(b, uint64(s.window))
 }
@@ -937,8 +994,8 @@ func (s *state) decode(b []byte) error {
 			return fmt.Errorf("actor: decode state: segment %d: %d bytes; want at least 2", seg, len(b))
 		}
 		switch {
-		case b[0] != stateVersion && b[0] != tailVersion:
-			return fmt.Errorf("actor: decode state: segment %d: unknown encoding version %d (want %d or %d)", seg, b[0], stateVersion, tailVersion)
+		case b[0] != stateVersion && b[0] != tailVersion && b[0] != lineageVersion:
+			return fmt.Errorf("actor: decode state: segment %d: unknown encoding version %d (want %d, %d or %d)", seg, b[0], stateVersion, tailVersion, lineageVersion)
 		case seg > 0 && b[0] != tailVersion:
 			return fmt.Errorf("actor: decode state: segment %d: version %d after the first segment; want %d", seg, b[0], tailVersion)
 		case b[1] >= byte(numAlgorithms):
@@ -948,6 +1005,16 @@ func (s *state) decode(b []byte) error {
 		}
 		t.algo = Algorithm(b[1])
 		d := decoder{b: b[2:]}
+		if b[0] == lineageVersion {
+			switch {
+			case len(d.b) < 8:
+				return fmt.Errorf("actor: decode state: %s: lineage: truncated", t.algo)
+			case binary.LittleEndian.Uint64(d.b) == 0:
+				return fmt.Errorf("actor: decode state: %s: lineage 0 in a segment of version %d", t.algo, lineageVersion)
+			}
+			t.lineage = binary.LittleEndian.Uint64(d.b)
+			d.b = d.b[8:]
+		}
 		t.decodeSegment(&d, seg)
 		if d.err != nil {
 			return fmt.Errorf("actor: decode state: %s: %v", t.algo, d.err)

@@ -44,9 +44,9 @@ func stBuild(ops []byte) (state, int64) {
 	return s, now
 }
 
-// stSame reports whether a and b hold the same state.
+// stSame reports whether a and b hold the same state, lineage included.
 func stSame(a, b *state) bool {
-	return a.algo == b.algo && a.limit == b.limit && a.window == b.window &&
+	return a.algo == b.algo && a.limit == b.limit && a.window == b.window && a.lineage == b.lineage &&
 		a.at == b.at && a.prev == b.prev && a.cur == b.cur &&
 		math.Float64bits(a.tokens) == math.Float64bits(b.tokens) &&
 		slices.Equal(a.appendEntries(nil), b.appendEntries(nil))
@@ -145,8 +145,11 @@ func TestDecodeStateErrors(t *testing.T) {
 	}{
 		{"empty", nil, "0 bytes"},
 		{"version 0", append([]byte{0}, valid[1:]...), "unknown encoding version 0"},
-		{"version 3", append([]byte{3}, valid[1:]...), "unknown encoding version 3"},
-		{"full segment after the first", append(slices.Clip(valid), valid...), "version 1 after the first segment"},
+		{"version 4", append([]byte{4}, valid[1:]...), "unknown encoding version 4"},
+		{"full segment after the first", append(slices.Clip(valid), valid...), "version 3 after the first segment"},
+		{"version 1 after the first", append(slices.Clip(valid), append([]byte{1, 0}, valid[10:]...)...), "version 1 after the first segment"},
+		{"lineage 0", append([]byte{3, 0, 0, 0, 0, 0, 0, 0, 0, 0}, valid[10:]...), "lineage 0"},
+		{"lineage truncated", []byte{3, 0, 1, 2, 3}, "lineage: truncated"},
 		{"tail of a window counter", []byte{1, 1, 1, 1, 0, 0, 0, 2, 1, 1, 1, 0, 0, 0}, "trailing bytes"},
 		{"tail earlier than the log", append(slices.Clip(valid), 2, 0, 10, 0x80, 0x94, 0xeb, 0xdc, 0x03, 1, 2, 1), "before the previous segment's last run"},
 		{"unknown algorithm", []byte{1, 3, 1, 1}, "unknown algorithm 3"},

@@ -26,6 +26,10 @@ type KeyState struct {
 	RetryAfter, ResetAfter time.Duration
 	// ExpiresAt is when the key leaves memory and disk if nothing arrives.
 	ExpiresAt time.Time
+	// Lineage names the history of the state: copies of it (on a standby,
+	// handed over) carry the same one. 0: unknown (written before
+	// lineages).
+	Lineage uint64
 	// ReadAt is the owner's clock when it read the state.
 	ReadAt time.Time
 }
@@ -57,7 +61,7 @@ func (s *state) clone() state {
 // view fills v from s at now without changing s.
 func (s *state) view(now int64, maxRuns int, v *KeyState) {
 	v.Found = true
-	v.Algorithm, v.Limit, v.Window = s.algo, s.limit, time.Duration(s.window)
+	v.Algorithm, v.Limit, v.Window, v.Lineage = s.algo, s.limit, time.Duration(s.window), s.lineage
 	probe := Check{Key: v.Key, Limit: s.limit, Window: time.Duration(s.window), Algorithm: s.algo}
 	var d Decision
 	peek := s.clone()

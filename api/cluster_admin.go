@@ -45,6 +45,9 @@ func (s *Server) peerAdmin(name string) (sluicepb.AdminServiceClient, error) {
 // keyOwner returns an admin client for key's owner when that is another
 // node and the call did not come from one; nil means answer locally.
 func (s *Server) keyOwner(ctx context.Context, key []byte) (sluicepb.AdminServiceClient, error) {
+	if err := s.joining(); err != nil {
+		return nil, err
+	}
 	r := s.router()
 	if r == nil || replicated(ctx) {
 		return nil, nil

@@ -150,6 +150,9 @@ func (s *Server) decide(ctx context.Context, checks []actor.Check, out []actor.D
 		}
 		return r.Check(ctx, checks, out, nodes, allOrNothing)
 	}
+	if err := s.joining(); err != nil {
+		return err
+	}
 	for i := range nodes {
 		nodes[i] = s.cfg.NodeName
 	}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -123,5 +124,20 @@ func TestNativeAllOrNothingAndRestart(t *testing.T) {
 		if d.Remaining != 2 {
 			t.Errorf("after restart, key %d has %d remaining; want 2 (no free window)", i, d.Remaining)
 		}
+	}
+}
+
+// TestNativeJoiningRefuses: a node of a cluster serves gRPC before it has
+// joined; until then its checks are refused, never decided by its engine
+// alone (which would ignore who owns the key and whether it holds a
+// lease).
+func TestNativeJoiningRefuses(t *testing.T) {
+	ts := newTestServer(t, func(c *testConfig) { c.Clustered = true })
+	_, err := sluicepb.NewRateLimitServiceClient(ts.conn).Check(ts.ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck("k", 5, time.Minute, 1)}})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "joining") {
+		t.Fatalf("Check on a node still joining its cluster = %v; want Unavailable, still joining", err)
+	}
+	if _, err := ts.admin().ResetKey(ts.ctx(), &sluicepb.ResetKeyRequest{Key: []byte("k")}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("ResetKey on a node still joining = %v; want Unavailable", err)
 	}
 }

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -43,8 +44,12 @@ type Deps struct {
 	Store *persist.Store
 	// Limits is the limits file in force; nil when there is none.
 	Limits *limits.Watcher
-	// Router returns the node's cluster router, nil for a single node or
-	// before the node joined: checks then go to Engine.
+	// Clustered says the node is a member of a cluster: until Router
+	// returns one, checks are refused (UNAVAILABLE), never decided by the
+	// engine alone.
+	Clustered bool
+	// Router returns the node's cluster router: nil for a single node
+	// (checks go to Engine), or before a clustered node joined.
 	Router func() *cluster.Router
 	// Membership returns the node's membership, nil for a single node or
 	// before the node joined.
@@ -75,6 +80,7 @@ type Server struct {
 	router     func() *cluster.Router
 	membership func() *cluster.Membership
 	grpcAddr   func() string
+	clustered  bool
 }
 
 // New builds the services and loads the overrides kept in d.Store.
@@ -105,7 +111,8 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, log: d.Logger, clock: d.Clock, store: d.Store, engine: d.Engine, limits: d.Limits,
-		router: d.Router, membership: d.Membership, grpcAddr: d.GRPCAddr, metrics: newMetrics(d.Registry),
+		router: d.Router, membership: d.Membership, grpcAddr: d.GRPCAddr, clustered: d.Clustered,
+		metrics: newMetrics(d.Registry),
 	}
 	var overrides []*Override
 	if s.store != nil {
@@ -143,6 +150,15 @@ func (s *Server) PeerCredentials(secure bool) credentials.PerRPCCredentials {
 		return nil
 	}
 	return tokenCredentials{token: s.cfg.AdminToken, secure: secure}
+}
+
+// joining is the error of a call a clustered node cannot serve before it
+// joined: nil once it has (or for a single node).
+func (s *Server) joining() error {
+	if s.clustered && s.router() == nil {
+		return fmt.Errorf("%w: %s is still joining the cluster", cluster.ErrNoQuorum, s.cfg.NodeName)
+	}
+	return nil
 }
 
 // Membership is the node's cluster membership, nil for a single node.

@@ -37,6 +37,9 @@ type testConfig struct {
 	// LimitsFile, when set, is watched every LimitsPollInterval.
 	LimitsFile         string
 	LimitsPollInterval time.Duration
+	// Clustered makes the services those of a node that has not joined
+	// its cluster yet (no router).
+	Clustered bool
 }
 
 // testServer is the services over a real engine, a data file in
@@ -109,7 +112,7 @@ func (ts *testServer) start() {
 		NodeName: ts.cfg.NodeName, AdminToken: ts.cfg.AdminToken,
 		RateLimitHeaders: ts.cfg.RateLimitHeaders, Limits: ts.cfg.Engine.Limits,
 	}, Deps{
-		Engine: ts.engine, Store: ts.store, Limits: ts.limits, Clock: ts.clk, Logger: log,
+		Engine: ts.engine, Store: ts.store, Limits: ts.limits, Clock: ts.clk, Logger: log, Clustered: ts.cfg.Clustered,
 		GRPCAddr: func() string { return ts.addr },
 	})
 	if err != nil {

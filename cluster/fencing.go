@@ -103,12 +103,12 @@ func (r *Router) promise(member string, inc uint64) error {
 	return nil
 }
 
-// fenceLoop fences the owners that are down under the available policy,
-// so that the members after them in each key's order may act for their
-// keys, and rebuilds the ownership when a fence's wait is over. Under the
-// exact policy it has nothing to do.
+// fenceLoop fences the owners that are down under the available policy or
+// with standbys, so that the members after them in each key's order may
+// act for their keys, and rebuilds the ownership when a fence's wait is
+// over. Under the exact policy without standbys it has nothing to do.
 func (r *Router) fenceLoop(ctx context.Context) {
-	if r.cfg.Policy != PolicyAvailable {
+	if r.cfg.Policy != PolicyAvailable && r.cfg.Replicas < 2 {
 		return
 	}
 	t := r.clk.NewTimer(r.cfg.Lease)

@@ -21,7 +21,7 @@ func TestForwardToClosedPeerFailsFast(t *testing.T) {
 	defer r.Close()
 	v := testView([]string{"a", "b"}, []string{"a", "b"}, nil)
 	v.Members[1].GRPCAddr = "127.0.0.1:1" // never dialled: nothing is sent
-	r.own.Store((&ownership{}).next(newConfig("a", PolicyExact, v), 1, t0))
+	r.own.Store((&ownership{}).next(newConfig("a", PolicyExact, 1, v), 1, t0))
 	p, err := r.peer("b")
 	if err != nil {
 		t.Fatal(err)

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/sluice-io/sluice/actor"
+	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -18,7 +20,7 @@ const handoffChunk = 500
 // Backoff of handoff rounds that could not deliver everything.
 const (
 	handoffBackoffMin = 200 * time.Millisecond
-	handoffBackoffMax = 5 * time.Second
+	handoffBackoffMax = time.Second
 )
 
 // handoffLoop moves key state to where it belongs until ctx ends: on every
@@ -98,18 +100,47 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 	seq := r.seq
 	r.ownMu.Unlock()
 	self := r.cfg.Self
-	byMember := make(map[string][]actor.Exported)
+	standbys := cur.replicas >= 2
+
+	// With standbys: merge the copies this node keeps of the keys it now
+	// acts for (it took them over) into them.
+	promoted := false
+	if standbys && own.promoted != cur.id {
+		if err := r.promote(ctx, own); err != nil {
+			return 0, fmt.Errorf("take over the copies kept here: %w", err)
+		}
+		promoted = true
+	}
+
+	// What goes to each member: the keys it acts for and this node holds
+	// (tokens, forgotten here once delivered), the copies this node keeps
+	// of keys it gained or of a member that came back (kept here), and, as
+	// their standby, the full state of the keys this node acts for.
+	out := make(map[string]*outbox)
+	box := func(name string) *outbox {
+		if out[name] == nil {
+			out[name] = &outbox{}
+		}
+		return out[name]
+	}
+	needResync := false
+	if standbys {
+		for name := range cur.alive {
+			if name != self && !own.syncedWith(name) {
+				needResync = true
+			}
+		}
+	}
 	// A round with no change of configuration since the last round that
-	// delivered everything finds nothing new to collect (imports bring
-	// only keys this node acts for), unless that round kept keys nobody
-	// could decide then (their owner was down): it only has completes to
-	// send (to a member that came back, say). update resets scanned on
-	// every change of configuration.
+	// delivered everything finds no token to collect (imports bring only
+	// keys this node acts for), unless that round kept keys nobody could
+	// decide then (their owner was down). update resets scanned on every
+	// change of configuration.
 	scan := handoffScan{config: cur.id, inc: own.inc}
 	r.handoffMu.Lock()
 	last := r.scanned
 	r.handoffMu.Unlock()
-	if last != scan || last.orphans {
+	if last != scan || last.orphans || needResync {
 		var mu sync.Mutex
 		_, err := r.cfg.Engine.Collect(ctx, func(key string) bool {
 			a := cur.actingName(key)
@@ -118,12 +149,24 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 				scan.orphans = true
 				mu.Unlock()
 			}
-			return a != "" && a != self
+			if a == self {
+				if !needResync {
+					return false
+				}
+				sb := cur.standby(key)
+				return sb != "" && !own.syncedFor(key, sb)
+			}
+			return a != ""
 		}, func(x actor.Exported) error {
 			mu.Lock()
 			defer mu.Unlock()
-			a := cur.actingName(x.Key)
-			byMember[a] = append(byMember[a], x)
+			if a := cur.actingName(x.Key); a != self {
+				b := box(a)
+				b.tokens = append(b.tokens, x)
+				return nil
+			}
+			b := box(cur.standby(x.Key))
+			b.resync = append(b.resync, persist.Record{Key: x.Key, Deadline: x.Deadline, Value: x.State})
 			return nil
 		})
 		if err != nil {
@@ -132,6 +175,12 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 	} else {
 		scan = last
 	}
+	if standbys {
+		if err := r.collectCopies(ctx, own, box); err != nil {
+			return 0, err
+		}
+	}
+
 	sent := 0
 	var wg sync.WaitGroup
 	errs := make(chan error, len(cur.alive))
@@ -139,25 +188,44 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 		if name == self {
 			continue
 		}
-		keys := byMember[name]
+		b := box(name)
 		done := handedTo{inc: m.Incarnation, config: cur.id, seq: seq}
 		r.handoffMu.Lock()
-		last := r.handedTo[name]
+		told := r.handedTo[name] == done
 		r.handoffMu.Unlock()
-		if len(keys) == 0 && last == done {
+		resync := standbys && !own.syncedWith(name)
+		if len(b.tokens) == 0 && len(b.copies) == 0 && told && !resync {
 			continue // told already, and nothing new for it
 		}
-		sent += len(keys)
+		sent += len(b.tokens)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := r.handTo(ctx, m, own.inc, cur.id, seq, keys); err != nil {
-				errs <- fmt.Errorf("to %s: %w", name, err)
-				return
+			if len(b.tokens) > 0 || len(b.copies) > 0 || !told {
+				if err := r.handTo(ctx, m, own.inc, cur.id, seq, b); err != nil {
+					errs <- fmt.Errorf("to %s: %w", name, err)
+					return
+				}
+				r.handoffMu.Lock()
+				r.handedTo[name] = done
+				r.handoffMu.Unlock()
 			}
-			r.handoffMu.Lock()
-			r.handedTo[name] = done
-			r.handoffMu.Unlock()
+			if resync {
+				if err := r.sendAndWait(ctx, own, name, b.resync); err != nil {
+					errs <- fmt.Errorf("bring standby %s up to date: %w", name, err)
+					return
+				}
+				mark := syncMark{cfg: cur, inc: m.Incarnation}
+				r.amend(func(o *ownership) *ownership {
+					if o.cur.id != cur.id || o.inc != own.inc {
+						return o // moved on meanwhile: the next round does it again
+					}
+					return o.amended(r.clk.Now(), func(n *ownership) {
+						n.synced = cloneMap(o.synced)
+						n.synced[name] = mark
+					})
+				})
+			}
 		}()
 	}
 	wg.Wait()
@@ -166,9 +234,18 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 	for err := range errs {
 		all = append(all, err)
 	}
+	if promoted && len(all) == 0 {
+		r.amend(func(o *ownership) *ownership {
+			if o.cur.id != cur.id || o.inc != own.inc {
+				return o
+			}
+			return o.amended(r.clk.Now(), func(n *ownership) { n.promoted = cur.id })
+		})
+	}
 	if len(all) == 0 {
 		r.handoffMu.Lock()
 		r.scanned = scan
+		r.lastRound = cur
 		r.handoffMu.Unlock()
 	}
 	if len(all) == 0 && sent == 0 && !scan.orphans {
@@ -185,6 +262,74 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 	return sent, errors.Join(all...)
 }
 
+// outbox is what one round sends one member.
+type outbox struct {
+	tokens []actor.Exported // keys it acts for that this node holds
+	copies []actor.Exported // copies this node keeps of keys it gained
+	resync []persist.Record // full states of this node's keys it is the standby of
+}
+
+// promote merges the copies this node keeps of keys it acts for now into
+// those keys (it took them over from their owner, down), replicates them to
+// their standbys, and drops the copies.
+func (r *Router) promote(ctx context.Context, own *ownership) error {
+	var states []actor.Exported
+	_, err := r.cfg.Engine.CollectReplicas(ctx, func(key string) bool {
+		return own.cur.actingName(key) == r.cfg.Self
+	}, func(x actor.Exported) error {
+		states = append(states, x)
+		return nil
+	})
+	if err != nil || len(states) == 0 {
+		return err
+	}
+	if err := r.cfg.Engine.Import(ctx, states); err != nil {
+		return err
+	}
+	keys := make([]string, len(states))
+	for i := range states {
+		keys[i] = states[i].Key
+	}
+	r.log.Info("took over keys from their copies here", "keys", len(keys))
+	return r.cfg.Engine.DeleteReplicas(ctx, keys)
+}
+
+// collectCopies adds to each member's outbox the copies this node keeps of
+// keys that member gained since this node's last round (it acts for them
+// now and did not then), or of every key it acts for if it came back under
+// a new incarnation (so that a node that lost its disk is filled).
+func (r *Router) collectCopies(ctx context.Context, own *ownership, box func(string) *outbox) error {
+	cur := own.cur
+	r.handoffMu.Lock()
+	prev := r.lastRound
+	fresh := make(map[string]bool)
+	for name, m := range cur.alive {
+		if r.handedTo[name].inc != m.Incarnation {
+			fresh[name] = true
+		}
+	}
+	r.handoffMu.Unlock()
+	gained := func(key string) bool {
+		a := cur.actingName(key)
+		if a == "" || a == r.cfg.Self {
+			return false
+		}
+		return fresh[a] || prev == nil || prev.actingName(key) != a
+	}
+	var mu sync.Mutex
+	_, err := r.cfg.Engine.CollectReplicas(ctx, gained, func(x actor.Exported) error {
+		mu.Lock()
+		defer mu.Unlock()
+		b := box(cur.actingName(x.Key))
+		b.copies = append(b.copies, x)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("collect the copies to send: %w", err)
+	}
+	return nil
+}
+
 // handoffScan describes the last round that delivered everything it
 // collected: for which configuration and incarnation, and whether it kept
 // keys nobody could decide.
@@ -193,13 +338,16 @@ type handoffScan struct {
 	orphans     bool
 }
 
-// handTo delivers keys to member m in chunks, forgetting each chunk here
-// once m committed it, then sends m the complete for configuration id.
-func (r *Router) handTo(ctx context.Context, m Member, inc, id, seq uint64, keys []actor.Exported) error {
+// handTo delivers b's tokens to member m in chunks, forgetting each chunk
+// here once m committed it, then b's copies (kept here), then sends m the
+// complete for configuration id.
+func (r *Router) handTo(ctx context.Context, m Member, inc, id, seq uint64, b *outbox) error {
 	p, err := r.peer(m.Name)
 	if err != nil {
 		return err
 	}
+	keys := append(slices.Clip(b.tokens), b.copies...)
+	tokens := len(b.tokens)
 	for start := 0; start < len(keys) || start == 0; start += handoffChunk {
 		part := keys[start:min(start+handoffChunk, len(keys))]
 		last := start+handoffChunk >= len(keys)
@@ -213,16 +361,17 @@ func (r *Router) handTo(ctx context.Context, m Member, inc, id, seq uint64, keys
 		}
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.HandoffTimeout)
 		_, err := p.client.Handoff(cctx, req)
+		r.log.Debug("handoff part", "to", m.Name, "to_incarnation", m.Incarnation, "config", id, "complete", last, "keys", len(part), "err", err)
 		cancel()
 		r.cfg.Observer.HandedOff(m.Name, len(part), err)
 		if err != nil {
 			return fromPeerStatus(m.Name, err)
 		}
-		if len(part) > 0 {
+		if delivered := part[:max(0, min(len(part), tokens-start))]; len(delivered) > 0 {
 			// Delivered and committed there: forget it here, unless it
 			// changed meanwhile (then it goes in the next round).
-			if _, err := r.cfg.Engine.Forget(context.WithoutCancel(ctx), part); err != nil {
-				return fmt.Errorf("forget %d delivered keys: %w", len(part), err)
+			if _, err := r.cfg.Engine.Forget(context.WithoutCancel(ctx), delivered); err != nil {
+				return fmt.Errorf("forget %d delivered keys: %w", len(delivered), err)
 			}
 		}
 		if len(keys) == 0 {
@@ -232,6 +381,7 @@ func (r *Router) handTo(ctx context.Context, m Member, inc, id, seq uint64, keys
 	return nil
 }
 
+// exportedKeys lists the keys of xs, for debug logs.
 // receiveHandoff merges handed-over states (committed before it returns)
 // and records the sender's complete. It takes only keys this node acts
 // for in its own configuration: were it to take others, a complete it
@@ -257,7 +407,23 @@ func (r *Router) receiveHandoff(ctx context.Context, req *sluicepb.HandoffReques
 	if err := r.cfg.Engine.Import(ctx, states); err != nil {
 		return 0, err
 	}
+	// With standbys, what arrived is on this node's standbys before the
+	// sender forgets it: the merged states, read back.
+	if r.cfg.Replicas >= 2 && len(states) > 0 {
+		keys := make([]string, len(states))
+		for i := range states {
+			keys[i] = states[i].Key
+		}
+		merged, err := r.cfg.Engine.Get(ctx, keys)
+		if err != nil {
+			return 0, err
+		}
+		if err := r.replicateStates(ctx, own, merged); err != nil {
+			return 0, fmt.Errorf("%w: %v", ErrMoving, err)
+		}
+	}
 	r.cfg.Observer.HandoffReceived(req.FromNode, len(states))
+	r.log.Debug("handoff received", "from", req.FromNode, "config", req.Config, "complete", req.Complete, "keys", len(states))
 	if req.Complete {
 		c := complete{inc: req.FromIncarnation, config: req.Config, seq: req.Sequence}
 		r.amend(func(o *ownership) *ownership {
@@ -294,6 +460,11 @@ func (r *Router) HandOver(ctx context.Context) error {
 	if r.cfg.Membership == nil {
 		return nil
 	}
+	// The view in which this node is leaving is the membership's now, but
+	// the router follows views on a goroutine of its own: adopt it here, so
+	// that no round runs (and finds nothing to hand over) under the
+	// ownership in which this node still acts for its keys.
+	r.update(r.cfg.Membership.View(), r.cfg.Membership.Incarnation())
 	for {
 		r.handoffMu.Lock()
 		idle := make(chan struct{})

@@ -62,6 +62,9 @@ func ParsePolicy(s string) (Policy, error) {
 type config struct {
 	self   string
 	policy Policy
+	// replicas is how many members keep each key: 2 gives every key a
+	// standby (see standby), which takes over when the owner is down.
+	replicas int
 	// owners are the roster's members in PhaseJoined: rendezvous hashing
 	// over them gives each key's owner.
 	owners *View
@@ -77,14 +80,15 @@ type config struct {
 	// roster is the roster the configuration was built from.
 	roster *Roster
 	// id identifies the configuration across nodes: a hash of the owners,
-	// and under the available policy of which of them are alive. Two nodes
-	// that agree on it agree on who acts for every key.
+	// and, when a down owner's keys are taken over (the available policy,
+	// or standbys), of which of them are alive. Two nodes that agree on it
+	// agree on who acts for every key.
 	id uint64
 }
 
 // newConfig builds the configuration of view v for node self.
-func newConfig(self string, policy Policy, v *View) *config {
-	c := &config{self: self, policy: policy, alive: make(map[string]Member), live: make(map[string]Member), roster: v.Roster}
+func newConfig(self string, policy Policy, replicas int, v *View) *config {
+	c := &config{self: self, policy: policy, replicas: replicas, alive: make(map[string]Member), live: make(map[string]Member), roster: v.Roster}
 	for _, m := range v.Members {
 		c.live[m.Name] = m
 		if m.State == StateAlive {
@@ -96,7 +100,7 @@ func newConfig(self string, policy Policy, v *View) *config {
 	var b []byte
 	for _, m := range c.owners.Members {
 		b = append(b, m.Name...)
-		if policy == PolicyAvailable {
+		if c.takesOver() {
 			if _, up := c.alive[m.Name]; up {
 				b = append(b, '+')
 			}
@@ -126,6 +130,11 @@ func (v *View) Owners() *View {
 	}
 	return NewView(v.Epoch, owners)
 }
+
+// takesOver reports whether a down owner's keys are decided by the next
+// member up (once the owner is fenced): under the available policy, or
+// when every key has a standby with its state.
+func (c *config) takesOver() bool { return c.policy == PolicyAvailable || c.replicas >= 2 }
 
 // up reports whether the named member is alive and not leaving.
 func (c *config) up(name string) bool {
@@ -176,7 +185,7 @@ func (c *config) acting(key string) (name string, down []string, err error) {
 	if c.up(o) {
 		return o, nil, nil
 	}
-	if c.policy == PolicyExact {
+	if !c.takesOver() {
 		return "", nil, fmt.Errorf("%w: %s, which owns the key, is down; under the exact policy its keys wait for it", ErrOwnerDown, o)
 	}
 	for _, n := range c.order(key) {
@@ -186,6 +195,43 @@ func (c *config) acting(key string) (name string, down []string, err error) {
 		down = append(down, n)
 	}
 	return "", nil, fmt.Errorf("%w: no member that owns keys is up", ErrOwnerDown)
+}
+
+// standby returns the member that keeps a copy of key: the first member up
+// after the key's acting member in its rendezvous order; "" without
+// standbys (replicas < 2), or when no other member is up. It does not
+// allocate.
+func (c *config) standby(key string) string {
+	if c.replicas < 2 {
+		return ""
+	}
+	acting, _, err := c.acting(key)
+	if err != nil {
+		return ""
+	}
+	h := shard.Hash(key)
+	var actingScore uint64
+	for i, m := range c.owners.Members {
+		if m.Name == acting {
+			actingScore = shard.Score(h, c.owners.hashes[i])
+		}
+	}
+	best, bestScore := "", uint64(0)
+	for i, m := range c.owners.Members {
+		if m.Name == acting || !c.up(m.Name) {
+			continue
+		}
+		sc := shard.Score(h, c.owners.hashes[i])
+		// After acting in the order: a lower score, or an equal one and a
+		// larger name.
+		if sc > actingScore || sc == actingScore && m.Name < acting {
+			continue
+		}
+		if best == "" || sc > bestScore || sc == bestScore && m.Name < best {
+			best, bestScore = m.Name, sc
+		}
+	}
+	return best
 }
 
 // actingName is acting without the reason.
@@ -218,8 +264,15 @@ type ownership struct {
 	// this incarnation.
 	completes map[string]complete
 	// fenced holds, per down member, the incarnation fenced and when the
-	// fence lets this node act for its keys (policy available).
+	// fence lets this node act for its keys (policy available, standbys).
 	fenced map[string]fence
+	// synced holds, per member, the configuration and the member's
+	// incarnation for which this node last brought it up to date as the
+	// standby of its keys (standbys only).
+	synced map[string]syncMark
+	// promoted is the configuration in which this node merged the copies
+	// it keeps of the keys it now acts for into them (standbys only).
+	promoted uint64
 	// settled reports that no key this node acts for waits for anything:
 	// the fast path of the gate.
 	settled bool
@@ -242,11 +295,14 @@ const maxHist = 16
 // next returns the ownership after a new configuration. A new incarnation
 // starts over: nothing held.
 func (o *ownership) next(cur *config, inc uint64, now time.Time) *ownership {
-	n := &ownership{cur: cur, inc: inc, completes: o.completes, fenced: o.fenced, changed: make(chan struct{})}
+	n := &ownership{cur: cur, inc: inc, completes: o.completes, fenced: o.fenced, synced: o.synced, changed: make(chan struct{})}
+	if o.cur != nil && cur.id == o.cur.id {
+		n.promoted = o.promoted
+	}
 	switch {
 	case o.cur == nil || inc != o.inc:
 		n.hist = []*config{nil, cur}
-		n.completes = nil
+		n.completes, n.synced = nil, nil
 	case cur.id == o.cur.id:
 		n.hist = append(slices.Clone(o.hist[:len(o.hist)-1]), cur)
 	default:
@@ -266,20 +322,54 @@ type fence struct {
 	at  time.Time
 }
 
+// syncMark is a standby brought up to date: in which configuration, at
+// which of its incarnations. From then on every write of the keys it keeps
+// reaches it; a key whose standby it became since still needs its state.
+type syncMark struct {
+	cfg *config
+	inc uint64
+}
+
 // with returns the ownership with a member's complete or a fence recorded.
 func (o *ownership) with(from string, c *complete, f *fence, now time.Time) *ownership {
+	return o.amended(now, func(n *ownership) {
+		if c != nil {
+			n.completes = cloneMap(o.completes)
+			n.completes[from] = *c
+		}
+		if f != nil {
+			n.fenced = cloneMap(o.fenced)
+			n.fenced[from] = *f
+		}
+	})
+}
+
+// amended returns a copy of o changed by f, settled again at now.
+func (o *ownership) amended(now time.Time, f func(*ownership)) *ownership {
 	n := *o
 	n.changed = make(chan struct{})
-	if c != nil {
-		n.completes = cloneMap(o.completes)
-		n.completes[from] = *c
-	}
-	if f != nil {
-		n.fenced = cloneMap(o.fenced)
-		n.fenced[from] = *f
-	}
+	f(&n)
 	n.settle(now)
 	return &n
+}
+
+// syncedWith reports whether member was brought up to date, as the standby
+// of this node's keys, in the current configuration and its current
+// incarnation.
+func (o *ownership) syncedWith(member string) bool {
+	s, ok := o.synced[member]
+	return ok && s.cfg.id == o.cur.id && s.inc == o.cur.live[member].Incarnation
+}
+
+// syncedFor reports whether standby holds key's state: it was brought up
+// to date at its current incarnation in a configuration where this node
+// acted for key and it was the key's standby already.
+func (o *ownership) syncedFor(key, standby string) bool {
+	s, ok := o.synced[standby]
+	if !ok || s.inc != o.cur.live[standby].Incarnation {
+		return false
+	}
+	return s.cfg.id == o.cur.id || s.cfg.actingName(key) == o.cur.self && s.cfg.standby(key) == standby
 }
 
 func cloneMap[V any](m map[string]V) map[string]V {
@@ -332,36 +422,45 @@ func (o *ownership) fencedAt(member string, now time.Time) bool {
 // nothing waits: every live member sent its complete, and every member
 // that held keys in an older configuration is live (so it sent one too)
 // or, under the available policy, fenced.
+//
+// With standbys, it also waits for this node's own copies to be promoted
+// and for every live member to be brought up to date as a standby.
 func (o *ownership) settle(now time.Time) {
 	o.waitingFor = o.waitingFor[:0:0]
 	o.waitingLive = false
-	if len(o.hist) <= 1 {
-		o.settled = true
-		return
-	}
 	waiting := make(map[string]bool)
-	for name := range o.cur.live {
-		if name != o.cur.self && !o.completeFrom(name) {
-			waiting[name] = true
+	if len(o.hist) > 1 {
+		for name := range o.cur.live {
+			if name != o.cur.self && !o.completeFrom(name) {
+				waiting[name] = true
+			}
+		}
+		for _, h := range o.holders() {
+			if _, live := o.cur.live[h]; !live && !o.gone(h) && !o.fencedAt(h, now) {
+				waiting[h] = true
+			}
+		}
+		if len(waiting) == 0 {
+			o.hist = []*config{o.cur}
 		}
 	}
-	for _, h := range o.holders() {
-		if _, live := o.cur.live[h]; !live && !o.gone(h) && !o.fencedAt(h, now) {
-			waiting[h] = true
+	if o.cur.replicas >= 2 {
+		if o.promoted != o.cur.id {
+			waiting[o.cur.self] = true
+		}
+		for name := range o.cur.alive {
+			if name != o.cur.self && !o.syncedWith(name) {
+				waiting[name] = true
+			}
 		}
 	}
 	for name := range waiting {
 		o.waitingFor = append(o.waitingFor, name)
 		_, live := o.cur.live[name]
-		o.waitingLive = o.waitingLive || live
+		o.waitingLive = o.waitingLive || live || name == o.cur.self
 	}
 	slices.Sort(o.waitingFor)
-	if len(waiting) == 0 {
-		o.hist = []*config{o.cur}
-		o.settled = true
-		return
-	}
-	o.settled = false
+	o.settled = len(waiting) == 0
 }
 
 // holders returns the members that may hold keys this node gained: in
@@ -398,8 +497,30 @@ func (o *ownership) gate(key string, now time.Time) error {
 	if o.settled {
 		return nil
 	}
+	held, err := o.gateHistory(key, now)
+	if err != nil {
+		return err
+	}
+	if o.cur.replicas >= 2 {
+		if !held && o.promoted != o.cur.id {
+			return fmt.Errorf("%w: waiting for %s to take its copy of the key", ErrMoving, o.cur.self)
+		}
+		if sb := o.cur.standby(key); sb != "" && !o.syncedFor(key, sb) {
+			return fmt.Errorf("%w: waiting for the key's standby %s to be brought up to date", ErrMoving, sb)
+		}
+	}
+	return nil
+}
+
+// gateHistory is the part of gate that looks at the configurations since
+// the last settled one: held reports that this node held the key in every
+// one of them.
+func (o *ownership) gateHistory(key string, now time.Time) (held bool, err error) {
+	if len(o.hist) <= 1 {
+		return true, nil
+	}
 	var prev []string
-	held := true
+	held = true
 	for _, c := range o.hist[:len(o.hist)-1] {
 		if c == nil {
 			held = false
@@ -421,7 +542,7 @@ func (o *ownership) gate(key string, now time.Time) error {
 		}
 	}
 	if held {
-		return nil
+		return true, nil
 	}
 	for _, p := range prev {
 		if _, live := o.cur.live[p]; live {
@@ -430,15 +551,15 @@ func (o *ownership) gate(key string, now time.Time) error {
 		if o.gone(p) || o.fencedAt(p, now) {
 			continue
 		}
-		if o.cur.policy == PolicyExact {
-			return fmt.Errorf("%w: waiting for the handoff of %s, which held the key and is down", ErrMoving, p)
+		if !o.cur.takesOver() {
+			return false, fmt.Errorf("%w: waiting for the handoff of %s, which held the key and is down", ErrMoving, p)
 		}
-		return fmt.Errorf("%w: waiting for %s, which held the key and is down, to be fenced", ErrMoving, p)
+		return false, fmt.Errorf("%w: waiting for %s, which held the key and is down, to be fenced", ErrMoving, p)
 	}
 	for name := range o.cur.live {
 		if name != o.cur.self && !o.completeFrom(name) {
-			return fmt.Errorf("%w: waiting for the handoff of %s", ErrMoving, name)
+			return false, fmt.Errorf("%w: waiting for the handoff of %s", ErrMoving, name)
 		}
 	}
-	return nil
+	return false, nil
 }

@@ -49,7 +49,7 @@ var t0 = time.Unix(1_000_000, 0)
 // them, but decides them only once the down owner is fenced.
 func TestOwnershipCrashKeepsKeys(t *testing.T) {
 	all := []string{"a", "b", "c"}
-	exact := newConfig("a", PolicyExact, testView(all, []string{"a", "b"}, nil))
+	exact := newConfig("a", PolicyExact, 1, testView(all, []string{"a", "b"}, nil))
 	for _, k := range keysOwnedBy(exact, "c", 20) {
 		if name, _, err := exact.acting(k); name != "" || !errors.Is(err, ErrOwnerDown) {
 			t.Fatalf("exact: acting(%s of down c) = %q, %v; want nobody, ErrOwnerDown", k, name, err)
@@ -63,14 +63,14 @@ func TestOwnershipCrashKeepsKeys(t *testing.T) {
 
 	// a held c's keys never; with c down under available, a acts for some
 	// of them, which must wait for c's fence.
-	before := newConfig("a", PolicyAvailable, testView(all, all, nil))
+	before := newConfig("a", PolicyAvailable, 1, testView(all, all, nil))
 	o := (&ownership{}).next(before, 7, t0)
 	o = o.with("b", &complete{inc: 1, config: before.id}, nil, t0)
 	o = o.with("c", &complete{inc: 1, config: before.id}, nil, t0)
 	if !o.settled {
 		t.Fatalf("every live member completed: settled = false, waiting for %v", o.waitingFor)
 	}
-	after := newConfig("a", PolicyAvailable, testView(all, []string{"a", "b"}, nil))
+	after := newConfig("a", PolicyAvailable, 1, testView(all, []string{"a", "b"}, nil))
 	o = o.next(after, 7, t0)
 	var gained string
 	for _, k := range keysOwnedBy(after, "c", 50) {
@@ -102,7 +102,7 @@ func TestOwnershipCrashKeepsKeys(t *testing.T) {
 // along are decided at once.
 func TestOwnershipGainWaitsForHandoff(t *testing.T) {
 	all := []string{"a", "b", "c"}
-	c1 := newConfig("a", PolicyExact, testView(all, all, nil))
+	c1 := newConfig("a", PolicyExact, 1, testView(all, all, nil))
 	o := (&ownership{}).next(c1, 7, t0)
 	for _, n := range []string{"b", "c"} {
 		o = o.with(n, &complete{inc: 1, config: c1.id}, nil, t0)
@@ -111,7 +111,7 @@ func TestOwnershipGainWaitsForHandoff(t *testing.T) {
 		t.Fatalf("settled = false after every complete; waiting for %v", o.waitingFor)
 	}
 	// c leaves: its keys move, some to a.
-	c2 := newConfig("a", PolicyExact, testView([]string{"a", "b"}, []string{"a", "b"}, []string{"c"}))
+	c2 := newConfig("a", PolicyExact, 1, testView([]string{"a", "b"}, []string{"a", "b"}, []string{"c"}))
 	o = o.next(c2, 7, t0)
 	held := keysOwnedBy(c1, "a", 5)
 	var gained []string
@@ -159,7 +159,7 @@ func TestOwnershipGainWaitsForHandoff(t *testing.T) {
 // waits for it under the exact policy even when the others completed.
 func TestOwnershipFreshIncarnation(t *testing.T) {
 	all := []string{"a", "b", "c"}
-	c := newConfig("a", PolicyExact, testView(all, []string{"a", "b"}, nil))
+	c := newConfig("a", PolicyExact, 1, testView(all, []string{"a", "b"}, nil))
 	o := (&ownership{}).next(c, 7, t0)
 	mine := keysOwnedBy(c, "a", 60)
 	o = o.with("b", &complete{inc: 1, config: c.id}, nil, t0)
@@ -186,5 +186,95 @@ func TestOwnershipFreshIncarnation(t *testing.T) {
 		if err := o.gate(k, t0); err == nil {
 			t.Fatalf("gate(%s) in a new incarnation before any complete = nil; want an error", k)
 		}
+	}
+}
+
+// TestStandby: with two replicas, a key's standby is the first member up
+// after its acting member in the key's order: never the acting member, the
+// second of the order while everyone is up, and the next one up when that
+// one is down; when the owner is down, its standby acts and the member
+// after it keeps the copy. With one replica there is none.
+func TestStandby(t *testing.T) {
+	all := []string{"a", "b", "c", "d"}
+	c := newConfig("a", PolicyExact, 2, testView(all, all, nil))
+	for i := 0; i < 200; i++ {
+		k := fmt.Sprintf("k%d", i)
+		order := c.order(k)
+		if got := c.standby(k); got != order[1] {
+			t.Fatalf("standby(%s), all up = %q; want %q, the second of %v", k, got, order[1], order)
+		}
+	}
+	for _, down := range all {
+		var up []string
+		for _, n := range all {
+			if n != down {
+				up = append(up, n)
+			}
+		}
+		c := newConfig("a", PolicyExact, 2, testView(all, up, nil))
+		for i := 0; i < 200; i++ {
+			k := fmt.Sprintf("k%d", i)
+			var upOrder []string
+			for _, n := range c.order(k) {
+				if n != down {
+					upOrder = append(upOrder, n)
+				}
+			}
+			if got, _, err := c.acting(k); err != nil || got != upOrder[0] {
+				t.Fatalf("%s down: acting(%s) = %q, %v; want %q (order %v)", down, k, got, err, upOrder[0], c.order(k))
+			}
+			if got := c.standby(k); got != upOrder[1] {
+				t.Fatalf("%s down: standby(%s) = %q; want %q (order %v)", down, k, got, upOrder[1], c.order(k))
+			}
+		}
+	}
+	if got := newConfig("a", PolicyExact, 1, testView(all, all, nil)).standby("k1"); got != "" {
+		t.Fatalf("standby with one replica = %q; want none", got)
+	}
+}
+
+// TestOwnershipWaitsForStandbys: with standbys, a node is settled only once
+// it merged the copies it keeps (promoted) and brought every live member up
+// to date as a standby; until then a key waits for its own standby.
+func TestOwnershipWaitsForStandbys(t *testing.T) {
+	all := []string{"a", "b", "c"}
+	c := newConfig("a", PolicyExact, 2, testView(all, all, nil))
+	o := (&ownership{}).next(c, 7, t0)
+	for _, n := range []string{"b", "c"} {
+		o = o.with(n, &complete{inc: 1, config: c.id}, nil, t0)
+	}
+	if o.settled {
+		t.Fatal("settled before any standby was brought up to date")
+	}
+	key := keysOwnedBy(c, "a", 1)[0]
+	sb := c.standby(key)
+	other := "b"
+	if sb == "b" {
+		other = "c"
+	}
+	if err := o.gate(key, t0); err == nil {
+		t.Fatalf("gate(%s) before promotion = nil; want it to wait", key)
+	}
+	o = o.amended(t0, func(n *ownership) { n.promoted = c.id })
+	o = o.amended(t0, func(n *ownership) { n.synced = map[string]syncMark{other: {cfg: c, inc: 1}} })
+	if err := o.gate(key, t0); err == nil {
+		t.Fatalf("gate(%s) while its standby %s is not up to date = nil; want it to wait", key, sb)
+	}
+	o = o.amended(t0, func(n *ownership) {
+		n.synced = map[string]syncMark{other: {cfg: c, inc: 1}, sb: {cfg: c, inc: 1}}
+	})
+	if !o.settled || o.gate(key, t0) != nil {
+		t.Fatalf("every standby up to date: settled %v, gate %v; want settled", o.settled, o.gate(key, t0))
+	}
+	// A standby that restarted (new incarnation) is no longer up to date.
+	v := testView(all, all, nil)
+	for i := range v.Members {
+		if v.Members[i].Name == sb {
+			v.Members[i].Incarnation = 2
+		}
+	}
+	o = o.next(newConfig("a", PolicyExact, 2, v), 7, t0)
+	if o.settled {
+		t.Fatalf("settled after standby %s restarted; want it brought up to date again", sb)
 	}
 }

@@ -126,6 +126,19 @@ func (p peerServer) Fence(_ context.Context, req *sluicepb.FenceRequest) (*sluic
 	return &sluicepb.FenceResponse{}, nil
 }
 
+// Replicate stores the sender's writes of keys this node is the standby of.
+func (p peerServer) Replicate(ctx context.Context, req *sluicepb.ReplicateRequest) (*sluicepb.ReplicateResponse, error) {
+	r := p.router()
+	if r == nil {
+		return nil, errStarting
+	}
+	resp, err := r.receiveReplicas(ctx, req)
+	if err != nil {
+		return nil, Status(err)
+	}
+	return resp, nil
+}
+
 // FromProtoChecks converts forwarded checks, which arrive resolved.
 func FromProtoChecks(in []*sluicepb.Check) ([]actor.Check, error) {
 	checks := make([]actor.Check, len(in))
@@ -182,6 +195,8 @@ func Status(err error) error {
 	case errors.Is(err, ErrNoMember):
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, ErrNoQuorum), errors.Is(err, ErrMoving), errors.Is(err, ErrOwnerDown):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, actor.ErrReplication), errors.Is(err, errStandby):
 		return status.Error(codes.Unavailable, err.Error())
 	case errors.Is(err, actor.ErrStale):
 		return status.Error(codes.Unavailable, ErrMoving.Error()+": "+err.Error())

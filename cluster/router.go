@@ -40,8 +40,18 @@ type RouterConfig struct {
 	// Self is this node's name.
 	Self string
 	// Policy says who decides the keys of an owner that is down. Default
-	// PolicyExact: nobody, until it is back.
+	// PolicyExact: nobody, until it is back (but see Replicas).
 	Policy Policy
+	// Replicas is how many members keep each key's state: 2 gives every
+	// key a standby, which holds a copy of every acknowledged hit and takes
+	// the key over when its owner is down (under either policy). 1 keeps
+	// the state on the owner only. Default 1; the node's composition sets
+	// 2 for a cluster with a data file (see --replicas).
+	Replicas int
+	// ReplicaTimeout bounds the wait for a standby to confirm a write;
+	// past it the decision is refused (UNAVAILABLE), its hits recorded but
+	// not acknowledged. Default 500ms.
+	ReplicaTimeout time.Duration
 	// Lease is how long a lease runs after the renewal a majority granted
 	// was sent (L). Above the longest pause a node should ride out without
 	// losing its keys, below the failure detection time (about 2.4s), so
@@ -92,7 +102,8 @@ type RouterObserver interface {
 	// carried, and its error.
 	HandedOff(peer string, keys int, err error)
 	// Refused is called with checks this node acts for but refused, and
-	// why: "no_quorum", "moving" or "owner_down".
+	// why: "no_quorum", "moving", "owner_down", or "standby" (decided and
+	// recorded, but the standby did not confirm).
 	Refused(reason string, checks int)
 	// Renewed is called after each lease renewal: whether a majority
 	// granted it.
@@ -107,6 +118,9 @@ type RouterObserver interface {
 	// HandoffReceived is called with the number of keys a peer handed
 	// over to this node.
 	HandoffReceived(from string, keys int)
+	// Replicated is called after each Replicate call to a standby: how
+	// many records it carried, and its error.
+	Replicated(standby string, records int, err error)
 }
 
 type nopRouterObserver struct{}
@@ -118,6 +132,7 @@ func (nopRouterObserver) Renewed(bool)                                {}
 func (nopRouterObserver) Unserved(time.Duration, bool, bool)          {}
 func (nopRouterObserver) Served(int)                                  {}
 func (nopRouterObserver) HandoffReceived(string, int)                 {}
+func (nopRouterObserver) Replicated(string, int, error)               {}
 
 // Router decides checks on the members that act for their keys: the ones
 // this node acts for through its engine, the others through their
@@ -133,6 +148,7 @@ type Router struct {
 	own   atomic.Pointer[ownership]
 	ownMu sync.Mutex // serialises updates of own
 	seq   uint64     // sequence of the current configuration; under ownMu
+	epoch uint64     // epoch of the last view applied; under ownMu
 
 	handoffKick chan struct{} // capacity 1: wakes the handoff loop
 	imports     sync.RWMutex  // held for reading by each import; see handoffRound
@@ -140,7 +156,11 @@ type Router struct {
 	handoffMu   sync.Mutex
 	handedTo    map[string]handedTo // last complete sent to each member
 	scanned     handoffScan         // the last round that delivered all it collected
-	handoffIdle chan struct{}       // closed when a round left nothing to send
+	lastRound   *config             // the configuration of that round
+
+	replMu      sync.Mutex
+	standbys    map[string]*standbySender // by name
+	handoffIdle chan struct{}             // closed when a round left nothing to send
 
 	mu     sync.Mutex
 	peers  map[string]*peer // by name
@@ -169,6 +189,12 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	if cfg.ClockDrift <= 0 {
 		cfg.ClockDrift = 0.1
 	}
+	if cfg.Replicas <= 0 {
+		cfg.Replicas = 1
+	}
+	if cfg.ReplicaTimeout <= 0 {
+		cfg.ReplicaTimeout = 500 * time.Millisecond
+	}
 	if cfg.HandoffWait <= 0 {
 		cfg.HandoffWait = 2 * time.Second
 	}
@@ -195,6 +221,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 		handoffKick: make(chan struct{}, 1),
 		fenceKick:   make(chan struct{}, 1),
 		handedTo:    make(map[string]handedTo),
+		standbys:    make(map[string]*standbySender),
 		handoffIdle: make(chan struct{}),
 	}
 	if cfg.Membership != nil {
@@ -252,17 +279,21 @@ func (r *Router) update(v *View, inc uint64) {
 	r.ownMu.Lock()
 	defer r.ownMu.Unlock()
 	old := r.own.Load()
+	if old != nil && v.Epoch < r.epoch {
+		return // an older view than one applied already (HandOver, fenced)
+	}
+	r.epoch = v.Epoch
 	if v.Roster == nil {
 		v.Roster = &Roster{}
 	}
-	c := newConfig(r.cfg.Self, r.cfg.Policy, v)
+	c := newConfig(r.cfg.Self, r.cfg.Policy, r.cfg.Replicas, v)
 	var next *ownership
 	if old == nil {
 		next = (&ownership{}).next(c, inc, r.clk.Now())
 	} else {
 		next = old.next(c, inc, r.clk.Now())
 	}
-	moved := old == nil || old.cur.id != c.id || old.inc != inc
+	moved := old == nil || old.cur.id != c.id || old.inc != inc || c.replicas >= 2 && restarted(old.cur, c)
 	if moved {
 		r.seq = max(r.seq+1, uint64(time.Now().UnixNano()))
 		// What this node holds may belong elsewhere now: the next round
@@ -272,6 +303,7 @@ func (r *Router) update(v *View, inc uint64) {
 		r.handoffMu.Unlock()
 	}
 	r.publish(old, next)
+	r.log.Debug("ownership", "epoch", v.Epoch, "config", c.id, "owners", len(c.owners.Members), "alive", len(c.alive), "incarnation", inc, "moved", moved)
 	if moved {
 		r.cfg.Engine.Fence()
 		r.log.Info("ownership changed", "owners", c.owners.Len(), "alive", len(c.alive), "incarnation", inc,
@@ -279,6 +311,18 @@ func (r *Router) update(v *View, inc uint64) {
 	}
 	kick(r.handoffKick)
 	kick(r.fenceKick)
+}
+
+// restarted reports whether a member alive in both configurations took a
+// new incarnation (it restarted, or was fenced): as a standby it holds
+// nothing this node can count on any more.
+func restarted(old, cur *config) bool {
+	for name, m := range cur.alive {
+		if o, ok := old.alive[name]; ok && o.Incarnation != m.Incarnation {
+			return true
+		}
+	}
+	return false
 }
 
 // publish stores next and wakes whoever waits on old.
@@ -600,6 +644,9 @@ func (r *Router) decideHere(ctx context.Context, own *ownership, gen uint64, che
 		return err
 	}
 	if err := r.cfg.Engine.Do(ctx, checks, out, actor.CallOptions{Generation: gen, Marks: marks, AllOrNothing: allOrNothing}); err != nil {
+		if errors.Is(err, actor.ErrReplication) {
+			r.cfg.Observer.Refused("standby", len(checks))
+		}
 		return err
 	}
 	if !r.lease.valid() {
@@ -732,6 +779,11 @@ func (r *Router) Conn(name string) (*grpc.ClientConn, error) {
 // Close stops the senders and closes the peer connections. Run must have
 // returned.
 func (r *Router) Close() {
+	r.replMu.Lock()
+	for _, s := range r.standbys {
+		s.close()
+	}
+	r.replMu.Unlock()
 	r.mu.Lock()
 	r.closed = true
 	for _, p := range r.peers {

@@ -65,8 +65,10 @@
 //     kill -9 scenario keeps its node down 10/15 of it. A small value
 //     (say 3) runs the suite quickly while developing.
 //   - SLUICE_FAULT_FLAGS: extra flags for every node's sluice serve,
-//     separated by spaces (for example "--expect 3"), after the harness's
-//     own extra flags.
+//     separated by spaces (for example "--log-level debug"), after the
+//     harness's own extra flags.
+//   - SLUICE_FAULT_LOGS: a directory where a failed scenario leaves each
+//     node's whole log (n1.log...), for a closer look.
 //
 // Pick scenarios with -run, for example -run 'TestFaults/partition'.
 //

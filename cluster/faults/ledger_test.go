@@ -521,20 +521,16 @@ func table(reports []report) string {
 // checkLedger fails the test for every limited key that allowed more than
 // its limit in the hour and every ledger key that counts fewer hits than
 // its clients were told were allowed, saying what the cluster counts now.
-//
-// extra is the excess a key may show: 0 under the exact policy, one limit
-// under the available policy (a down owner's keys are decided from no
-// state).
-func checkLedger(t *testing.T, results []keyResult, extra int64) {
+func checkLedger(t *testing.T, results []keyResult) {
 	t.Helper()
 	for _, k := range results {
 		now := "the cluster did not answer for it"
 		if k.peeks != nil {
 			now = "the cluster now counts " + describePeeks(k.peeks)
 		}
-		if k.key.limited() && int64(k.over()) > extra {
-			t.Errorf("%s: %d hits allowed within the hour (%s); limit %d, excess allowed %d; %s",
-				k.key.name, k.allowed, describeAllowedBy(k.allowedBy), k.key.limit, extra, now)
+		if k.key.limited() && k.over() > 0 {
+			t.Errorf("%s: %d hits allowed within the hour (%s); limit %d; %s",
+				k.key.name, k.allowed, describeAllowedBy(k.allowedBy), k.key.limit, now)
 		}
 		if lost := k.lost(); lost > 0 {
 			t.Errorf("%s: %d hits acknowledged (%s); %s: %d lost",

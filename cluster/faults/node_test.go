@@ -99,8 +99,14 @@ func startCluster(t *testing.T, cfg clusterConfig) *cluster {
 			n.log.Close()
 		}
 		if t.Failed() {
+			keep := os.Getenv("SLUICE_FAULT_LOGS")
 			for _, n := range c.nodes {
 				t.Logf("last lines of %s's log (%d runs):\n%s", n.name, n.runs, n.logTail(40))
+				if keep != "" {
+					if b, err := os.ReadFile(filepath.Join(n.dir, "log")); err == nil {
+						os.WriteFile(filepath.Join(keep, n.name+".log"), b, 0o644)
+					}
+				}
 			}
 		}
 	})
@@ -116,7 +122,7 @@ func startCluster(t *testing.T, cfg clusterConfig) *cluster {
 			"--http-addr", "0.0.0.0:" + httpPort,
 			"--gossip-addr", gossip[i],
 			"--join", join,
-			"--data-dir", filepath.Join(n.dir, "data"),
+			"--data-dir", n.dataDir(),
 			"--ready-file", n.readyFile(),
 			"--shutdown-timeout", "10s",
 		}, cfg.extraFlags...)
@@ -168,6 +174,9 @@ func (c *cluster) waitMembers(deadline time.Time) error {
 	}
 	return nil
 }
+
+// dataDir is the node's data directory, kept across its restarts.
+func (n *node) dataDir() string { return filepath.Join(n.dir, "data") }
 
 // readyFile is where the node writes its addresses once it serves.
 func (n *node) readyFile() string { return filepath.Join(n.dir, "ready.json") }

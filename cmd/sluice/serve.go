@@ -39,6 +39,7 @@ type serveOptions struct {
 	gossipKey     string
 	expect        int
 	ownerPolicy   string
+	replicas      int
 }
 
 func (c *cli) serveCommand() *cobra.Command {
@@ -95,7 +96,8 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.StringVar(&o.gossipKey, "gossip-key", "", "cluster: base64 AES key (16, 24 or 32 bytes) encrypting gossip; every member needs the same")
 	fs.IntVar(&o.expect, "expect", 0, "cluster: how many nodes the cluster is meant to have (a StatefulSet's replicas); a node decides nothing without a lease from a majority of them. Required in a cluster")
 	fs.Var(newEnumValue(&o.ownerPolicy, "exact", "exact", "available"), "owner-policy",
-		"cluster: who decides the keys of a node that is down: exact (nobody until it is back: UNAVAILABLE, never a wrong answer) or available (the next node, from no state once the down node is fenced: up to one extra limit per key)")
+		"cluster: who decides the keys of a node that is down and that no standby holds: exact (nobody until it is back: UNAVAILABLE, never a wrong answer) or available (the next node, from no state once the down node is fenced: up to one extra limit per key)")
+	fs.IntVar(&o.replicas, "replicas", 0, "cluster: nodes that keep each key's state: 2 gives every key a standby that has every acknowledged hit and takes over when its owner is down; 1 keeps it on the owner only (0: 2 with a data file, 1 with --durability memory)")
 	fs.Var(newEnumValue(&o.logFormat, "text", "text", "json"), "log-format", "log format")
 	fs.Var(newEnumValue(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "least severe level logged")
 	fs.StringVar(&o.readyFile, "ready-file", "", `once serving, write the bound addresses to this file as JSON {"grpc_addr":...,"http_addr":...,"pid":...}; removed at stop (for scripts and tests on port 0)`)
@@ -169,6 +171,17 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 			return fmt.Errorf("--owner-policy: %v", err)
 		}
 		cfg.Router.Policy = policy
+		switch {
+		case o.replicas < 0 || o.replicas > 2:
+			return fmt.Errorf("--replicas %d: want 1 or 2", o.replicas)
+		case o.replicas == 2 && cfg.Durability == "memory":
+			return fmt.Errorf("--replicas 2 with --durability memory: a node in memory mode keeps no copies; use 1, or a data file")
+		case o.replicas == 0 && cfg.Durability == "memory":
+			o.replicas = 1
+		case o.replicas == 0:
+			o.replicas = 2
+		}
+		cfg.Router.Replicas = o.replicas
 		cfg.Cluster = &cc
 	} else if o.expect > 1 {
 		return fmt.Errorf("--expect %d: a cluster needs --gossip-addr or --join", o.expect)
@@ -280,6 +293,7 @@ func (o *serveOptions) attrs() []any {
 			"gossip_key", redact(o.gossipKey),
 			"expect", o.expect,
 			"owner_policy", o.ownerPolicy,
+			"replicas", o.replicas,
 		),
 	}
 }

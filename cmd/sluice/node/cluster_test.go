@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -646,4 +647,83 @@ func TestClusterLeaveHandsOverInParallel(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	<-stopped
+}
+
+// TestClusterStandbyTakesOver: with a standby per key (--replicas 2) and
+// the exact policy, a node's crash costs its keys nothing but time: once
+// failure detection dropped it and it is fenced, each key's standby
+// decides it from its copy, which holds every acknowledged hit (exactly
+// one more hit fits where one was left); when the node comes back, it gets
+// the keys back with what was recorded meanwhile, each hit counted once
+// (nothing more fits).
+func TestClusterStandbyTakesOver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits for failure detection")
+	}
+	tc := newTestClusterWith(t, 3, func(c *Config) { c.Router.Replicas = 2 })
+	const keys, limit = 40, 4
+	hit := func(node int, key string) (*sluicepb.Decision, error) {
+		resp, err := tc.client(node).Check(tc.nodes[node].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, limit, time.Hour, 1)}})
+		if err != nil {
+			return nil, err
+		}
+		return resp.Decisions[0], nil
+	}
+	var victims []string
+	for k := 0; len(victims) < keys; k++ {
+		key := fmt.Sprintf("s%d", k)
+		for i := 0; i < limit-1; i++ {
+			d, err := hit(0, key)
+			if err != nil || !d.Allowed {
+				t.Fatalf("hit %d on %s = %v, %v; want allowed", i, key, d, err)
+			}
+			if d.Node == "node-2" {
+				victims = append(victims[:len(victims):len(victims)], key)
+			}
+		}
+	}
+	victims = slices.Compact(victims)
+	tc.nodes[2].crash()
+	start := time.Now()
+	deadline := start.Add(15 * time.Second)
+	for _, key := range victims {
+		var d *sluicepb.Decision
+		var err error
+		for {
+			if d, err = hit(0, key); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s still refused %v after node-2 crashed: %v", key, time.Since(start).Round(time.Millisecond), err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if !d.Allowed || d.Remaining != 0 || d.Node == "node-2" {
+			t.Fatalf("first hit on %s after node-2 crashed = %v; want allowed by its standby with 0 remaining (its %d hits kept)", key, d, limit-1)
+		}
+		if d, err := hit(1, key); err != nil || d.Allowed {
+			t.Fatalf("second hit on %s after the takeover = %v, %v; want denied", key, d, err)
+		}
+	}
+	t.Logf("%d keys of node-2 taken over by their standbys %v after the crash", len(victims), time.Since(start).Round(time.Millisecond))
+
+	tc.nodes[2].start()
+	tc.waitMembers(3)
+	tc.waitReady()
+	for _, key := range victims {
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			d, err := hit(2, key)
+			if err == nil && d.Node == "node-2" {
+				if d.Allowed {
+					t.Fatalf("%s after node-2 came back = %v; want denied (%d hits recorded)", key, d, limit)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s not decided by node-2 after it came back: %v, %v", key, d, err)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 }

@@ -30,6 +30,7 @@ type metrics struct {
 	refused           *prometheus.CounterVec
 	unserved          *prometheus.CounterVec
 	renewals          *prometheus.CounterVec
+	replicated        *prometheus.CounterVec
 	membershipChanges *prometheus.CounterVec
 	members           prometheus.Gauge
 }
@@ -103,6 +104,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "sluice_unserved_seconds_total",
 		Help: "Seconds during which this node could not decide all the keys it acts for, by reason (no_quorum: no lease, so none of them; waiting: some gained keys waited for their state).",
 	}, []string{"reason"})
+	m.replicated = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_replicated_records_total",
+		Help: "Records sent to the keys' standbys, by result (ok: committed there; error: the decisions they carried were refused, their hits kept here).",
+	}, []string{"result"})
 	m.renewals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_lease_renewals_total",
 		Help: "Lease renewals, by result (granted by a majority, or not).",
@@ -116,7 +121,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Live members in this node's view.",
 	})
 	reg.MustRegister(m.peerDecisions, m.forwarded, m.forwardLatency, m.forwardBatch, m.handoffKeys,
-		m.refused, m.unserved, m.renewals, m.membershipChanges, m.members)
+		m.refused, m.unserved, m.renewals, m.replicated, m.membershipChanges, m.members)
 	reg.MustRegister(m.keys, m.evictions, m.expired, m.queueDepth,
 		m.batchChecks, m.commitLatency, m.commitRecords, m.limitsReloads)
 	return m
@@ -202,4 +207,13 @@ func (m *metrics) Unserved(d time.Duration, noLease, waiting bool) {
 	case waiting:
 		m.unserved.WithLabelValues("waiting").Add(d.Seconds())
 	}
+}
+
+// Replicated implements cluster.RouterObserver.
+func (m *metrics) Replicated(_ string, records int, err error) {
+	if err != nil {
+		m.replicated.WithLabelValues("error").Add(float64(records))
+		return
+	}
+	m.replicated.WithLabelValues("ok").Add(float64(records))
 }

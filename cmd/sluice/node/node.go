@@ -79,6 +79,10 @@ func New(cfg Config) (n *Node, err error) {
 	if cfg.ShutdownTimeout == 0 {
 		cfg.ShutdownTimeout = 10 * time.Second
 	}
+	if cfg.Durability == "memory" && cfg.Router.Replicas > 1 {
+		// A node without a data file keeps no copies of other nodes' keys.
+		cfg.Router.Replicas = 1
+	}
 	n = &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName)}
 	built := n // "return nil, err" sets n to nil before the deferred call runs
 	defer func() {
@@ -120,11 +124,13 @@ func New(cfg Config) (n *Node, err error) {
 	ecfg.Observer = n.metrics
 	if cfg.Cluster != nil {
 		// Calls routed before the ownership changed are checked again in
-		// the actors (see actor.Config.Owns).
+		// the actors (see actor.Config.Owns), and writes go to the keys'
+		// standbys (see RouterConfig.Replicas).
 		ecfg.Owns = func(key string) bool {
 			r := n.router.Load()
 			return r == nil || r.Decidable(key)
 		}
+		ecfg.Replicator = replicator{n}
 	}
 	if n.engine, err = actor.New(ecfg); err != nil {
 		return nil, err
@@ -139,6 +145,7 @@ func New(cfg Config) (n *Node, err error) {
 		Engine:     n.engine,
 		Store:      n.store,
 		Limits:     n.limits,
+		Clustered:  cfg.Cluster != nil,
 		Router:     n.router.Load,
 		Membership: n.membership.Load,
 		GRPCAddr:   n.GRPCAddr,
@@ -398,4 +405,17 @@ func (n *Node) ReloadLimits() error {
 		return nil
 	}
 	return n.limits.Reload()
+}
+
+// replicator passes the engine's writes to the router once the node has
+// joined; before, the node decides nothing (it holds no lease).
+type replicator struct{ n *Node }
+
+// Replicate implements actor.Replicator.
+func (r replicator) Replicate(recs []persist.Record, done func(error)) {
+	if rt := r.n.router.Load(); rt != nil {
+		rt.Replicate(recs, done)
+		return
+	}
+	done(nil)
 }

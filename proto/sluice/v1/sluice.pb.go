@@ -2167,6 +2167,207 @@ func (x *EnvoyKeyResponse) GetPrintable() string {
 	return ""
 }
 
+// ReplicateRequest carries copies of writes to a standby.
+type ReplicateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Name of the node sending its writes.
+	FromNode string `protobuf:"bytes,1,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	// The sender's incarnation.
+	FromIncarnation uint64 `protobuf:"varint,2,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
+	// Name of the receiver these copies are meant for.
+	ToNode string `protobuf:"bytes,3,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
+	// The receiver's incarnation these copies are meant for.
+	ToIncarnation uint64 `protobuf:"varint,4,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
+	// The records, in the order the sender wrote them.
+	Records       []*StoreRecord `protobuf:"bytes,5,rep,name=records,proto3" json:"records,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateRequest) Reset() {
+	*x = ReplicateRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateRequest) ProtoMessage() {}
+
+func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
+func (*ReplicateRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
+}
+
+func (x *ReplicateRequest) GetFromNode() string {
+	if x != nil {
+		return x.FromNode
+	}
+	return ""
+}
+
+func (x *ReplicateRequest) GetFromIncarnation() uint64 {
+	if x != nil {
+		return x.FromIncarnation
+	}
+	return 0
+}
+
+func (x *ReplicateRequest) GetToNode() string {
+	if x != nil {
+		return x.ToNode
+	}
+	return ""
+}
+
+func (x *ReplicateRequest) GetToIncarnation() uint64 {
+	if x != nil {
+		return x.ToIncarnation
+	}
+	return 0
+}
+
+func (x *ReplicateRequest) GetRecords() []*StoreRecord {
+	if x != nil {
+		return x.Records
+	}
+	return nil
+}
+
+// StoreRecord is one write of a key's state, as the engine makes it.
+type StoreRecord struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The key.
+	Key []byte `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// When the state empties, Unix nanoseconds; 0 with an empty value.
+	Deadline int64 `protobuf:"varint,2,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// The encoded state, or a tail to append to it; empty deletes the key.
+	Value []byte `protobuf:"bytes,3,opt,name=value,proto3" json:"value,omitempty"`
+	// Whether value is a tail to append.
+	Append        bool `protobuf:"varint,4,opt,name=append,proto3" json:"append,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoreRecord) Reset() {
+	*x = StoreRecord{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoreRecord) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoreRecord) ProtoMessage() {}
+
+func (x *StoreRecord) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoreRecord.ProtoReflect.Descriptor instead.
+func (*StoreRecord) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
+}
+
+func (x *StoreRecord) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *StoreRecord) GetDeadline() int64 {
+	if x != nil {
+		return x.Deadline
+	}
+	return 0
+}
+
+func (x *StoreRecord) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+func (x *StoreRecord) GetAppend() bool {
+	if x != nil {
+		return x.Append
+	}
+	return false
+}
+
+// ReplicateResponse confirms the copies are committed.
+type ReplicateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Keys whose tail found no copy to append to: send their whole state.
+	Missing       [][]byte `protobuf:"bytes,1,rep,name=missing,proto3" json:"missing,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateResponse) Reset() {
+	*x = ReplicateResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateResponse) ProtoMessage() {}
+
+func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
+func (*ReplicateResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
+}
+
+func (x *ReplicateResponse) GetMissing() [][]byte {
+	if x != nil {
+		return x.Missing
+	}
+	return nil
+}
+
 // ForwardRequest carries checks to their owner.
 type ForwardRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2185,7 +2386,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2197,7 +2398,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2210,7 +2411,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ForwardRequest) GetChecks() []*Check {
@@ -2254,7 +2455,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2266,7 +2467,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2279,7 +2480,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ForwardResponse) GetDecisions() []*Decision {
@@ -2310,7 +2511,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2322,7 +2523,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2335,7 +2536,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *ReleaseRequest) GetChecks() []*Check {
@@ -2361,7 +2562,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2373,7 +2574,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2386,7 +2587,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{37}
 }
 
 // HandoffRequest is one part of a handoff from one node to another.
@@ -2417,7 +2618,7 @@ type HandoffRequest struct {
 
 func (x *HandoffRequest) Reset() {
 	*x = HandoffRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2429,7 +2630,7 @@ func (x *HandoffRequest) String() string {
 func (*HandoffRequest) ProtoMessage() {}
 
 func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2442,7 +2643,7 @@ func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffRequest.ProtoReflect.Descriptor instead.
 func (*HandoffRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *HandoffRequest) GetKeys() []*KeyRecord {
@@ -2514,7 +2715,7 @@ type KeyRecord struct {
 
 func (x *KeyRecord) Reset() {
 	*x = KeyRecord{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2526,7 +2727,7 @@ func (x *KeyRecord) String() string {
 func (*KeyRecord) ProtoMessage() {}
 
 func (x *KeyRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2539,7 +2740,7 @@ func (x *KeyRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRecord.ProtoReflect.Descriptor instead.
 func (*KeyRecord) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{36}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *KeyRecord) GetKey() []byte {
@@ -2567,7 +2768,7 @@ type HandoffResponse struct {
 
 func (x *HandoffResponse) Reset() {
 	*x = HandoffResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2579,7 +2780,7 @@ func (x *HandoffResponse) String() string {
 func (*HandoffResponse) ProtoMessage() {}
 
 func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2592,7 +2793,7 @@ func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffResponse.ProtoReflect.Descriptor instead.
 func (*HandoffResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{37}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *HandoffResponse) GetMerged() int64 {
@@ -2615,7 +2816,7 @@ type LeaseRequest struct {
 
 func (x *LeaseRequest) Reset() {
 	*x = LeaseRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2627,7 +2828,7 @@ func (x *LeaseRequest) String() string {
 func (*LeaseRequest) ProtoMessage() {}
 
 func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2640,7 +2841,7 @@ func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
 func (*LeaseRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{38}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *LeaseRequest) GetFromNode() string {
@@ -2673,7 +2874,7 @@ type LeaseResponse struct {
 
 func (x *LeaseResponse) Reset() {
 	*x = LeaseResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2685,7 +2886,7 @@ func (x *LeaseResponse) String() string {
 func (*LeaseResponse) ProtoMessage() {}
 
 func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2698,7 +2899,7 @@ func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
 func (*LeaseResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{39}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *LeaseResponse) GetGranted() bool {
@@ -2737,7 +2938,7 @@ type FenceRequest struct {
 
 func (x *FenceRequest) Reset() {
 	*x = FenceRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2749,7 +2950,7 @@ func (x *FenceRequest) String() string {
 func (*FenceRequest) ProtoMessage() {}
 
 func (x *FenceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2762,7 +2963,7 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
 func (*FenceRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{40}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *FenceRequest) GetMember() string {
@@ -2795,7 +2996,7 @@ type FenceResponse struct {
 
 func (x *FenceResponse) Reset() {
 	*x = FenceResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2807,7 +3008,7 @@ func (x *FenceResponse) String() string {
 func (*FenceResponse) ProtoMessage() {}
 
 func (x *FenceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2820,7 +3021,7 @@ func (x *FenceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
 func (*FenceResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{41}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{44}
 }
 
 var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
@@ -2961,7 +3162,20 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value\"B\n" +
 	"\x10EnvoyKeyResponse\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1c\n" +
-	"\tprintable\x18\x02 \x01(\tR\tprintable\"\x87\x01\n" +
+	"\tprintable\x18\x02 \x01(\tR\tprintable\"\xcc\x01\n" +
+	"\x10ReplicateRequest\x12\x1b\n" +
+	"\tfrom_node\x18\x01 \x01(\tR\bfromNode\x12)\n" +
+	"\x10from_incarnation\x18\x02 \x01(\x04R\x0ffromIncarnation\x12\x17\n" +
+	"\ato_node\x18\x03 \x01(\tR\x06toNode\x12%\n" +
+	"\x0eto_incarnation\x18\x04 \x01(\x04R\rtoIncarnation\x120\n" +
+	"\arecords\x18\x05 \x03(\v2\x16.sluice.v1.StoreRecordR\arecords\"i\n" +
+	"\vStoreRecord\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1a\n" +
+	"\bdeadline\x18\x02 \x01(\x03R\bdeadline\x12\x14\n" +
+	"\x05value\x18\x03 \x01(\fR\x05value\x12\x16\n" +
+	"\x06append\x18\x04 \x01(\bR\x06append\"-\n" +
+	"\x11ReplicateResponse\x12\x18\n" +
+	"\amissing\x18\x01 \x03(\fR\amissing\"\x87\x01\n" +
 	"\x0eForwardRequest\x12(\n" +
 	"\x06checks\x18\x01 \x03(\v2\x10.sluice.v1.CheckR\x06checks\x12\x18\n" +
 	"\areserve\x18\x02 \x01(\bR\areserve\x12\x1b\n" +
@@ -3016,13 +3230,14 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eDeleteOverride\x12 .sluice.v1.DeleteOverrideRequest\x1a!.sluice.v1.DeleteOverrideResponse\x12C\n" +
 	"\bEnvoyKey\x12\x1a.sluice.v1.EnvoyKeyRequest\x1a\x1b.sluice.v1.EnvoyKeyResponse\x12L\n" +
 	"\vListMembers\x12\x1d.sluice.v1.ListMembersRequest\x1a\x1e.sluice.v1.ListMembersResponse\x12O\n" +
-	"\fForgetMember\x12\x1e.sluice.v1.ForgetMemberRequest\x1a\x1f.sluice.v1.ForgetMemberResponse2\xcb\x02\n" +
+	"\fForgetMember\x12\x1e.sluice.v1.ForgetMemberRequest\x1a\x1f.sluice.v1.ForgetMemberResponse2\x93\x03\n" +
 	"\vPeerService\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12@\n" +
 	"\aRelease\x12\x19.sluice.v1.ReleaseRequest\x1a\x1a.sluice.v1.ReleaseResponse\x12@\n" +
 	"\aHandoff\x12\x19.sluice.v1.HandoffRequest\x1a\x1a.sluice.v1.HandoffResponse\x12:\n" +
 	"\x05Lease\x12\x17.sluice.v1.LeaseRequest\x1a\x18.sluice.v1.LeaseResponse\x12:\n" +
-	"\x05Fence\x12\x17.sluice.v1.FenceRequest\x1a\x18.sluice.v1.FenceResponseB6Z4github.com/sluice-io/sluice/proto/sluice/v1;sluicepbb\x06proto3"
+	"\x05Fence\x12\x17.sluice.v1.FenceRequest\x1a\x18.sluice.v1.FenceResponse\x12F\n" +
+	"\tReplicate\x12\x1b.sluice.v1.ReplicateRequest\x1a\x1c.sluice.v1.ReplicateResponseB6Z4github.com/sluice-io/sluice/proto/sluice/v1;sluicepbb\x06proto3"
 
 var (
 	file_sluice_v1_sluice_proto_rawDescOnce sync.Once
@@ -3037,7 +3252,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 42)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),                 // 0: sluice.v1.Algorithm
 	(*CheckRequest)(nil),           // 1: sluice.v1.CheckRequest
@@ -3071,91 +3286,97 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*EnvoyKeyRequest)(nil),        // 29: sluice.v1.EnvoyKeyRequest
 	(*DescriptorEntry)(nil),        // 30: sluice.v1.DescriptorEntry
 	(*EnvoyKeyResponse)(nil),       // 31: sluice.v1.EnvoyKeyResponse
-	(*ForwardRequest)(nil),         // 32: sluice.v1.ForwardRequest
-	(*ForwardResponse)(nil),        // 33: sluice.v1.ForwardResponse
-	(*ReleaseRequest)(nil),         // 34: sluice.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),        // 35: sluice.v1.ReleaseResponse
-	(*HandoffRequest)(nil),         // 36: sluice.v1.HandoffRequest
-	(*KeyRecord)(nil),              // 37: sluice.v1.KeyRecord
-	(*HandoffResponse)(nil),        // 38: sluice.v1.HandoffResponse
-	(*LeaseRequest)(nil),           // 39: sluice.v1.LeaseRequest
-	(*LeaseResponse)(nil),          // 40: sluice.v1.LeaseResponse
-	(*FenceRequest)(nil),           // 41: sluice.v1.FenceRequest
-	(*FenceResponse)(nil),          // 42: sluice.v1.FenceResponse
-	(*durationpb.Duration)(nil),    // 43: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 44: google.protobuf.Timestamp
+	(*ReplicateRequest)(nil),       // 32: sluice.v1.ReplicateRequest
+	(*StoreRecord)(nil),            // 33: sluice.v1.StoreRecord
+	(*ReplicateResponse)(nil),      // 34: sluice.v1.ReplicateResponse
+	(*ForwardRequest)(nil),         // 35: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),        // 36: sluice.v1.ForwardResponse
+	(*ReleaseRequest)(nil),         // 37: sluice.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 38: sluice.v1.ReleaseResponse
+	(*HandoffRequest)(nil),         // 39: sluice.v1.HandoffRequest
+	(*KeyRecord)(nil),              // 40: sluice.v1.KeyRecord
+	(*HandoffResponse)(nil),        // 41: sluice.v1.HandoffResponse
+	(*LeaseRequest)(nil),           // 42: sluice.v1.LeaseRequest
+	(*LeaseResponse)(nil),          // 43: sluice.v1.LeaseResponse
+	(*FenceRequest)(nil),           // 44: sluice.v1.FenceRequest
+	(*FenceResponse)(nil),          // 45: sluice.v1.FenceResponse
+	(*durationpb.Duration)(nil),    // 46: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 47: google.protobuf.Timestamp
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	2,  // 0: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.Check
-	43, // 1: sluice.v1.Check.window:type_name -> google.protobuf.Duration
+	46, // 1: sluice.v1.Check.window:type_name -> google.protobuf.Duration
 	0,  // 2: sluice.v1.Check.algorithm:type_name -> sluice.v1.Algorithm
 	4,  // 3: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
-	43, // 4: sluice.v1.Decision.retry_after:type_name -> google.protobuf.Duration
-	43, // 5: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
+	46, // 4: sluice.v1.Decision.retry_after:type_name -> google.protobuf.Duration
+	46, // 5: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
 	9,  // 6: sluice.v1.ListMembersResponse.members:type_name -> sluice.v1.ClusterMember
 	12, // 7: sluice.v1.GetKeyResponse.state:type_name -> sluice.v1.KeyState
 	0,  // 8: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
-	43, // 9: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
+	46, // 9: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
 	13, // 10: sluice.v1.KeyState.sliding_log:type_name -> sluice.v1.SlidingLogState
 	15, // 11: sluice.v1.KeyState.sliding_window:type_name -> sluice.v1.SlidingWindowState
 	16, // 12: sluice.v1.KeyState.token_bucket:type_name -> sluice.v1.TokenBucketState
-	43, // 13: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
-	43, // 14: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
-	44, // 15: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
-	44, // 16: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
+	46, // 13: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
+	46, // 14: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
+	47, // 15: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
+	47, // 16: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
 	14, // 17: sluice.v1.SlidingLogState.runs:type_name -> sluice.v1.LogRun
-	44, // 18: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
-	44, // 19: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
-	44, // 20: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
+	47, // 18: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
+	47, // 19: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
+	47, // 20: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
 	19, // 21: sluice.v1.ListKeysResponse.keys:type_name -> sluice.v1.KeySummary
-	44, // 22: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
-	43, // 23: sluice.v1.Override.window:type_name -> google.protobuf.Duration
+	47, // 22: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
+	46, // 23: sluice.v1.Override.window:type_name -> google.protobuf.Duration
 	0,  // 24: sluice.v1.Override.algorithm:type_name -> sluice.v1.Algorithm
-	44, // 25: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
-	44, // 26: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
+	47, // 25: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
+	47, // 26: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
 	22, // 27: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
 	22, // 28: sluice.v1.SetOverrideResponse.override:type_name -> sluice.v1.Override
 	22, // 29: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
 	30, // 30: sluice.v1.EnvoyKeyRequest.entries:type_name -> sluice.v1.DescriptorEntry
-	2,  // 31: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.Check
-	4,  // 32: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
-	2,  // 33: sluice.v1.ReleaseRequest.checks:type_name -> sluice.v1.Check
-	37, // 34: sluice.v1.HandoffRequest.keys:type_name -> sluice.v1.KeyRecord
-	1,  // 35: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
-	10, // 36: sluice.v1.AdminService.GetKey:input_type -> sluice.v1.GetKeyRequest
-	17, // 37: sluice.v1.AdminService.ListKeys:input_type -> sluice.v1.ListKeysRequest
-	20, // 38: sluice.v1.AdminService.ResetKey:input_type -> sluice.v1.ResetKeyRequest
-	23, // 39: sluice.v1.AdminService.SetOverride:input_type -> sluice.v1.SetOverrideRequest
-	25, // 40: sluice.v1.AdminService.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
-	27, // 41: sluice.v1.AdminService.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
-	29, // 42: sluice.v1.AdminService.EnvoyKey:input_type -> sluice.v1.EnvoyKeyRequest
-	7,  // 43: sluice.v1.AdminService.ListMembers:input_type -> sluice.v1.ListMembersRequest
-	5,  // 44: sluice.v1.AdminService.ForgetMember:input_type -> sluice.v1.ForgetMemberRequest
-	32, // 45: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
-	34, // 46: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
-	36, // 47: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
-	39, // 48: sluice.v1.PeerService.Lease:input_type -> sluice.v1.LeaseRequest
-	41, // 49: sluice.v1.PeerService.Fence:input_type -> sluice.v1.FenceRequest
-	3,  // 50: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
-	11, // 51: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
-	18, // 52: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
-	21, // 53: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
-	24, // 54: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
-	26, // 55: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
-	28, // 56: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
-	31, // 57: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
-	8,  // 58: sluice.v1.AdminService.ListMembers:output_type -> sluice.v1.ListMembersResponse
-	6,  // 59: sluice.v1.AdminService.ForgetMember:output_type -> sluice.v1.ForgetMemberResponse
-	33, // 60: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
-	35, // 61: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
-	38, // 62: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
-	40, // 63: sluice.v1.PeerService.Lease:output_type -> sluice.v1.LeaseResponse
-	42, // 64: sluice.v1.PeerService.Fence:output_type -> sluice.v1.FenceResponse
-	50, // [50:65] is the sub-list for method output_type
-	35, // [35:50] is the sub-list for method input_type
-	35, // [35:35] is the sub-list for extension type_name
-	35, // [35:35] is the sub-list for extension extendee
-	0,  // [0:35] is the sub-list for field type_name
+	33, // 31: sluice.v1.ReplicateRequest.records:type_name -> sluice.v1.StoreRecord
+	2,  // 32: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.Check
+	4,  // 33: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
+	2,  // 34: sluice.v1.ReleaseRequest.checks:type_name -> sluice.v1.Check
+	40, // 35: sluice.v1.HandoffRequest.keys:type_name -> sluice.v1.KeyRecord
+	1,  // 36: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
+	10, // 37: sluice.v1.AdminService.GetKey:input_type -> sluice.v1.GetKeyRequest
+	17, // 38: sluice.v1.AdminService.ListKeys:input_type -> sluice.v1.ListKeysRequest
+	20, // 39: sluice.v1.AdminService.ResetKey:input_type -> sluice.v1.ResetKeyRequest
+	23, // 40: sluice.v1.AdminService.SetOverride:input_type -> sluice.v1.SetOverrideRequest
+	25, // 41: sluice.v1.AdminService.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
+	27, // 42: sluice.v1.AdminService.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
+	29, // 43: sluice.v1.AdminService.EnvoyKey:input_type -> sluice.v1.EnvoyKeyRequest
+	7,  // 44: sluice.v1.AdminService.ListMembers:input_type -> sluice.v1.ListMembersRequest
+	5,  // 45: sluice.v1.AdminService.ForgetMember:input_type -> sluice.v1.ForgetMemberRequest
+	35, // 46: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
+	37, // 47: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
+	39, // 48: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
+	42, // 49: sluice.v1.PeerService.Lease:input_type -> sluice.v1.LeaseRequest
+	44, // 50: sluice.v1.PeerService.Fence:input_type -> sluice.v1.FenceRequest
+	32, // 51: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
+	3,  // 52: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
+	11, // 53: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
+	18, // 54: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
+	21, // 55: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
+	24, // 56: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
+	26, // 57: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
+	28, // 58: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
+	31, // 59: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
+	8,  // 60: sluice.v1.AdminService.ListMembers:output_type -> sluice.v1.ListMembersResponse
+	6,  // 61: sluice.v1.AdminService.ForgetMember:output_type -> sluice.v1.ForgetMemberResponse
+	36, // 62: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
+	38, // 63: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
+	41, // 64: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
+	43, // 65: sluice.v1.PeerService.Lease:output_type -> sluice.v1.LeaseResponse
+	45, // 66: sluice.v1.PeerService.Fence:output_type -> sluice.v1.FenceResponse
+	34, // 67: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
+	52, // [52:68] is the sub-list for method output_type
+	36, // [36:52] is the sub-list for method input_type
+	36, // [36:36] is the sub-list for extension type_name
+	36, // [36:36] is the sub-list for extension extendee
+	0,  // [0:36] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -3175,7 +3396,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   42,
+			NumMessages:   45,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

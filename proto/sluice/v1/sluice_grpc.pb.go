@@ -665,11 +665,12 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	PeerService_Forward_FullMethodName = "/sluice.v1.PeerService/Forward"
-	PeerService_Release_FullMethodName = "/sluice.v1.PeerService/Release"
-	PeerService_Handoff_FullMethodName = "/sluice.v1.PeerService/Handoff"
-	PeerService_Lease_FullMethodName   = "/sluice.v1.PeerService/Lease"
-	PeerService_Fence_FullMethodName   = "/sluice.v1.PeerService/Fence"
+	PeerService_Forward_FullMethodName   = "/sluice.v1.PeerService/Forward"
+	PeerService_Release_FullMethodName   = "/sluice.v1.PeerService/Release"
+	PeerService_Handoff_FullMethodName   = "/sluice.v1.PeerService/Handoff"
+	PeerService_Lease_FullMethodName     = "/sluice.v1.PeerService/Lease"
+	PeerService_Fence_FullMethodName     = "/sluice.v1.PeerService/Fence"
+	PeerService_Replicate_FullMethodName = "/sluice.v1.PeerService/Replicate"
 )
 
 // PeerServiceClient is the client API for PeerService service.
@@ -716,6 +717,12 @@ type PeerServiceClient interface {
 	// Fence makes the receiver promise never to grant a lease to the named
 	// member's incarnations up to the one given. The promise is kept on disk.
 	Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error)
+	// Replicate stores copies of the sender's writes on the receiver, the
+	// standby of their keys. The receiver answers once they are committed
+	// (as its own writes are, in its durability mode). A tail whose key has
+	// no copy to append to is not stored: it is listed in missing, and the
+	// sender sends the key's whole state.
+	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error)
 }
 
 type peerServiceClient struct {
@@ -776,6 +783,16 @@ func (c *peerServiceClient) Fence(ctx context.Context, in *FenceRequest, opts ..
 	return out, nil
 }
 
+func (c *peerServiceClient) Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplicateResponse)
+	err := c.cc.Invoke(ctx, PeerService_Replicate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServiceServer is the server API for PeerService service.
 // All implementations must embed UnimplementedPeerServiceServer
 // for forward compatibility.
@@ -820,6 +837,12 @@ type PeerServiceServer interface {
 	// Fence makes the receiver promise never to grant a lease to the named
 	// member's incarnations up to the one given. The promise is kept on disk.
 	Fence(context.Context, *FenceRequest) (*FenceResponse, error)
+	// Replicate stores copies of the sender's writes on the receiver, the
+	// standby of their keys. The receiver answers once they are committed
+	// (as its own writes are, in its durability mode). A tail whose key has
+	// no copy to append to is not stored: it is listed in missing, and the
+	// sender sends the key's whole state.
+	Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error)
 	mustEmbedUnimplementedPeerServiceServer()
 }
 
@@ -844,6 +867,9 @@ func (UnimplementedPeerServiceServer) Lease(context.Context, *LeaseRequest) (*Le
 }
 func (UnimplementedPeerServiceServer) Fence(context.Context, *FenceRequest) (*FenceResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Fence not implemented")
+}
+func (UnimplementedPeerServiceServer) Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Replicate not implemented")
 }
 func (UnimplementedPeerServiceServer) mustEmbedUnimplementedPeerServiceServer() {}
 func (UnimplementedPeerServiceServer) testEmbeddedByValue()                     {}
@@ -956,6 +982,24 @@ func _PeerService_Fence_Handler(srv interface{}, ctx context.Context, dec func(i
 	return interceptor(ctx, in, info, handler)
 }
 
+func _PeerService_Replicate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplicateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServiceServer).Replicate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: PeerService_Replicate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServiceServer).Replicate(ctx, req.(*ReplicateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // PeerService_ServiceDesc is the grpc.ServiceDesc for PeerService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -982,6 +1026,10 @@ var PeerService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Fence",
 			Handler:    _PeerService_Fence_Handler,
+		},
+		{
+			MethodName: "Replicate",
+			Handler:    _PeerService_Replicate_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,0 +1,392 @@
+package actor
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/sluice-io/sluice/persist"
+)
+
+// This file keeps copies of keys that other nodes decide (their standby's
+// copies): records as a Replicator received them, written under
+// ReplicaPrefix in this engine's store. They bypass the actors, which never
+// hold a key with ReservedPrefix (every client call on one is refused), so
+// no actor state can race with them; replica writes race only with each
+// other, and replicaWrites orders them.
+
+// MissingBaseError is the error of PutReplicas when tails (appends) arrived
+// for keys whose replica copy here holds nothing to append to: none, or
+// expired, or deleted by an earlier record. Those tails were not written;
+// every other record was. The sender should send those keys' full states.
+type MissingBaseError struct {
+	// Keys are the keys (without ReplicaPrefix) whose tails were not
+	// written, each once, in the order of their first refused tail.
+	Keys []string
+}
+
+func (e *MissingBaseError) Error() string {
+	const most = 3
+	quoted := make([]string, 0, most)
+	for _, k := range e.Keys[:min(len(e.Keys), most)] {
+		quoted = append(quoted, fmt.Sprintf("%q", k))
+	}
+	more := ""
+	if len(e.Keys) > most {
+		more = fmt.Sprintf(" and %d more", len(e.Keys)-most)
+	}
+	return fmt.Sprintf("actor: put replicas: no copy to append to for %s%s; send their full states", strings.Join(quoted, ", "), more)
+}
+
+// replicaWrites orders the replica writes of an engine: whether a tail has a
+// base to append to is decided, and the write submitted, under mu, so that
+// two calls writing the same key cannot both decide on what the store held
+// before either. A write submitted and not yet committed is not visible to
+// Store.Get; pending remembers, by stored key, the last one submitted.
+type replicaWrites struct {
+	mu      sync.Mutex
+	pending map[string]pendingReplica
+	// sweepAt is the size of pending past which done writes are dropped
+	// from it.
+	sweepAt int
+}
+
+// pendingReplica is the last replica write of a key submitted to the store.
+type pendingReplica struct {
+	commit *persist.Commit
+	// live is true if the key holds a copy after the write (a put, or an
+	// append that had a base), false after a deletion.
+	live bool
+}
+
+// PutReplicas writes recs (as a Replicator received them: full states,
+// tails, deletes; keys without the prefix) as replica copies, under
+// ReplicaPrefix+key, and returns once they are committed (as a write of the
+// engine's own in the store's mode: at once in async mode). A tail whose
+// replica has no base to append to (no copy, or an expired one: the
+// engine's rule for a stored state) is not written: the error is a
+// *MissingBaseError listing those keys (the other records are written).
+//
+// The records are checked first: a key that is empty, too long or starts
+// with ReservedPrefix, a value that does not decode as a state, a put
+// without a deadline refuse the call, and nothing is written. The records
+// of one call are applied in order, as one storage write (all or nothing
+// on a crash). Copies expire at their deadline like every key (the store's
+// janitor deletes them). A copy's base that expires between the check and
+// the commit (a Sweep deleting it meanwhile) leaves the tail alone, a valid
+// state whose expired hits are gone.
+//
+// PutReplicas needs a data file: in memory mode it returns ErrNoStore.
+func (e *Engine) PutReplicas(ctx context.Context, recs []persist.Record) error {
+	return e.writeReplicas(ctx, "put replicas", recs)
+}
+
+// DeleteReplicas deletes the replica copies of keys (without the prefix),
+// and returns once the deletions are committed (at once in async mode). In
+// memory mode there are no copies: it does nothing.
+func (e *Engine) DeleteReplicas(ctx context.Context, keys []string) error {
+	if e.store == nil {
+		return nil
+	}
+	recs := make([]persist.Record, len(keys))
+	for i, k := range keys {
+		recs[i].Key = k
+	}
+	return e.writeReplicas(ctx, "delete replicas", recs)
+}
+
+// writeReplicas is PutReplicas and DeleteReplicas.
+func (e *Engine) writeReplicas(ctx context.Context, what string, recs []persist.Record) error {
+	if e.store == nil {
+		return ErrNoStore
+	}
+	if e.closing.Load() {
+		return ErrClosed
+	}
+	if len(recs) == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("actor: %s: %w", what, err)
+	}
+	// Check every record, and copy the values: the store reads them until
+	// the commit, which may come after this returns (async mode, a
+	// cancelled context).
+	size := 0
+	for i := range recs {
+		if err := e.checkReplica(i, &recs[i]); err != nil {
+			return fmt.Errorf("actor: %s: %w (nothing was written)", what, err)
+		}
+		size += len(recs[i].Value)
+	}
+	buf := make([]byte, 0, size)
+	out := make([]persist.Record, 0, len(recs))
+	now := e.cfg.Clock.Now().UnixNano()
+
+	w := &e.replicas
+	w.mu.Lock()
+	bases, err := e.replicaBases(recs, now)
+	if err != nil {
+		w.mu.Unlock()
+		return fmt.Errorf("actor: %s: %w", what, err)
+	}
+	// live: whether each key holds a copy after the records so far (bases
+	// for a key whose first record is an append); written: the same, for
+	// the keys written.
+	live := bases
+	written := make(map[string]bool, len(recs))
+	var missing []string
+	refused := make(map[string]bool)
+	for _, r := range recs {
+		switch {
+		case r.Value == nil:
+			live[r.Key] = false
+		case !r.Append:
+			live[r.Key] = true
+		case !live[r.Key]:
+			if !refused[r.Key] {
+				refused[r.Key] = true
+				missing = append(missing, r.Key)
+			}
+			continue
+		}
+		written[r.Key] = live[r.Key]
+		rec := persist.Record{Key: ReplicaPrefix + r.Key, Deadline: r.Deadline, Append: r.Append}
+		if r.Value != nil {
+			start := len(buf)
+			buf = append(buf, r.Value...)
+			rec.Value = buf[start:len(buf):len(buf)]
+		}
+		out = append(out, rec)
+	}
+	var commit *persist.Commit
+	if len(out) > 0 {
+		commit = e.store.Submit(out, nil)
+		w.remember(written, commit)
+	}
+	w.mu.Unlock()
+
+	if commit != nil && e.store.Mode() != persist.ModeAsync {
+		select {
+		case <-commit.Done():
+		case <-ctx.Done():
+			return fmt.Errorf("actor: %s: %w", what, ctx.Err())
+		}
+		if err := commit.Err(); err != nil {
+			return fmt.Errorf("actor: %s: store: %w", what, err)
+		}
+		w.forget(written, commit)
+	}
+	if len(missing) > 0 {
+		return &MissingBaseError{Keys: missing}
+	}
+	return nil
+}
+
+// checkReplica checks record i of a replica write.
+func (e *Engine) checkReplica(i int, r *persist.Record) error {
+	switch {
+	case r.Key == "" || len(ReplicaPrefix)+len(r.Key) > persist.MaxKeyLen:
+		return fmt.Errorf("record %d: key of %d bytes; want 1 to %d", i, len(r.Key), persist.MaxKeyLen-len(ReplicaPrefix))
+	case strings.HasPrefix(r.Key, ReservedPrefix):
+		return fmt.Errorf("record %d (key %q): %s", i, r.Key, reservedReason)
+	case r.Value == nil && r.Append:
+		return fmt.Errorf("record %d (key %q): an append without a value", i, r.Key)
+	case r.Value == nil:
+		return nil
+	case r.Deadline <= 0:
+		return fmt.Errorf("record %d (key %q): deadline %d; a copy needs one > 0", i, r.Key, r.Deadline)
+	}
+	var st state
+	if err := st.decode(r.Value); err != nil {
+		return fmt.Errorf("record %d (key %q): %w", i, r.Key, err)
+	}
+	return nil
+}
+
+// replicaBases returns, for each key whose first record in recs is an
+// append, whether its copy holds a state to append to: the last replica
+// write submitted for it, if it is not committed yet, else the store's
+// record (one whose deadline has passed counts as none, as everywhere in
+// the engine). It runs with w.mu held.
+func (e *Engine) replicaBases(recs []persist.Record, now int64) (map[string]bool, error) {
+	first := make(map[string]bool) // keys seen, by their records' order
+	bases := make(map[string]bool)
+	var read []string // stored keys to read
+	for _, r := range recs {
+		if first[r.Key] {
+			continue
+		}
+		first[r.Key] = true
+		if !r.Append {
+			continue
+		}
+		if p, ok := e.replicas.pending[r.Key]; ok {
+			select {
+			case <-p.commit.Done():
+				// Committed (Get sees it), or failed (the store holds what
+				// it held before): read the store.
+			default:
+				bases[r.Key] = p.live
+				continue
+			}
+		}
+		bases[r.Key] = false
+		read = append(read, ReplicaPrefix+r.Key)
+	}
+	if len(read) == 0 {
+		return bases, nil
+	}
+	err := e.store.Get(read, func(i int, deadline int64, _ []byte) {
+		if deadline > now {
+			bases[read[i][len(ReplicaPrefix):]] = true
+		}
+	})
+	return bases, err
+}
+
+// remember records commit as the last write of the keys of live. It runs
+// with w.mu held, and drops the writes that are done from pending when it
+// has grown past twice its size after the last time it did.
+func (w *replicaWrites) remember(live map[string]bool, commit *persist.Commit) {
+	if w.pending == nil {
+		w.pending = make(map[string]pendingReplica)
+	}
+	for k, ok := range live {
+		w.pending[k] = pendingReplica{commit: commit, live: ok}
+	}
+	if len(w.pending) < max(w.sweepAt, 64) {
+		return
+	}
+	for k, p := range w.pending {
+		select {
+		case <-p.commit.Done():
+			delete(w.pending, k)
+		default:
+		}
+	}
+	w.sweepAt = 2 * len(w.pending)
+}
+
+// forget drops the keys of live from pending once commit is done, unless a
+// later write of the key replaced it.
+func (w *replicaWrites) forget(live map[string]bool, commit *persist.Commit) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for k := range live {
+		if p, ok := w.pending[k]; ok && p.commit == commit {
+			delete(w.pending, k)
+		}
+	}
+}
+
+// CollectReplicas calls fn with the replica copy of every key (without the
+// prefix) for which want is true, as a full state brought to now (expired
+// hits dropped), with its deadline; copies that hold nothing now are
+// skipped. It changes nothing. want is called while the store is read and
+// must be quick; fn is called on the caller's goroutine, between reads, and
+// an error from it stops CollectReplicas. It returns how many copies fn
+// received.
+//
+// Copies are read a page at a time: a copy written or deleted meanwhile may
+// be read as it was before or after. In memory mode there are no copies
+// (PutReplicas keeps none): it returns 0.
+func (e *Engine) CollectReplicas(ctx context.Context, want func(key string) bool, fn func(Exported) error) (int, error) {
+	if e.store == nil {
+		return 0, nil
+	}
+	const page = 1000
+	n := 0
+	after := ""
+	for {
+		if e.closing.Load() {
+			return n, ErrClosed
+		}
+		if err := ctx.Err(); err != nil {
+			return n, fmt.Errorf("actor: %w", err)
+		}
+		var got []Exported
+		var derr error
+		scanned := 0
+		now := e.cfg.Clock.Now().UnixNano()
+		err := e.store.Scan(ReplicaPrefix, after, page, func(stored string, deadline int64, value []byte) bool {
+			scanned++
+			after = stored
+			key := stored[len(ReplicaPrefix):]
+			if deadline <= now || !want(key) {
+				return true
+			}
+			var st state
+			if err := st.decode(value); err != nil {
+				derr = fmt.Errorf("actor: collect replicas: key %q: %w", key, err)
+				return false
+			}
+			if st.algo == SlidingLog {
+				st.logPrune(now) // as load does: a stored chain keeps expired runs
+			}
+			if !st.isEmpty(now) {
+				got = append(got, Exported{Key: key, State: st.appendBinary(nil), Deadline: st.deadline()})
+			}
+			return true
+		})
+		if err != nil {
+			return n, fmt.Errorf("actor: collect replicas: %w", err)
+		}
+		if derr != nil {
+			return n, derr
+		}
+		for _, x := range got {
+			if err := fn(x); err != nil {
+				return n, err
+			}
+			n++
+		}
+		if scanned < page {
+			return n, nil
+		}
+	}
+}
+
+// Get returns the encoded state of each key that holds one (from memory,
+// else from disk), without loading or changing anything: one Exported per
+// key, in the order of keys (a key given twice once), with its deadline;
+// keys that hold nothing now are left out. Each key is read by its actor,
+// at one moment, not every key at the same moment. A key that is empty, too
+// long or reserved fails the call with an *InvalidCheckError.
+func (e *Engine) Get(ctx context.Context, keys []string) ([]Exported, error) {
+	for i, k := range keys {
+		if err := validKey(i, k, e.cfg.Limits); err != nil {
+			return nil, err
+		}
+	}
+	if e.closing.Load() {
+		return nil, ErrClosed
+	}
+	found := make(map[string]Exported, len(keys))
+	for start := 0; start < len(keys); start += e.cfg.Limits.MaxBatch {
+		part := keys[start:min(start+e.cfg.Limits.MaxBatch, len(keys))]
+		c := &call{done: make(chan struct{}, 1), ctx: ctx, op: opCollect}
+		c.checks = make([]Check, len(part))
+		for i, k := range part {
+			c.checks[i].Key = k
+		}
+		c.exports = make([][]Exported, len(e.actors))
+		if err, _ := e.wait(c); err != nil {
+			return nil, err
+		}
+		for _, list := range c.exports {
+			for _, x := range list {
+				found[x.Key] = x
+			}
+		}
+	}
+	out := make([]Exported, 0, len(found))
+	for _, k := range keys {
+		if x, ok := found[k]; ok {
+			out = append(out, x)
+			delete(found, k)
+		}
+	}
+	return out, nil
+}
