@@ -209,6 +209,14 @@ func (c *config) standby(key string) string {
 	if err != nil {
 		return ""
 	}
+	return c.standbyAfter(key, acting)
+}
+
+// standbyAfter is standby for a key whose acting member is known.
+func (c *config) standbyAfter(key, acting string) string {
+	if c.replicas < 2 {
+		return ""
+	}
 	h := shard.Hash(key)
 	var actingScore uint64
 	for i, m := range c.owners.Members {

@@ -11,6 +11,7 @@ import (
 	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/shard"
 )
 
 // This file keeps every key's state on its standby too (RouterConfig.Replicas
@@ -22,6 +23,16 @@ import (
 
 // maxReplicateBatch bounds the records of one Replicate call.
 const maxReplicateBatch = 2000
+
+// replicaLanes is how many Replicate calls may be in flight to one standby.
+// A key always goes through the same lane, whose calls leave one at a
+// time, so that a key's writes reach the standby in the order they were
+// made; several lanes keep a write from waiting for a whole call in flight
+// before its own leaves.
+const replicaLanes = 4
+
+// laneOf is the lane of key.
+func laneOf(key string) int { return int(shard.Hash(key) % replicaLanes) }
 
 // errStandby is a write its standby did not confirm.
 var errStandby = errors.New("cluster: standby did not confirm")
@@ -38,34 +49,48 @@ func (r *Router) Replicate(recs []persist.Record, done func(error)) {
 		return
 	}
 	own := r.own.Load()
-	var byStandby map[string][]persist.Record
+	var byStandby map[string]*[replicaLanes][]persist.Record
+	parts := 0
 	for _, rec := range recs {
 		if own.cur.actingName(rec.Key) != r.cfg.Self {
 			continue
 		}
-		sb := own.cur.standby(rec.Key)
+		sb := own.cur.standbyAfter(rec.Key, r.cfg.Self)
 		if sb == "" {
 			continue
 		}
 		if byStandby == nil {
-			byStandby = make(map[string][]persist.Record, 2)
+			byStandby = make(map[string]*[replicaLanes][]persist.Record, 2)
 		}
-		byStandby[sb] = append(byStandby[sb], rec)
+		lanes := byStandby[sb]
+		if lanes == nil {
+			lanes = new([replicaLanes][]persist.Record)
+			byStandby[sb] = lanes
+		}
+		l := laneOf(rec.Key)
+		if len(lanes[l]) == 0 {
+			parts++
+		}
+		lanes[l] = append(lanes[l], rec)
 	}
-	if len(byStandby) == 0 {
+	if parts == 0 {
 		done(nil)
 		return
 	}
 	w := &replWrite{done: done}
-	w.left.Store(int32(len(byStandby)))
+	w.left.Store(int32(parts))
 	deadline := time.Now().Add(r.cfg.ReplicaTimeout)
-	for sb, rs := range byStandby {
+	for sb, lanes := range byStandby {
 		s, err := r.standbySender(own, sb)
-		if err != nil {
-			w.finish(fmt.Errorf("%w: %s: %v", errStandby, sb, err))
-			continue
+		for l, rs := range lanes {
+			switch {
+			case len(rs) == 0:
+			case err != nil:
+				w.finish(fmt.Errorf("%w: %s: %v", errStandby, sb, err))
+			default:
+				s.lanes[l].enqueue(&replItem{recs: rs, w: w, deadline: deadline})
+			}
 		}
-		s.enqueue(&replItem{recs: rs, w: w, deadline: deadline})
 	}
 }
 
@@ -107,19 +132,24 @@ func (it *replItem) finish(err error) {
 	it.w.finish(err)
 }
 
-// standbySender sends one standby its copies, one call at a time so that a
-// key's writes reach it in the order they were made.
+// standbySender sends one standby its copies, through replicaLanes lanes.
 type standbySender struct {
-	r    *Router
-	name string
-	inc  uint64 // the standby's incarnation the copies are for
-	p    *peer
+	r     *Router
+	name  string
+	inc   uint64 // the standby's incarnation the copies are for
+	p     *peer
+	lanes [replicaLanes]*replicaLane
+	quit  chan struct{}
+	once  sync.Once
+}
 
+// replicaLane sends the copies of its keys one call at a time, so that a
+// key's writes reach the standby in the order they were made.
+type replicaLane struct {
+	s     *standbySender
 	mu    sync.Mutex
 	queue []*replItem
 	wake  chan struct{}
-	quit  chan struct{}
-	once  sync.Once
 }
 
 // standbySender returns the sender to the live member name, for its
@@ -140,67 +170,73 @@ func (r *Router) standbySender(own *ownership, name string) (*standbySender, err
 	} else if s != nil {
 		s.close()
 	}
-	s := &standbySender{r: r, name: name, inc: m.Incarnation, p: p, wake: make(chan struct{}, 1), quit: make(chan struct{})}
+	s := &standbySender{r: r, name: name, inc: m.Incarnation, p: p, quit: make(chan struct{})}
+	for i := range s.lanes {
+		l := &replicaLane{s: s, wake: make(chan struct{}, 1)}
+		s.lanes[i] = l
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			l.run()
+		}()
+	}
 	r.standbys[name] = s
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		s.run()
-	}()
 	return s, nil
 }
 
-func (s *standbySender) enqueue(it *replItem) {
-	s.mu.Lock()
+func (l *replicaLane) enqueue(it *replItem) {
+	s := l.s
+	l.mu.Lock()
 	select {
 	case <-s.quit:
-		s.mu.Unlock()
+		l.mu.Unlock()
 		it.finish(fmt.Errorf("%w: %s: sender closed", errStandby, s.name))
 		return
 	default:
 	}
-	s.queue = append(s.queue, it)
-	s.mu.Unlock()
-	kick(s.wake)
+	l.queue = append(l.queue, it)
+	l.mu.Unlock()
+	kick(l.wake)
 }
 
 func (s *standbySender) close() { s.once.Do(func() { close(s.quit) }) }
 
 // run sends what is queued, a batch per call, until closed; then fails
 // what is left.
-func (s *standbySender) run() {
+func (l *replicaLane) run() {
 	for {
 		select {
-		case <-s.quit:
-			s.mu.Lock()
-			left := s.queue
-			s.queue = nil
-			s.mu.Unlock()
+		case <-l.s.quit:
+			l.mu.Lock()
+			left := l.queue
+			l.queue = nil
+			l.mu.Unlock()
 			for _, it := range left {
-				it.finish(fmt.Errorf("%w: %s: sender closed", errStandby, s.name))
+				it.finish(fmt.Errorf("%w: %s: sender closed", errStandby, l.s.name))
 			}
 			return
-		case <-s.wake:
+		case <-l.wake:
 		}
-		for s.sendBatch() {
+		for l.sendBatch() {
 		}
 	}
 }
 
 // sendBatch sends one batch of what is queued, and reports whether more
 // is queued.
-func (s *standbySender) sendBatch() bool {
+func (l *replicaLane) sendBatch() bool {
+	s := l.s
 	now := time.Now()
-	s.mu.Lock()
+	l.mu.Lock()
 	var batch []*replItem
 	n, deadline := 0, time.Time{}
-	for len(s.queue) > 0 && (n == 0 || n+len(s.queue[0].recs) <= maxReplicateBatch) {
-		it := s.queue[0]
-		s.queue = s.queue[1:]
+	for len(l.queue) > 0 && (n == 0 || n+len(l.queue[0].recs) <= maxReplicateBatch) {
+		it := l.queue[0]
+		l.queue = l.queue[1:]
 		if now.After(it.deadline) {
-			s.mu.Unlock()
+			l.mu.Unlock()
 			it.finish(fmt.Errorf("%w: %s: not sent within the replica timeout", errStandby, s.name))
-			s.mu.Lock()
+			l.mu.Lock()
 			continue
 		}
 		batch = append(batch, it)
@@ -209,8 +245,8 @@ func (s *standbySender) sendBatch() bool {
 			deadline = it.deadline
 		}
 	}
-	more := len(s.queue) > 0
-	s.mu.Unlock()
+	more := len(l.queue) > 0
+	l.mu.Unlock()
 	if len(batch) == 0 {
 		return more
 	}
@@ -259,31 +295,43 @@ func (s *standbySender) sendBatch() bool {
 	return more
 }
 
-// sendAndWait sends recs to standby name through its sender (after what
-// is queued) and waits for its answer.
+// sendAndWait sends recs to standby name through its lanes (each key
+// after what is queued for it) and waits for the standby's answers.
 func (r *Router) sendAndWait(ctx context.Context, own *ownership, name string, recs []persist.Record) error {
 	s, err := r.standbySender(own, name)
 	if err != nil {
 		return err
 	}
-	for start := 0; start < len(recs); start += maxReplicateBatch {
-		part := recs[start:min(start+maxReplicateBatch, len(recs))]
-		deadline := time.Now().Add(r.cfg.HandoffTimeout)
-		if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-			deadline = d
+	var lanes [replicaLanes][]persist.Record
+	for _, rec := range recs {
+		l := laneOf(rec.Key)
+		lanes[l] = append(lanes[l], rec)
+	}
+	deadline := time.Now().Add(r.cfg.HandoffTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	result := make(chan error, len(recs)/maxReplicateBatch+replicaLanes)
+	sent := 0
+	for l, rs := range lanes {
+		for start := 0; start < len(rs); start += maxReplicateBatch {
+			part := rs[start:min(start+maxReplicateBatch, len(rs))]
+			s.lanes[l].enqueue(&replItem{recs: part, deadline: deadline, result: result})
+			sent++
 		}
-		it := &replItem{recs: part, deadline: deadline, result: make(chan error, 1)}
-		s.enqueue(it)
+	}
+	var errs []error
+	for range sent {
 		select {
-		case err := <-it.result:
+		case err := <-result:
 			if err != nil {
-				return err
+				errs = append(errs, err)
 			}
 		case <-ctx.Done():
 			return ctx.Err()
 		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // replicateStates sends full states to the standbys of their keys and
