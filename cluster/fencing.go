@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"maps"
 	"sync"
 	"time"
 
@@ -134,10 +135,22 @@ func (r *Router) fenceLoop(ctx context.Context) {
 // current incarnation: this node and its live peers promise never to grant
 // it a lease again, and once a majority of the expected members promised,
 // this node may act for its keys after Lease·(1+ρ).
+//
+// It fences only while this node holds a lease, and only incarnations it
+// saw alive and then fail: a node that has just started sees its roster's
+// members down until gossip reaches them, and fencing those would force
+// live nodes into new incarnations (the members that saw a node fail fence
+// it).
 func (r *Router) fenceDown(ctx context.Context) {
+	if !r.lease.valid() {
+		return
+	}
 	own := r.own.Load()
+	r.ownMu.Lock()
+	seen := maps.Clone(r.seenAlive)
+	r.ownMu.Unlock()
 	for _, m := range own.cur.owners.Members {
-		if own.cur.up(m.Name) || m.Name == r.cfg.Self {
+		if own.cur.up(m.Name) || m.Name == r.cfg.Self || seen[m.Name] < m.Incarnation {
 			continue
 		}
 		if f, ok := own.fenced[m.Name]; ok && f.inc >= m.Incarnation {

@@ -263,6 +263,10 @@ func (l *replicaLane) sendBatch() bool {
 	cancel()
 	s.r.cfg.Observer.Replicated(s.name, n, err)
 	if err != nil {
+		// The standby may still apply this call, after later ones of the
+		// lane (a timeout): its copies are in doubt until it is brought up
+		// to date again.
+		s.r.unsync(s.name)
 		err = fmt.Errorf("%w: %s: %v", errStandby, s.name, err)
 		for _, it := range batch {
 			it.finish(err)
@@ -358,19 +362,24 @@ func (r *Router) replicateStates(ctx context.Context, own *ownership, states []a
 
 // unsync marks standby name as no longer up to date: keys it keeps wait
 // until a round brings it up to date again, and calls routed before are
-// checked again in the actors.
+// checked again in the actors. A standby already marked so changes
+// nothing: a kick would cancel the round under way.
 func (r *Router) unsync(name string) {
+	changed := false
 	r.amend(func(o *ownership) *ownership {
 		if _, ok := o.synced[name]; !ok {
 			return o
 		}
+		changed = true
 		return o.amended(r.clk.Now(), func(n *ownership) {
 			n.synced = cloneMap(o.synced)
 			delete(n.synced, name)
 		})
 	})
-	r.cfg.Engine.Fence()
-	kick(r.handoffKick)
+	if changed {
+		r.cfg.Engine.Fence()
+		kick(r.handoffKick)
+	}
 }
 
 // receiveReplicas stores copies another node sends as the standby of its

@@ -149,6 +149,9 @@ type Router struct {
 	ownMu sync.Mutex // serialises updates of own
 	seq   uint64     // sequence of the current configuration; under ownMu
 	epoch uint64     // epoch of the last view applied; under ownMu
+	// seenAlive is, by member, the last incarnation this node saw alive
+	// since it started; under ownMu. fenceDown fences no other.
+	seenAlive map[string]uint64
 
 	handoffKick chan struct{} // capacity 1: wakes the handoff loop
 	imports     sync.RWMutex  // held for reading by each import; see handoffRound
@@ -287,6 +290,12 @@ func (r *Router) update(v *View, inc uint64) {
 		v.Roster = &Roster{}
 	}
 	c := newConfig(r.cfg.Self, r.cfg.Policy, r.cfg.Replicas, v)
+	if r.seenAlive == nil {
+		r.seenAlive = make(map[string]uint64)
+	}
+	for name, m := range c.alive {
+		r.seenAlive[name] = max(r.seenAlive[name], m.Incarnation)
+	}
 	var next *ownership
 	if old == nil {
 		next = (&ownership{}).next(c, inc, r.clk.Now())

@@ -223,7 +223,17 @@ func logLoad(t *testing.T, calls []call, d time.Duration) {
 // rollingRestart stops each node in turn with SIGTERM, checks that it
 // exits 0, starts it again on its data dir, waits until it is ready and
 // then a little longer (a StatefulSet's minReadySeconds) before the next.
+// Nobody fails in a rolling restart, so nobody may be fenced: a restarted
+// node that fenced the members it had not met yet forced them into new
+// incarnations, and cost every key seconds.
 func rollingRestart(t *testing.T, c *cluster, tm timing) {
+	defer func() {
+		for _, n := range c.nodes {
+			if lines := n.logLines("this node was fenced"); len(lines) > 0 {
+				t.Errorf("%s was fenced during a rolling restart: %s", n.name, lines[0])
+			}
+		}
+	}()
 	for _, n := range c.nodes {
 		if err := n.signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)

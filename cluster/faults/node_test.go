@@ -322,6 +322,21 @@ func (n *node) kill() {
 }
 
 // logTail returns the last lines of the node's log, over all its runs.
+// logLines returns the lines of the node's log (every run) that contain s.
+func (n *node) logLines(s string) []string {
+	b, err := os.ReadFile(n.log.Name())
+	if err != nil {
+		return []string{err.Error()}
+	}
+	var out []string
+	for _, l := range bytes.Split(b, []byte("\n")) {
+		if bytes.Contains(l, []byte(s)) {
+			out = append(out, string(l))
+		}
+	}
+	return out
+}
+
 func (n *node) logTail(lines int) string {
 	b, err := os.ReadFile(n.log.Name())
 	if err != nil {
