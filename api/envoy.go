@@ -192,6 +192,14 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		checkDesc = append(checkDesc, i)
 	}
 
+	for _, c := range checks {
+		if c.Refund && c.Cost > 0 {
+			if err := s.mayRefund(ctx); err != nil {
+				return nil, err
+			}
+			break
+		}
+	}
 	out := make([]actor.Decision, len(checks))
 	if len(checks) > 0 {
 		if err := s.decide(ctx, checks, out, nil, false); err != nil {

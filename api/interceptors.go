@@ -51,6 +51,28 @@ func (s *Server) checkToken(ctx context.Context, method string) error {
 	return status.Error(codes.Unauthenticated, "admin API: send the admin token as metadata \"authorization: Bearer <token>\" (sluice CLI: --admin-token or SLUICE_ADMIN_TOKEN; every node of a cluster needs the same token)")
 }
 
+// mayRefund reports whether the caller may give hits back: a refund
+// erases counted hits, so when an admin or refund token is set it needs
+// one of them (see Config.RefundToken). Nothing is recorded when it fails.
+func (s *Server) mayRefund(ctx context.Context) error {
+	if s.cfg.AdminToken == "" && s.cfg.RefundToken == "" {
+		return nil
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	for _, v := range md.Get("authorization") {
+		token, ok := strings.CutPrefix(v, "Bearer ")
+		if !ok {
+			continue
+		}
+		for _, want := range []string{s.cfg.RefundToken, s.cfg.AdminToken} {
+			if want != "" && subtle.ConstantTimeCompare([]byte(token), []byte(want)) == 1 {
+				return nil
+			}
+		}
+	}
+	return status.Error(codes.Unauthenticated, "refunds give counted hits back, so they need a credential: send \"authorization: Bearer <token>\" with the refund token (--refund-token) or the admin token; nothing was recorded")
+}
+
 // tokenCredentials sends the admin token on a node's calls to its peers.
 type tokenCredentials struct {
 	token  string

@@ -39,8 +39,15 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest) (
 	}
 	now := s.clock.Now()
 	checks := make([]actor.Check, len(req.Checks))
+	refunds := false
 	for i, pc := range req.Checks {
 		if err := s.nativeCheck(i, pc, now, &checks[i]); err != nil {
+			return nil, err
+		}
+		refunds = refunds || checks[i].Refund && checks[i].Cost > 0
+	}
+	if refunds {
+		if err := s.mayRefund(ctx); err != nil {
 			return nil, err
 		}
 	}

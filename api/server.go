@@ -26,6 +26,11 @@ type Config struct {
 	// AdminToken, when set, is the bearer token the admin API (and the
 	// peer service) requires.
 	AdminToken string
+	// RefundToken, when set, is a bearer token that allows refunds (native
+	// checks with refund, Envoy descriptors with is_negative_hits) and
+	// nothing else. Refunds need it or the admin token; with neither set,
+	// refunds are open like every decision.
+	RefundToken string
 	// RateLimitHeaders makes Envoy responses carry the IETF RateLimit-Policy
 	// and RateLimit header fields and Retry-After for the client.
 	RateLimitHeaders bool

@@ -29,6 +29,7 @@ var epoch = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 type testConfig struct {
 	NodeName         string
 	AdminToken       string
+	RefundToken      string
 	RateLimitHeaders bool
 	// Durability is "memory" or a persist mode; DataDir holds the data file.
 	Durability string
@@ -109,7 +110,7 @@ func (ts *testServer) start() {
 	}
 	ts.addr = lis.Addr().String()
 	ts.srv, err = New(Config{
-		NodeName: ts.cfg.NodeName, AdminToken: ts.cfg.AdminToken,
+		NodeName: ts.cfg.NodeName, AdminToken: ts.cfg.AdminToken, RefundToken: ts.cfg.RefundToken,
 		RateLimitHeaders: ts.cfg.RateLimitHeaders, Limits: ts.cfg.Engine.Limits,
 	}, Deps{
 		Engine: ts.engine, Store: ts.store, Limits: ts.limits, Clock: ts.clk, Logger: log, Clustered: ts.cfg.Clustered,

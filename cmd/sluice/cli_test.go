@@ -398,14 +398,14 @@ func TestServeStartErrors(t *testing.T) {
 }
 
 // TestServeLogs: serve logs its effective configuration in text or JSON,
-// with the admin token redacted.
+// with the tokens redacted.
 func TestServeLogs(t *testing.T) {
 	t.Parallel()
-	n := startNode(t, nil, "--admin-token", "t0psecret", "--log-format", "json", "--node-name", "logged")
+	n := startNode(t, nil, "--admin-token", "t0psecret", "--refund-token", "r3fundsecret", "--log-format", "json", "--node-name", "logged")
 	n.stop()
 	logs := n.logs.String()
-	if strings.Contains(logs, "t0psecret") {
-		t.Errorf("the logs hold the admin token:\n%s", logs)
+	if strings.Contains(logs, "t0psecret") || strings.Contains(logs, "r3fundsecret") {
+		t.Errorf("the logs hold a token:\n%s", logs)
 	}
 	var first map[string]any
 	lines := strings.Split(strings.TrimSpace(logs), "\n")
@@ -418,7 +418,7 @@ func TestServeLogs(t *testing.T) {
 			first = rec
 		}
 	}
-	if first["msg"] != "starting sluice" || first["admin_token"] != "[redacted]" || first["node_name"] != "logged" || first["durability"] != "commit" {
+	if first["msg"] != "starting sluice" || first["admin_token"] != "[redacted]" || first["refund_token"] != "[redacted]" || first["node_name"] != "logged" || first["durability"] != "commit" {
 		t.Errorf("first log record = %v; want the configuration, token redacted", first)
 	}
 	if last := lines[len(lines)-1]; !strings.Contains(last, `"msg":"stopped"`) {

@@ -53,7 +53,7 @@ func (c *cli) serveCommand() *cobra.Command {
 the admin API and grpc health on --grpc-addr; /metrics, /healthz and
 /readyz on --http-addr.
 
-The node logs its effective configuration (the admin token redacted), serves
+The node logs its effective configuration (the tokens redacted), serves
 until SIGINT or SIGTERM, then stops gracefully: it stops accepting calls,
 lets the calls in flight finish within --shutdown-timeout, flushes the data
 file and exits 0. A second signal exits at once with 128+signal.
@@ -77,7 +77,8 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 		"when a decision is acknowledged: commit (its hits are written to the data file; survives kill -9), fsync (and synced; survives power loss), async (at once; kill -9 loses the last milliseconds), memory (no data file)")
 	fs.StringVar(&cfg.LimitsFile, "limits-file", "", "envoyproxy/ratelimit YAML limits file, or a directory of them, reloaded when it changes")
 	fs.Var(newDurationValue(&cfg.LimitsPollInterval, cfg.LimitsPollInterval), "limits-poll-interval", "how often the limits file is checked for changes")
-	fs.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token the admin API requires (empty: no token)")
+	fs.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token the admin API requires (empty: no token); it also allows refunds")
+	fs.StringVar(&cfg.RefundToken, "refund-token", "", "bearer token that allows refunds (refund, is_negative_hits) and nothing else; with an admin or refund token set, a refund without one is refused")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "certificate file (PEM): serve gRPC and HTTP over TLS; needs --tls-key")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "private key file (PEM) of --tls-cert")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA file (PEM): require client certificates signed by it")
@@ -252,12 +253,14 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 }
 
 // attrs describes the effective configuration for the start log, with the
-// admin token redacted.
+// tokens redacted.
 func (o *serveOptions) attrs() []any {
 	cfg := &o.cfg
-	token := ""
-	if cfg.AdminToken != "" {
-		token = "[redacted]"
+	redact := func(secret string) string {
+		if secret == "" {
+			return ""
+		}
+		return "[redacted]"
 	}
 	return []any{
 		"version", buildVersion().Version,
@@ -268,7 +271,8 @@ func (o *serveOptions) attrs() []any {
 		"durability", cfg.Durability,
 		"limits_file", cfg.LimitsFile,
 		"limits_poll_interval", cfg.LimitsPollInterval,
-		"admin_token", token,
+		"admin_token", redact(cfg.AdminToken),
+		"refund_token", redact(cfg.RefundToken),
 		"tls_cert", cfg.TLSCert,
 		"tls_key", cfg.TLSKey,
 		"tls_client_ca", cfg.TLSClientCA,

@@ -42,6 +42,9 @@ type Config struct {
 	LimitsPollInterval time.Duration
 	// AdminToken, when set, is the bearer token the admin API requires.
 	AdminToken string
+	// RefundToken, when set, is a bearer token that allows refunds and
+	// nothing else (see api.Config.RefundToken).
+	RefundToken string
 	// TLSCert and TLSKey, when set, serve gRPC and HTTP over TLS.
 	TLSCert, TLSKey string
 	// TLSClientCA, when set, requires client certificates signed by it.

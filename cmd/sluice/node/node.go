@@ -139,6 +139,7 @@ func New(cfg Config) (n *Node, err error) {
 	n.api, err = api.New(api.Config{
 		NodeName:         cfg.NodeName,
 		AdminToken:       cfg.AdminToken,
+		RefundToken:      cfg.RefundToken,
 		RateLimitHeaders: cfg.RateLimitHeaders,
 		Limits:           cfg.Engine.Limits,
 	}, api.Deps{
