@@ -264,9 +264,9 @@ func (a *actor) inspect(c *call, now int64) {
 	})
 	switch {
 	case err != nil:
-		c.fail(fmt.Errorf("actor: inspect %q: %w", v.Key, err))
+		c.fail(fmt.Errorf("actor: inspect %s: %w", QuoteKey(v.Key), err))
 	case derr != nil:
-		c.fail(fmt.Errorf("actor: inspect %q: %w", v.Key, derr))
+		c.fail(fmt.Errorf("actor: inspect %s: %w", QuoteKey(v.Key), derr))
 	case found && !st.isEmpty(now):
 		st.view(now, a.e.cfg.MaxLogRuns, v)
 	}
@@ -308,7 +308,7 @@ func (a *actor) importStates(c *call, now int64) (wrote bool) {
 		}
 		var in state
 		if err := in.decode(c.states[i]); err != nil {
-			c.fail(fmt.Errorf("actor: import %q: %w", c.checks[i].Key, err))
+			c.fail(fmt.Errorf("actor: import %s: %w", QuoteKey(c.checks[i].Key), err))
 			continue
 		}
 		ent := a.keys[c.checks[i].Key]
@@ -412,7 +412,7 @@ func (a *actor) load(now int64) error {
 		ent := a.insert(key)
 		if err := ent.st.decode(value); err != nil {
 			a.remove(ent)
-			derr = fmt.Errorf("actor: load key %q: %w", key, err)
+			derr = fmt.Errorf("actor: load key %s: %w", QuoteKey(key), err)
 			return
 		}
 		if ent.st.algo == SlidingLog {

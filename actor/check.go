@@ -196,3 +196,16 @@ func validKey(i int, key string, l Limits) error {
 	}
 	return nil
 }
+
+// maxQuotedKey is how much of a key error messages and logs quote.
+const maxQuotedKey = 64
+
+// QuoteKey quotes key for a message or a log line: at most its first 64
+// bytes, and its length when it is longer, so that a huge key never turns
+// into a huge message.
+func QuoteKey[K string | []byte](key K) string {
+	if len(key) <= maxQuotedKey {
+		return fmt.Sprintf("%q", string(key))
+	}
+	return fmt.Sprintf("%q… (%d bytes)", string(key[:maxQuotedKey]), len(key))
+}

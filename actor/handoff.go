@@ -176,7 +176,7 @@ func (a *actor) collect(c *call, now int64) {
 		}
 		var st state
 		if err := st.decode(value); err != nil {
-			derr = fmt.Errorf("actor: collect key %q: %w", disk[i], err)
+			derr = fmt.Errorf("actor: collect key %s: %w", QuoteKey(disk[i]), err)
 			return
 		}
 		if st.algo == SlidingLog {

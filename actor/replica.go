@@ -190,17 +190,17 @@ func (e *Engine) checkReplica(i int, r *persist.Record) error {
 	case r.Key == "" || len(ReplicaPrefix)+len(r.Key) > persist.MaxKeyLen:
 		return fmt.Errorf("record %d: key of %d bytes; want 1 to %d", i, len(r.Key), persist.MaxKeyLen-len(ReplicaPrefix))
 	case strings.HasPrefix(r.Key, ReservedPrefix):
-		return fmt.Errorf("record %d (key %q): %s", i, r.Key, reservedReason)
+		return fmt.Errorf("record %d (key %s): %s", i, QuoteKey(r.Key), reservedReason)
 	case r.Value == nil && r.Append:
-		return fmt.Errorf("record %d (key %q): an append without a value", i, r.Key)
+		return fmt.Errorf("record %d (key %s): an append without a value", i, QuoteKey(r.Key))
 	case r.Value == nil:
 		return nil
 	case r.Deadline <= 0:
-		return fmt.Errorf("record %d (key %q): deadline %d; a copy needs one > 0", i, r.Key, r.Deadline)
+		return fmt.Errorf("record %d (key %s): deadline %d; a copy needs one > 0", i, QuoteKey(r.Key), r.Deadline)
 	}
 	var st state
 	if err := st.decode(r.Value); err != nil {
-		return fmt.Errorf("record %d (key %q): %w", i, r.Key, err)
+		return fmt.Errorf("record %d (key %s): %w", i, QuoteKey(r.Key), err)
 	}
 	return nil
 }
@@ -319,7 +319,7 @@ func (e *Engine) CollectReplicas(ctx context.Context, want func(key string) bool
 			}
 			var st state
 			if err := st.decode(value); err != nil {
-				derr = fmt.Errorf("actor: collect replicas: key %q: %w", key, err)
+				derr = fmt.Errorf("actor: collect replicas: key %s: %w", QuoteKey(key), err)
 				return false
 			}
 			if st.algo == SlidingLog {

@@ -116,7 +116,7 @@ func (s *Server) nativeCheck(i int, pc *sluicepb.Check, now time.Time, c *actor.
 		}
 	}
 	if c.Limit == 0 || c.Window == 0 {
-		return badInput("check %d (key %q): no limit and window: send them, set an override, or give the key a limits file entry", i, pc.Key)
+		return badInput("check %d (key %s): no limit and window: send them, set an override, or give the key a limits file entry", i, actor.QuoteKey(pc.Key))
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 	"sync"
@@ -139,5 +140,17 @@ func TestNativeJoiningRefuses(t *testing.T) {
 	}
 	if _, err := ts.admin().ResetKey(ts.ctx(), &sluicepb.ResetKeyRequest{Key: []byte("k")}); status.Code(err) != codes.Unavailable {
 		t.Fatalf("ResetKey on a node still joining = %v; want Unavailable", err)
+	}
+}
+
+// TestHugeKeyNotEchoed: a check with a 3 MiB key and no limit is refused
+// with a message that quotes only the key's first 64 bytes, not the key.
+func TestHugeKeyNotEchoed(t *testing.T) {
+	ts := newTestServer(t, nil)
+	key := bytes.Repeat([]byte("k"), 3<<20)
+	_, err := sluicepb.NewRateLimitServiceClient(ts.conn).Check(ts.ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{{Key: key}}})
+	st := status.Convert(err)
+	if st.Code() != codes.InvalidArgument || len(st.Message()) > 300 || !strings.Contains(st.Message(), "(3145728 bytes)") {
+		t.Errorf("a 3 MiB key without a limit: %v, a message of %d bytes (%.120q...); want InvalidArgument quoting 64 bytes of the key and its length", st.Code(), len(st.Message()), st.Message())
 	}
 }

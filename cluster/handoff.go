@@ -401,7 +401,7 @@ func (r *Router) receiveHandoff(ctx context.Context, req *sluicepb.HandoffReques
 	for i, k := range req.Keys {
 		states[i] = actor.Exported{Key: string(k.Key), State: k.State}
 		if a := own.cur.actingName(states[i].Key); a != r.cfg.Self {
-			return 0, fmt.Errorf("%w: %s does not act for key %q in its configuration (%s does); the configurations differ for a moment", errMisrouted, r.cfg.Self, printable(states[i].Key), a)
+			return 0, fmt.Errorf("%w: %s does not act for key %s in its configuration (%s does); the configurations differ for a moment", errMisrouted, r.cfg.Self, actor.QuoteKey(states[i].Key), a)
 		}
 	}
 	if err := r.cfg.Engine.Import(ctx, states); err != nil {

@@ -285,7 +285,7 @@ func (l *replicaLane) sendBatch() bool {
 			var bad error
 			for _, rec := range it.recs {
 				if missing[rec.Key] {
-					bad = fmt.Errorf("%w: %s lost its copy of %q; bringing it up to date", errStandby, s.name, printable(rec.Key))
+					bad = fmt.Errorf("%w: %s lost its copy of %s; bringing it up to date", errStandby, s.name, actor.QuoteKey(rec.Key))
 					break
 				}
 			}

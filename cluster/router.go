@@ -742,7 +742,7 @@ func (r *Router) DecideForwarded(ctx context.Context, checks []actor.Check, out 
 	own := r.own.Load()
 	for i := range checks {
 		if a, _, _ := own.cur.acting(checks[i].Key); a != r.cfg.Self {
-			return fmt.Errorf("%w: %s does not act for key %q in its configuration", errMisrouted, r.cfg.Self, printable(checks[i].Key))
+			return fmt.Errorf("%w: %s does not act for key %s in its configuration", errMisrouted, r.cfg.Self, actor.QuoteKey(checks[i].Key))
 		}
 	}
 	err := r.decideHere(ctx, own, gen, checks, out, marks, false)
@@ -750,14 +750,6 @@ func (r *Router) DecideForwarded(ctx context.Context, checks []actor.Check, out 
 		return fmt.Errorf("%w: %v", errMisrouted, err)
 	}
 	return err
-}
-
-// printable quotes at most a short prefix of a key.
-func printable(key string) string {
-	if len(key) > 32 {
-		return key[:32] + "…"
-	}
-	return key
 }
 
 // Owner returns the name of the member that decides key now, and whether
