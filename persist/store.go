@@ -439,7 +439,7 @@ func formatError(path, format string, args ...any) error {
 }
 
 // verifyFile opens the existing file read-only and reads all of it: the
-// format, every record and every index entry. A corrupt page makes bbolt
+// page tree (checkPages), the format, every record and every index entry. A corrupt page makes bbolt
 // panic (or fault on a truncated mapping); here that is caught and reported
 // as ErrFormat, where the read-write open would crash the process (bbolt
 // rebuilds the freelist on a goroutine that panics on corruption).
@@ -458,6 +458,9 @@ func verifyFile(path string, size int64, timeout time.Duration) (err error) {
 	return db.View(func(tx *bolt.Tx) error {
 		if tx.Size() > size {
 			return formatError(path, "truncated: %d bytes, bbolt expects %d", size, tx.Size())
+		}
+		if err := checkPages(path); err != nil {
+			return err
 		}
 		if err := checkFormat(tx, path); err != nil {
 			if errors.Is(err, errEmpty) {

@@ -884,6 +884,17 @@ func TestOpenRefuses(t *testing.T) {
 			}
 			writeFile(t, path, b)
 		}, "corrupt"},
+		{"four bytes flipped at offset 12,300", func(t *testing.T, path string) {
+			makeStore(t, path, 5000)
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := 12300; i < 12304; i++ {
+				b[i] ^= 0xff
+			}
+			writeFile(t, path, b)
+		}, "corrupt"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -1080,4 +1091,67 @@ func TestCloseDuringSweep(t *testing.T) {
 	s = openStore(t, o)
 	t.Logf("%d records left", len(dump(t, s)))
 	checkIndex(t, s)
+}
+
+// TestOpenSurvivesFlippedBytes flips four bytes at offsets spread over a
+// checkpointed data file, one offset per file: Open either opens it (the
+// damage is in free space or in a value) or refuses it with ErrFormat
+// without touching it. It never panics: bbolt's freelist rebuild panics on
+// a goroutine of its own, which would end the process.
+func TestOpenSurvivesFlippedBytes(t *testing.T) {
+	dir := t.TempDir()
+	orig := filepath.Join(dir, "orig.db")
+	makeStore(t, orig, 5000)
+	good, err := os.ReadFile(orig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Only the pages in use matter: bbolt grows the file ahead of them.
+	db, err := bolt.Open(orig, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var used int64
+	if err := db.View(func(tx *bolt.Tx) error { used = tx.Size(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	good = good[:used]
+	// Offsets spread over the file, and the headers (flags and count,
+	// overflow) of its first pages, where the trees' roots are.
+	var offsets []int
+	for off := 0; off+4 <= len(good); off += max(len(good)/200, 1) {
+		offsets = append(offsets, off)
+	}
+	ps := os.Getpagesize()
+	for p := 2; p < 40 && (p+1)*ps <= len(good); p++ {
+		offsets = append(offsets, p*ps+8, p*ps+12)
+	}
+	refused := 0
+	for _, off := range offsets {
+		b := bytes.Clone(good)
+		for i := off; i < off+4; i++ {
+			b[i] ^= 0xff
+		}
+		path := filepath.Join(dir, fmt.Sprintf("flipped-%d.db", off))
+		writeFile(t, path, b)
+		s, err := Open(Options{Path: path})
+		if err == nil {
+			if err := s.Close(); err != nil {
+				t.Logf("offset %d: Close: %v", off, err)
+			}
+			continue
+		}
+		refused++
+		if !errors.Is(err, ErrFormat) {
+			t.Errorf("offset %d: Open = %v; want nil or ErrFormat", off, err)
+		}
+		after, rerr := os.ReadFile(path)
+		if rerr != nil || !bytes.Equal(after, b) {
+			t.Errorf("offset %d: Open refused the file (%v) and modified it", off, err)
+		}
+	}
+	t.Logf("%d offsets, %d refused", len(offsets), refused)
 }
