@@ -429,24 +429,38 @@ func (a *actor) load(now int64) error {
 }
 
 // makeRoom, in memory mode, fails the calls that would take the actor past
-// its key bound, after dropping keys whose state has already emptied.
+// its key bound, after dropping keys whose state has already emptied. The
+// new keys of the calls it lets through count against the bound of the
+// calls after them in the batch.
 func (a *actor) makeRoom(now int64) {
+	var taken map[string]bool // new keys of the calls let through so far
 	for _, c := range a.batch {
 		if c.op != opCheck {
 			continue
 		}
 		need := 0
 		for i := range c.checks {
-			if c.shards[i] == a.id && a.keys[c.checks[i].Key] == nil {
+			if k := c.checks[i].Key; c.shards[i] == a.id && a.keys[k] == nil && !taken[k] {
 				need++
 			}
 		}
-		if need == 0 || len(a.keys)+need <= a.maxKeys {
+		if need == 0 {
 			continue
 		}
-		a.dropEmpty(now, len(a.keys)+need-a.maxKeys)
-		if len(a.keys)+need > a.maxKeys {
-			c.fail(ErrTooManyKeys)
+		if over := len(a.keys) + len(taken) + need - a.maxKeys; over > 0 {
+			a.dropEmpty(now, over)
+			if len(a.keys)+len(taken)+need > a.maxKeys {
+				c.fail(ErrTooManyKeys)
+				continue
+			}
+		}
+		if taken == nil {
+			taken = make(map[string]bool, need)
+		}
+		for i := range c.checks {
+			if k := c.checks[i].Key; c.shards[i] == a.id && a.keys[k] == nil {
+				taken[k] = true
+			}
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -146,4 +147,32 @@ func TestMemoryModeBound(t *testing.T) {
 	h.clk.Advance(time.Minute)
 	waitFor(t, func() bool { return h.obs.keys.Load() == 0 }, "keys to expire")
 	h.hit("k4", 5, 1)
+}
+
+// TestMemoryModeBoundConcurrent: calls for new keys that reach the actor
+// together (one batch) each count against the bound with the others: the
+// node never holds more keys than it may.
+func TestMemoryModeBoundConcurrent(t *testing.T) {
+	const maxKeys = 8
+	h := newHarness(t, "memory", func(c *Config) { c.MaxKeys, c.Actors = maxKeys, 1 })
+	var wg sync.WaitGroup
+	var allowed atomic.Int64
+	for i := range 256 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var d [1]Decision
+			err := h.eng.Check(context.Background(), []Check{{Key: fmt.Sprintf("k%03d", i), Limit: 5, Window: time.Minute, Cost: 1}}, d[:])
+			switch {
+			case err == nil:
+				allowed.Add(1)
+			case err != ErrTooManyKeys:
+				t.Errorf("key %d: %v; want nil or ErrTooManyKeys", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	if got := h.obs.keys.Load(); got > maxKeys || allowed.Load() > maxKeys {
+		t.Errorf("%d keys in memory, %d calls allowed; the bound is %d", got, allowed.Load(), maxKeys)
+	}
 }
