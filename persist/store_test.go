@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -1154,4 +1155,64 @@ func TestOpenSurvivesFlippedBytes(t *testing.T) {
 		}
 	}
 	t.Logf("%d offsets, %d refused", len(offsets), refused)
+}
+
+// TestCommitFailuresLoggedAtARate: a disk that fails every commit gets one
+// "commit failed" line a second, with the count since the line before,
+// not a line per commit; the first commit that succeeds again says how
+// many failed.
+func TestCommitFailuresLoggedAtARate(t *testing.T) {
+	var buf syncBuffer
+	o := testOptions(t)
+	o.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+	s, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	var fail atomic.Bool
+	s.w.beforeWrite = func() error {
+		if fail.Load() {
+			return errors.New("no space left on device")
+		}
+		return nil
+	}
+	fail.Store(true)
+	start := time.Now()
+	const commits = 500
+	for i := range commits {
+		if err := wait(t, s.Submit([]Record{put(fmt.Sprintf("k%d", i), 1, "v")}, nil)); err == nil {
+			t.Fatalf("commit %d: nil error; want the failure", i)
+		}
+	}
+	elapsed := time.Since(start)
+	fail.Store(false)
+	submit(t, s, put("after", 1, "v"))
+	logs := buf.String()
+	lines := strings.Count(logs, `msg="commit failed"`)
+	if lines < 1 || float64(lines) > 1+elapsed.Seconds() {
+		t.Errorf("%d failed commits in %v logged %d lines; want one a second", commits, elapsed, lines)
+	}
+	if !regexp.MustCompile(fmt.Sprintf(`msg="commits succeed again" .*failed_commits=%d\b`, commits)).MatchString(logs) {
+		t.Errorf("logs:\n%s\nwant the recovery, with %d failed commits", logs, commits)
+	}
+	_ = s.Flush() // reports the failures once
+}
+
+// syncBuffer is a bytes.Buffer safe for the store's goroutines to log to.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -29,6 +29,13 @@ type writer struct {
 	// error fails it.
 	beforeWrite func() error
 
+	// failures are the commits that failed since the last one logged, and
+	// the time of that line: a full disk fails every commit, and one line
+	// a second says as much as thousands.
+	failures      int
+	failuresTotal int
+	failLogged    time.Time
+
 	batch    []*Commit // batches and flushes of the commit, in queue order
 	nrecs    int       // records in batch
 	nappends int       // appends among them
@@ -203,10 +210,11 @@ func (w *writer) commit() {
 		d := time.Since(start)
 		if err == nil {
 			w.apply()
+			w.recovered()
 		} else {
 			w.unpick()
 			err = fmt.Errorf("persist: commit to %s: %v (nothing of this commit was written; check the disk)", s.opts.Path, err)
-			s.log.Error("commit failed", "records", n, "err", err)
+			w.failed(n, err)
 		}
 		if s.opts.OnCommit != nil {
 			s.opts.OnCommit(n, d)
@@ -772,4 +780,24 @@ func (w *writer) finalCheckpoint() error {
 	}
 	w.ckWaiters = nil
 	return nil
+}
+
+// failed logs a failed commit: at most one line a second, with how many
+// failed since the line before.
+func (w *writer) failed(records int, err error) {
+	w.failures++
+	w.failuresTotal++
+	if now := time.Now(); now.Sub(w.failLogged) >= time.Second {
+		w.s.log.Error("commit failed", "records", records, "failed_commits", w.failures, "err", err)
+		w.failures, w.failLogged = 0, now
+	}
+}
+
+// recovered logs the first commit that succeeds after failures.
+func (w *writer) recovered() {
+	if w.failuresTotal == 0 {
+		return
+	}
+	w.s.log.Info("commits succeed again", "failed_commits", w.failuresTotal)
+	w.failures, w.failuresTotal, w.failLogged = 0, 0, time.Time{}
 }
