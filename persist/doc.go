@@ -153,8 +153,11 @@
 // generation is past the one the data file records (older ones were
 // checkpointed and are removed), checking every frame's checksum and
 // sequence number, before it writes anything. The last frame of a file may
-// be torn: cut short, zeroed, or failing its checksum with no intact frame
-// after it; it was never acknowledged, and is ignored. A frame that fails
+// be torn: cut short or zeroed, with no intact frame after it; it was never
+// acknowledged, and is ignored. A last frame that is complete but fails its
+// checksum was acknowledged and damaged since: ErrFormat, unless
+// Options.AcceptWALLoss drops it. A file with a torn or damaged end is
+// renamed to .torn or .damaged after the replay, not removed. A frame that fails
 // its checksum while an intact later frame follows, frames missing, a bad
 // header or an unknown WAL version is ErrFormat, naming the file and the
 // frame's offset, with the WAL and the data file left as they were (moving

@@ -81,6 +81,14 @@ type Options struct {
 	// fails with ErrLocked. Default 1s (DefaultOpenTimeout).
 	OpenTimeout time.Duration
 
+	// AcceptWALLoss lets Open replay a WAL file whose last frame is
+	// complete but fails its checksum (damage, not a torn write: the frame
+	// was written in full, and acknowledged): the frames before it are
+	// replayed and that one is dropped. Without it Open refuses the file
+	// with ErrFormat and changes nothing. Either way the file is kept
+	// aside (see Open).
+	AcceptWALLoss bool
+
 	// MaxQueue is how many submitted batches (and Flush/Sweep requests) may
 	// wait for the writer before Submit blocks. It bounds the memory of the
 	// queue and, in ModeAsync, the loss window on kill -9. Default 4096

@@ -1,6 +1,7 @@
 package persist
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"hash/fnv"
@@ -32,7 +33,7 @@ func checkPages(path string) error {
 	w.pageSize, w.high = m.pageSize, m.pgid
 	w.seen = make(map[uint64]bool)
 	if m.freelist != noFreelist {
-		if err := w.page(m.freelist, pageFreelist); err != nil {
+		if err := w.freelistPage(m.freelist); err != nil {
 			return err
 		}
 	}
@@ -150,79 +151,115 @@ func (w *pageWalker) read(id uint64) ([]byte, error) {
 	return b, nil
 }
 
-// page walks page id, which must be of type want (branch or leaf both
-// pass for pageBranch|pageLeaf).
-func (w *pageWalker) page(id uint64, want uint16) error {
+// freelistPage checks the freelist page id.
+func (w *pageWalker) freelistPage(id uint64) error {
 	b, err := w.read(id)
 	if err != nil {
 		return err
 	}
-	flags := binary.LittleEndian.Uint16(b[8:])
-	if flags&want == 0 {
-		return w.corrupt("page %d has type %#x; want %#x", id, flags, want)
+	if flags := binary.LittleEndian.Uint16(b[8:]); flags != pageFreelist {
+		return w.corrupt("page %d has type %#x; want the freelist", id, flags)
 	}
-	if flags == pageFreelist {
-		return nil
-	}
-	return w.nodes(id, b)
+	return nil
 }
 
 // bucket walks the tree of a bucket whose root is page root, or its inline
-// page when root is 0.
+// page when root is 0 (bbolt does not check the key order of those).
 func (w *pageWalker) bucket(root uint64, inline []byte) error {
 	if w.depth++; w.depth > maxTreeDepth {
 		return w.corrupt("trees nested more than %d deep", maxTreeDepth)
 	}
 	defer func() { w.depth-- }()
-	if root == 0 {
-		return w.nodes(0, inline)
+	if root != 0 {
+		_, err := w.tree(root, nil, nil)
+		return err
 	}
-	return w.page(root, pageBranch|pageLeaf)
+	_, err := w.elements(0, inline, nil, nil, false)
+	return err
 }
 
-// nodes walks the elements of a branch or leaf page b (id 0: inline).
-func (w *pageWalker) nodes(id uint64, b []byte) error {
-	le := binary.LittleEndian
-	if len(b) < pageHeader {
-		return w.corrupt("page %d: %d bytes, shorter than its header", id, len(b))
-	}
-	flags, count := le.Uint16(b[8:]), int(le.Uint16(b[10:]))
-	if pageHeader+count*elemSize > len(b) {
-		return w.corrupt("page %d: %d elements do not fit in it", id, count)
-	}
-	for i := range count {
-		e := pageHeader + i*elemSize
-		switch flags {
-		case pageBranch:
-			if err := w.bucketPage(le.Uint64(b[e+8:])); err != nil {
-				return err
-			}
-		case pageLeaf:
-			if le.Uint32(b[e:])&leafBucket == 0 {
-				continue
-			}
-			pos, ksize, vsize := uint64(le.Uint32(b[e+4:])), uint64(le.Uint32(b[e+8:])), uint64(le.Uint32(b[e+12:]))
-			start := uint64(e) + pos + ksize
-			if vsize < bucketHeader || start+vsize > uint64(len(b)) {
-				return w.corrupt("page %d: bucket %d lies outside the page", id, i)
-			}
-			v := b[start : start+vsize]
-			root := le.Uint64(v)
-			if err := w.bucket(root, v[bucketHeader:]); err != nil {
-				return err
-			}
-		default:
-			return w.corrupt("page %d has type %#x; want a branch or a leaf", id, flags)
-		}
-	}
-	return nil
-}
-
-// bucketPage walks a child page of a branch.
-func (w *pageWalker) bucketPage(id uint64) error {
+// tree walks the subtree of page id, whose keys must be >= min and < max
+// (nil: unbounded), as bbolt checks them, and returns its largest key.
+func (w *pageWalker) tree(id uint64, min, max []byte) ([]byte, error) {
 	if w.depth++; w.depth > maxTreeDepth {
-		return w.corrupt("trees nested more than %d deep", maxTreeDepth)
+		return nil, w.corrupt("trees nested more than %d deep", maxTreeDepth)
 	}
 	defer func() { w.depth-- }()
-	return w.page(id, pageBranch|pageLeaf)
+	b, err := w.read(id)
+	if err != nil {
+		return nil, err
+	}
+	return w.elements(id, b, min, max, true)
+}
+
+// elements walks the elements of the branch or leaf page b (id 0: inline),
+// checking their keys' order when ordered, and returns the largest key.
+func (w *pageWalker) elements(id uint64, b, min, max []byte, ordered bool) ([]byte, error) {
+	le := binary.LittleEndian
+	if len(b) < pageHeader {
+		return nil, w.corrupt("page %d: %d bytes, shorter than its header", id, len(b))
+	}
+	flags, count := le.Uint16(b[8:]), int(le.Uint16(b[10:]))
+	if flags != pageBranch && flags != pageLeaf {
+		return nil, w.corrupt("page %d has type %#x; want a branch or a leaf", id, flags)
+	}
+	if pageHeader+count*elemSize > len(b) {
+		return nil, w.corrupt("page %d: %d elements do not fit in it", id, count)
+	}
+	// key returns element i's key, and for a leaf its value.
+	key := func(i int) (k, v []byte, err error) {
+		e := pageHeader + i*elemSize
+		var pos, ksize, vsize uint64
+		if flags == pageBranch {
+			pos, ksize = uint64(le.Uint32(b[e:])), uint64(le.Uint32(b[e+4:]))
+		} else {
+			pos, ksize, vsize = uint64(le.Uint32(b[e+4:])), uint64(le.Uint32(b[e+8:])), uint64(le.Uint32(b[e+12:]))
+		}
+		start := uint64(e) + pos
+		if start+ksize+vsize > uint64(len(b)) {
+			return nil, nil, w.corrupt("page %d: element %d lies outside the page", id, i)
+		}
+		return b[start : start+ksize], b[start+ksize : start+ksize+vsize], nil
+	}
+	prev := min
+	var last []byte
+	for i := range count {
+		k, v, err := key(i)
+		if err != nil {
+			return nil, err
+		}
+		if ordered {
+			switch {
+			case i == 0 && prev != nil && bytes.Compare(prev, k) > 0,
+				i > 0 && bytes.Compare(prev, k) >= 0:
+				return nil, w.corrupt("page %d: key %d is out of order", id, i)
+			case max != nil && bytes.Compare(k, max) >= 0:
+				return nil, w.corrupt("page %d: key %d is past its parent's next key", id, i)
+			}
+		}
+		if flags == pageBranch {
+			next := max
+			if i+1 < count {
+				if next, _, err = key(i + 1); err != nil {
+					return nil, err
+				}
+			}
+			if last, err = w.tree(le.Uint64(b[pageHeader+i*elemSize+8:]), k, next); err != nil {
+				return nil, err
+			}
+			prev = last
+			continue
+		}
+		prev, last = k, k
+		if le.Uint32(b[pageHeader+i*elemSize:])&leafBucket == 0 {
+			continue
+		}
+		if len(v) < bucketHeader {
+			return nil, w.corrupt("page %d: bucket %d is %d bytes", id, i, len(v))
+		}
+		if err := w.bucket(le.Uint64(v), v[bucketHeader:]); err != nil {
+			return nil, err
+		}
+	}
+	return last, nil
 }

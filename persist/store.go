@@ -287,6 +287,8 @@ func (s *Store) replay(pos walPos) error {
 		frames   int
 		records  int
 		torn     int
+		damaged  int
+		aside    = map[string]string{} // WAL files kept aside: the suffix they get
 	)
 	// Appends add to the values the data file holds, for keys the WAL did
 	// not write before them: read them in one transaction, open until the
@@ -314,6 +316,15 @@ func (s *Store) replay(pos walPos) error {
 		case err != nil:
 			return newError(ErrFormat, "persist: open %s: WAL file %s is corrupt: %v (neither it nor the data file was modified; moving the WAL files aside starts from the last checkpoint, losing the records they hold)", path, f.path, err)
 		}
+		if sc.damaged > 0 && !s.opts.AcceptWALLoss {
+			return newError(ErrFormat, "persist: open %s: WAL file %s ends with a complete frame of %d bytes that fails its checksum: damage, not a torn write, and the records it holds were acknowledged (neither file was modified; to start without them, open with the loss accepted: sluice serve --accept-wal-loss, which keeps the file aside as %s)", path, f.path, sc.damaged, f.path+".damaged")
+		}
+		switch {
+		case sc.damaged > 0:
+			aside[f.path] = ".damaged"
+		case sc.torn > 0:
+			aside[f.path] = ".torn"
+		}
 		if sc.frames > 0 {
 			ov.lastSeq = sc.lastSeq
 		}
@@ -321,6 +332,7 @@ func (s *Store) replay(pos walPos) error {
 		frames += sc.frames
 		records += sc.records
 		torn += sc.torn
+		damaged += sc.damaged
 		replayed = append(replayed, f)
 	}
 	if err := tx.Rollback(); err != nil {
@@ -344,8 +356,21 @@ func (s *Store) replay(pos walPos) error {
 		if torn > 0 {
 			s.log.Warn("ignored the torn end of a WAL file: a commit interrupted by the crash, never acknowledged", "bytes", torn)
 		}
+		if damaged > 0 {
+			s.log.Warn("dropped the damaged last frame of a WAL file, as accepted: its acknowledged records are lost", "bytes", damaged)
+		}
 	}
 	for _, f := range files {
+		if suffix, ok := aside[f.path]; ok {
+			// Kept for a closer look, under a name that is not a WAL
+			// generation, so that no later open replays it.
+			if err := os.Rename(f.path, f.path+suffix); err != nil {
+				s.log.Warn("cannot keep a WAL file aside", "file", f.path, "err", err)
+			} else {
+				s.log.Warn("kept a WAL file aside", "file", f.path+suffix)
+			}
+			continue
+		}
 		if err := removeWAL(f.path); err != nil {
 			s.log.Warn("cannot remove a replayed WAL file; it will be ignored", "file", f.path, "err", err)
 		}

@@ -194,7 +194,10 @@ type walScan struct {
 	frames  int
 	records int
 	lastSeq uint64 // of the last complete frame; 0 if none
-	torn    int    // bytes of an incomplete or unreadable final frame, ignored
+	torn    int    // bytes of an incomplete final frame (a torn write), ignored
+	// damaged is the size of a final frame that is complete but fails its
+	// checksum: written in full, so acknowledged, and damaged since.
+	damaged int
 }
 
 // errWALEmpty is not an error: the file is shorter than its header and holds
@@ -218,9 +221,12 @@ func (e walReadError) Error() string { return e.err.Error() }
 // wantSeq is the sequence number the first frame must have; each next frame
 // must have the next one.
 //
-// The last frame may be torn: shorter than its length says, unreadable, or
-// failing its checksum with nothing valid after it. It was never
-// acknowledged; decodeWAL ignores it and reports its size. A frame that
+// The last frame may be torn: shorter than its length says or with an
+// invalid length, and nothing valid after it. It was never acknowledged;
+// decodeWAL ignores it and reports its size (walScan.torn). A last frame
+// that is complete but fails its checksum was written in full, so
+// acknowledged, and damaged since: decodeWAL reports it apart
+// (walScan.damaged) for the caller to refuse or accept the loss. A frame that
 // fails its checksum while a later frame is intact, a frame whose records
 // do not parse, or a sequence number out of order is an error: a message
 // for formatError. A read that fails is a walReadError; an error of fn is
@@ -277,7 +283,11 @@ func decodeWAL(r io.ReaderAt, size int64, wantSeq uint64, fn func(walRecord) err
 			}
 			_, why := frameAt(rest, 0)
 			if tornTail(rest, 0, wantSeq) {
-				sc.torn = len(rest)
+				if why == "checksum mismatch" {
+					sc.damaged = len(rest)
+				} else {
+					sc.torn = len(rest)
+				}
 				return sc, nil
 			}
 			return sc, fmt.Errorf("frame %d at offset %d: %s, and an intact frame follows it: the file is corrupt in its middle", sc.frames+1, off, why)

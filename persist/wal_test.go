@@ -243,7 +243,6 @@ func TestWALTornTail(t *testing.T) {
 		{"cut in the body", func(b []byte, at int) []byte { return b[:at+(len(b)-at)/2] }, false},
 		{"cut one byte short", func(b []byte, at int) []byte { return b[:len(b)-1] }, false},
 		{"zeroed", func(b []byte, at int) []byte { clear(b[at:]); return b }, false},
-		{"checksum mismatch", func(b []byte, at int) []byte { b[len(b)-1] ^= 0xff; return b }, false},
 		{"zeros after it", func(b []byte, at int) []byte { return append(b, make([]byte, 4096)...) }, true},
 	}
 	for _, tt := range tests {
@@ -254,9 +253,13 @@ func TestWALTornTail(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			writeFile(t, wal, tt.tear(b, int(ends[len(ends)-2])))
+			torn := tt.tear(b, int(ends[len(ends)-2]))
+			writeFile(t, wal, torn)
 
 			s := openStore(t, o)
+			if kept, err := os.ReadFile(wal + ".torn"); err != nil || !bytes.Equal(kept, torn) {
+				t.Errorf("after Open: the torn WAL file kept aside as %s.torn: %v; want it, as it was", wal, err)
+			}
 			want := map[string]stored{"a": {100, "v-a"}, "b": {101, "v-b"}, "c": {102, "v-c"}}
 			if tt.whole {
 				want["d"] = stored{103, "v-d"}
@@ -277,6 +280,51 @@ func TestWALTornTail(t *testing.T) {
 				t.Errorf("after a second crash: records = %v; want %v", got, want)
 			}
 		})
+	}
+}
+
+// TestWALDamagedTail: a WAL whose last frame is complete but fails its
+// checksum was damaged after it was acknowledged: Open refuses it with
+// ErrFormat and changes nothing; with AcceptWALLoss it replays the frames
+// before it, drops that one, and keeps the file aside as .damaged.
+func TestWALDamagedTail(t *testing.T) {
+	keys := []string{"a", "b", "c", "d"}
+	o := testOptions(t)
+	wal, _ := frameEnds(t, o, keys)
+	b, err := os.ReadFile(wal)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)-1] ^= 0xff
+	writeFile(t, wal, b)
+	data, err := os.ReadFile(o.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	s, err := Open(o)
+	if err == nil {
+		s.Close()
+		t.Fatal("Open with a damaged last WAL frame = nil error; want ErrFormat")
+	}
+	if !errors.Is(err, ErrFormat) || !strings.Contains(err.Error(), "fails its checksum") || !strings.Contains(err.Error(), "--accept-wal-loss") {
+		t.Errorf("Open = %v; want ErrFormat saying the frame is damaged and how to accept the loss", err)
+	}
+	if got, _ := os.ReadFile(wal); !bytes.Equal(got, b) {
+		t.Error("the refused Open modified the WAL file")
+	}
+	if got, _ := os.ReadFile(o.Path); !bytes.Equal(got, data) {
+		t.Error("the refused Open modified the data file")
+	}
+
+	o.AcceptWALLoss = true
+	s = openStore(t, o)
+	want := map[string]stored{"a": {100, "v-a"}, "b": {101, "v-b"}, "c": {102, "v-c"}}
+	if got := getAll(t, s, keys...); !reflect.DeepEqual(got, want) {
+		t.Errorf("after Open with the loss accepted: Get(%q) = %v; want %v", keys, got, want)
+	}
+	if kept, err := os.ReadFile(wal + ".damaged"); err != nil || !bytes.Equal(kept, b) {
+		t.Errorf("the damaged WAL file kept aside as %s.damaged: %v; want it, as it was", wal, err)
 	}
 }
 

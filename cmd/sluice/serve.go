@@ -75,6 +75,7 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory of the data file, sluice.db")
 	fs.Var(newEnumValue(&cfg.Durability, cfg.Durability, "commit", "fsync", "async", "memory"), "durability",
 		"when a decision is acknowledged: commit (its hits are written to the data file; survives kill -9), fsync (and synced; survives power loss), async (at once; kill -9 loses the last milliseconds), memory (no data file)")
+	fs.BoolVar(&cfg.AcceptWALLoss, "accept-wal-loss", false, "start even if the data file's write-ahead log ends with a damaged frame (acknowledged hits): drop that frame, keeping the file aside as .damaged")
 	fs.StringVar(&cfg.LimitsFile, "limits-file", "", "envoyproxy/ratelimit YAML limits file, or a directory of them, reloaded when it changes")
 	fs.Var(newDurationValue(&cfg.LimitsPollInterval, cfg.LimitsPollInterval), "limits-poll-interval", "how often the limits file is checked for changes")
 	fs.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token the admin API requires (empty: no token); it also allows refunds")

@@ -40,6 +40,9 @@ type Config struct {
 	// LimitsPollInterval is how often the limits file is checked for
 	// changes. Default 2s.
 	LimitsPollInterval time.Duration
+	// AcceptWALLoss opens a data file whose WAL ends with a damaged frame,
+	// dropping it (see persist.Options.AcceptWALLoss).
+	AcceptWALLoss bool
 	// AdminToken, when set, is the bearer token the admin API requires.
 	AdminToken string
 	// RefundToken, when set, is a bearer token that allows refunds and

@@ -96,10 +96,11 @@ func New(cfg Config) (n *Node, err error) {
 	if cfg.Durability != "memory" {
 		mode, _ := persist.ParseMode(cfg.Durability)
 		n.store, err = persist.Open(persist.Options{
-			Path:     filepath.Join(cfg.DataDir, "sluice.db"),
-			Mode:     mode,
-			Logger:   n.log,
-			OnCommit: n.metrics.commit,
+			Path:          filepath.Join(cfg.DataDir, "sluice.db"),
+			Mode:          mode,
+			Logger:        n.log,
+			OnCommit:      n.metrics.commit,
+			AcceptWALLoss: cfg.AcceptWALLoss,
 		})
 		if err != nil {
 			return nil, err
