@@ -9,7 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -152,5 +154,36 @@ func TestHugeKeyNotEchoed(t *testing.T) {
 	st := status.Convert(err)
 	if st.Code() != codes.InvalidArgument || len(st.Message()) > 300 || !strings.Contains(st.Message(), "(3145728 bytes)") {
 		t.Errorf("a 3 MiB key without a limit: %v, a message of %d bytes (%.120q...); want InvalidArgument quoting 64 bytes of the key and its length", st.Code(), len(st.Message()), st.Message())
+	}
+}
+
+// rawCodec sends bytes as they are, whatever protobuf they are (not).
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(v.([]byte))}, nil
+}
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	*v.(*[]byte) = data.Materialize()
+	return nil
+}
+func (rawCodec) Name() string { return "proto" }
+
+// TestUndecodableRequest: a request that is not valid protobuf is the
+// caller's fault: INVALID_ARGUMENT, on the native, Envoy and admin APIs,
+// and nothing is recorded.
+func TestUndecodableRequest(t *testing.T) {
+	ts := newTestServer(t, nil)
+	garbage := []byte{0x0a, 0xff, 0xff, 0xff, 0xff, 0x0f} // field 1, a length past the end
+	for _, method := range []string{
+		"/sluice.v1.RateLimitService/Check",
+		"/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit",
+		"/sluice.v1.AdminService/GetKey",
+	} {
+		var out []byte
+		err := ts.conn.Invoke(ts.ctx(), method, garbage, &out, grpc.ForceCodecV2(rawCodec{}))
+		if st := status.Convert(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "not a valid") {
+			t.Errorf("%s with undecodable bytes: %v; want InvalidArgument saying the request is not valid protobuf", method, err)
+		}
 	}
 }

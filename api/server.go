@@ -138,12 +138,15 @@ func (s *Server) Register(g *grpc.Server) {
 	rlsv3.RegisterRateLimitServiceServer(g, &envoyService{s: s})
 }
 
-// Interceptors returns the options that recover handlers' panics and
-// require the admin token on admin and peer calls.
+// Interceptors returns the options that recover handlers' panics, require
+// the admin token on admin and peer calls, and answer INVALID_ARGUMENT to a
+// request that is not valid protobuf (see requestCodec).
 func (s *Server) Interceptors() []grpc.ServerOption {
+	c := newRequestCodec()
 	return []grpc.ServerOption{
-		grpc.ChainUnaryInterceptor(s.recoverPanics, s.authorize),
-		grpc.ChainStreamInterceptor(s.authorizeStream),
+		grpc.ForceServerCodecV2(c),
+		grpc.ChainUnaryInterceptor(c.checkDecoded, s.recoverPanics, s.authorize),
+		grpc.ChainStreamInterceptor(c.checkDecodedStream, s.authorizeStream),
 	}
 }
 

@@ -1,0 +1,72 @@
+package api
+
+import (
+	"context"
+	"sync"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/encoding"
+	protoenc "google.golang.org/grpc/encoding/proto"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+)
+
+// requestCodec is gRPC's protobuf codec, except for a request that does not
+// decode: gRPC would answer INTERNAL itself, before any interceptor runs,
+// though the fault is the caller's. requestCodec resets the message, notes
+// why in undecodable, and lets the call go on to checkDecoded, which
+// answers INVALID_ARGUMENT.
+type requestCodec struct {
+	encoding.CodecV2
+	undecodable *sync.Map // proto.Message (the request) → error
+}
+
+func newRequestCodec() requestCodec {
+	return requestCodec{CodecV2: encoding.GetCodecV2(protoenc.Name), undecodable: new(sync.Map)}
+}
+
+func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	err := c.CodecV2.Unmarshal(data, v)
+	m, ok := v.(proto.Message)
+	if err == nil || !ok {
+		return err
+	}
+	proto.Reset(m)
+	c.undecodable.Store(m, err)
+	return nil
+}
+
+// decoded returns INVALID_ARGUMENT if req did not decode.
+func (c requestCodec) decoded(req any) error {
+	if err, ok := c.undecodable.LoadAndDelete(req); ok {
+		return status.Errorf(codes.InvalidArgument, "the request is not a valid %T protobuf message: %v", req, err)
+	}
+	return nil
+}
+
+// checkDecoded is the unary interceptor of requestCodec.
+func (c requestCodec) checkDecoded(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if err := c.decoded(req); err != nil {
+		return nil, err
+	}
+	return h(ctx, req)
+}
+
+// checkDecodedStream is checkDecoded for streams: each message received.
+func (c requestCodec) checkDecodedStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	return h(srv, decodedStream{ServerStream: ss, c: c})
+}
+
+type decodedStream struct {
+	grpc.ServerStream
+	c requestCodec
+}
+
+func (s decodedStream) RecvMsg(m any) error {
+	if err := s.ServerStream.RecvMsg(m); err != nil {
+		return err
+	}
+	return s.c.decoded(m)
+}
