@@ -74,10 +74,14 @@ func sluiceBinary(t *testing.T) string {
 // harness's own: the suite's, then SLUICE_FAULT_FLAGS split on spaces.
 func serveFlags() []string {
 	// Three nodes are meant to be: a node decides nothing without a lease
-	// from two of them.
-	flags := []string{"--expect", "3"}
+	// from two of them. The nodes serve gRPC on their namespace's address:
+	// the peer service needs a credential there.
+	flags := []string{"--expect", "3", "--admin-token", suiteAdminToken}
 	return append(flags, strings.Fields(os.Getenv("SLUICE_FAULT_FLAGS"))...)
 }
+
+// suiteAdminToken is the admin token of the suite's nodes.
+const suiteAdminToken = "fault-suite-token"
 
 // timing is how long each phase of a scenario lasts.
 type timing struct {

@@ -181,12 +181,22 @@ func (n *node) dataDir() string { return filepath.Join(n.dir, "data") }
 // readyFile is where the node writes its addresses once it serves.
 func (n *node) readyFile() string { return filepath.Join(n.dir, "ready.json") }
 
+// adminToken sends the suite's admin token (see serveFlags) on every call.
+type adminToken struct{}
+
+func (adminToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + suiteAdminToken}, nil
+}
+
+func (adminToken) RequireTransportSecurity() bool { return false }
+
 // connect sets up the node's edge client. Connections are made on demand
 // and remade quickly after the node restarts.
 func (n *node) connect() error {
 	dial := func(ctx context.Context, addr string) (net.Conn, error) { return n.host.dial(ctx, addr) }
 	conn, err := grpc.NewClient("passthrough:///127.0.0.1:"+grpcPort,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithPerRPCCredentials(adminToken{}),
 		grpc.WithContextDialer(dial),
 		// A sidecar retries its node quickly: gRPC's default backoff grows
 		// to two minutes, which would measure the client, not the node.

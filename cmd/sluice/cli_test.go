@@ -383,6 +383,7 @@ func TestServeStartErrors(t *testing.T) {
 		{"gRPC port in use", []string{"--data-dir", t.TempDir(), "--grpc-addr", n.grpcAddr}, "address already in use"},
 		{"HTTP port in use", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--http-addr", n.httpAddr}, "address already in use"},
 		{"bad limits file", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--limits-file", "/nonexistent/limits.yaml"}, "limits.yaml"},
+		{"peer service open", []string{"--data-dir", t.TempDir(), "--grpc-addr", "0.0.0.0:0", "--gossip-addr", "127.0.0.1:0", "--expect", "3"}, "--admin-token"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()

@@ -39,6 +39,9 @@ type serveOptions struct {
 	gossipKey     string
 	expect        int
 	ownerPolicy   string
+	// insecure lets a cluster node serve its peer service on a
+	// non-loopback address without a credential.
+	insecure bool
 	replicas      int
 }
 
@@ -99,6 +102,7 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.IntVar(&o.expect, "expect", 0, "cluster: how many nodes the cluster is meant to have (a StatefulSet's replicas); a node decides nothing without a lease from a majority of them. Required in a cluster")
 	fs.Var(newEnumValue(&o.ownerPolicy, "exact", "exact", "available"), "owner-policy",
 		"cluster: who decides the keys of a node that is down and that no standby holds: exact (nobody until it is back: UNAVAILABLE, never a wrong answer) or available (the next node, from no state once the down node is fenced: up to one extra limit per key)")
+	fs.BoolVar(&o.insecure, "insecure", false, "cluster: serve the peer service on a non-loopback --grpc-addr without --admin-token or --tls-client-ca (anyone who reaches the port can then forge handoffs, forwarded checks and refunds)")
 	fs.IntVar(&o.replicas, "replicas", 0, "cluster: nodes that keep each key's state: 2 gives every key a standby that has every acknowledged hit and takes over when its owner is down; 1 keeps it on the owner only (0: 2 with a data file, 1 with --durability memory)")
 	fs.Var(newEnumValue(&o.logFormat, "text", "text", "json"), "log-format", "log format")
 	fs.Var(newEnumValue(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "least severe level logged")
@@ -184,6 +188,9 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 			o.replicas = 2
 		}
 		cfg.Router.Replicas = o.replicas
+		if cfg.AdminToken == "" && cfg.TLSClientCA == "" && !isLoopback(cfg.GRPCAddr) && !o.insecure {
+			return fmt.Errorf("--grpc-addr %s: a cluster node serves its peer service (forwarded checks, handoffs, standby copies) on that port, and without --admin-token (the same on every node) or --tls-client-ca anyone who reaches it can forge them; set one (see docs/security.md), or pass --insecure to run without", cfg.GRPCAddr)
+		}
 		cfg.Cluster = &cc
 	} else if o.expect > 1 {
 		return fmt.Errorf("--expect %d: a cluster needs --gossip-addr or --join", o.expect)
