@@ -42,7 +42,7 @@ type serveOptions struct {
 	// insecure lets a cluster node serve its peer service on a
 	// non-loopback address without a credential.
 	insecure bool
-	replicas      int
+	replicas int
 }
 
 func (c *cli) serveCommand() *cobra.Command {
