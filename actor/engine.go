@@ -315,15 +315,22 @@ func (e *Engine) do(ctx context.Context, checks []Check, out []Decision, opt Cal
 	if marks != nil && len(marks) != len(checks) {
 		return fmt.Errorf("actor: %d checks but %d marks", len(checks), len(marks))
 	}
-	if opt.AllOrNothing && marks == nil {
+	// In memory mode an actor at its key bound refuses its part of a call
+	// (ErrTooManyKeys) while others may decide theirs: marks let the engine
+	// take those back, so that a refused call records nothing.
+	reserving := marks != nil || opt.AllOrNothing
+	if (reserving || e.store == nil && len(checks) > 1) && marks == nil {
 		marks = make([]int64, len(checks))
 	}
 	c := e.calls.Get().(*call)
 	c.ctx, c.checks, c.out, c.marks, c.gen = ctx, checks, out, marks, opt.Generation
 	if err := e.run(c); err != nil {
 		var se *StaleError
-		if marks != nil && errors.As(err, &se) {
+		switch {
+		case reserving && errors.As(err, &se):
 			return e.unreserve(ctx, checks, out, marks, se)
+		case marks != nil && errors.Is(err, ErrTooManyKeys):
+			return e.unreserveFull(ctx, checks, out, marks)
 		}
 		return err
 	}

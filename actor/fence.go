@@ -93,6 +93,26 @@ func (e *Engine) unreserve(ctx context.Context, checks []Check, out []Decision, 
 	return ErrStale
 }
 
+// unreserveFull takes back the hits the decided parts of a call recorded
+// once another part was refused for the key bound (memory mode), and
+// returns ErrTooManyKeys. Refunds and penalties of the decided parts stay:
+// they cannot be taken back.
+func (e *Engine) unreserveFull(ctx context.Context, checks []Check, out []Decision, marks []int64) error {
+	var release []Check
+	var releaseMarks []int64
+	for i := range checks {
+		if c := &checks[i]; c.Cost > 0 && !c.Refund && out[i].Allowed {
+			release = append(release, *c)
+			releaseMarks = append(releaseMarks, marks[i])
+			out[i].Allowed = false
+		}
+	}
+	if err := e.Release(ctx, release, releaseMarks); err != nil {
+		return fmt.Errorf("%w; releasing what the other parts recorded failed too: %v", ErrTooManyKeys, err)
+	}
+	return ErrTooManyKeys
+}
+
 // doReserving is Do for a fenced reserving call: Collect waits for it (see
 // Fence).
 func (e *Engine) doReserving(ctx context.Context, checks []Check, out []Decision, opt CallOptions) error {

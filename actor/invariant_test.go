@@ -176,3 +176,35 @@ func TestMemoryModeBoundConcurrent(t *testing.T) {
 		t.Errorf("%d keys in memory, %d calls allowed; the bound is %d", got, allowed.Load(), maxKeys)
 	}
 }
+
+// TestMemoryModeBoundRecordsNothing: in memory mode, a call whose checks
+// span actors and that one actor refuses for its key bound records nothing
+// on the others either.
+func TestMemoryModeBoundRecordsNothing(t *testing.T) {
+	h := newHarness(t, "memory", func(c *Config) { c.MaxKeys, c.Actors = 2, 2 })
+	var of0, of1 []string // keys of actor 0 and of actor 1
+	for n := 0; len(of0) < 2 || len(of1) < 1; n++ {
+		k := fmt.Sprintf("key-%d", n)
+		if shardOf(h.eng, k) == 0 {
+			of0 = append(of0, k)
+		} else {
+			of1 = append(of1, k)
+		}
+	}
+	h.hit(of0[0], 5, 1) // actor 0 is full
+	checks := []Check{
+		{Key: of1[0], Limit: 5, Window: time.Minute, Cost: 2},
+		{Key: of0[1], Limit: 5, Window: time.Minute, Cost: 1},
+	}
+	out := make([]Decision, len(checks))
+	if err := h.eng.Check(context.Background(), checks, out); err != ErrTooManyKeys {
+		t.Fatalf("a call with a new key on a full actor = %v; want ErrTooManyKeys", err)
+	}
+	var d [1]Decision
+	if err := h.eng.Check(context.Background(), []Check{{Key: of1[0], Limit: 5, Window: time.Minute}}, d[:]); err != nil {
+		t.Fatal(err)
+	}
+	if d[0].Remaining != 5 {
+		t.Errorf("%s after the refused call: remaining %d; want 5 (nothing recorded)", of1[0], d[0].Remaining)
+	}
+}
