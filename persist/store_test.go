@@ -854,20 +854,8 @@ func TestOpenRefuses(t *testing.T) {
 		}, "shorter than its deadline"},
 		{"truncated", func(t *testing.T, path string) {
 			makeStore(t, path, 5000)
-			// Cut the file in the middle of the pages in use (bbolt grows
-			// the file ahead of them).
-			db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
-			if err != nil {
-				t.Fatal(err)
-			}
-			var used int64
-			if err := db.View(func(tx *bolt.Tx) error { used = tx.Size(); return nil }); err != nil {
-				t.Fatal(err)
-			}
-			if err := db.Close(); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.Truncate(path, used/2); err != nil {
+			// Cut the file in the middle of the pages in use.
+			if err := os.Truncate(path, usedSize(t, path)/2); err != nil {
 				t.Fatal(err)
 			}
 		}, "truncated"},
@@ -950,6 +938,24 @@ func makeStore(t *testing.T, path string, n int) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// usedSize returns the bytes of the pages in use in a bbolt file: bbolt
+// grows the file ahead of them.
+func usedSize(t *testing.T, path string) int64 {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var used int64
+	if err := db.View(func(tx *bolt.Tx) error { used = tx.Size(); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return used
 }
 
 // rawUpdate runs fn in a bbolt transaction on the file, around the store.
@@ -1107,19 +1113,7 @@ func TestOpenSurvivesFlippedBytes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Only the pages in use matter: bbolt grows the file ahead of them.
-	db, err := bolt.Open(orig, 0o600, &bolt.Options{ReadOnly: true, Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var used int64
-	if err := db.View(func(tx *bolt.Tx) error { used = tx.Size(); return nil }); err != nil {
-		t.Fatal(err)
-	}
-	if err := db.Close(); err != nil {
-		t.Fatal(err)
-	}
-	good = good[:used]
+	good = good[:usedSize(t, orig)] // only the pages in use matter
 	// Offsets spread over the file, and the headers (flags and count,
 	// overflow) of its first pages, where the trees' roots are.
 	var offsets []int
