@@ -570,9 +570,16 @@ func TestClusterForgetMember(t *testing.T) {
 	}
 	tc.nodes[2].crash()
 	tc.waitMembers(2)
-	_, err := tc.client(0).Check(tc.nodes[0].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, 5, time.Hour, 1)}})
-	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "owner down") {
-		t.Fatalf("check on node-2's key while it is down = %v; want Unavailable, owner down", err)
+	// Node 0's router follows its view a moment later: until then the
+	// check goes to node-2 and finds it unreachable.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		_, err := tc.client(0).Check(tc.nodes[0].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, 5, time.Hour, 1)}})
+		if status.Code(err) == codes.Unavailable && strings.Contains(err.Error(), "owner down") {
+			break
+		}
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "unreachable") || time.Now().After(deadline) {
+			t.Fatalf("check on node-2's key while it is down = %v; want Unavailable, owner down", err)
+		}
 	}
 	resp, err := admin.ForgetMember(tc.nodes[0].ctx(), &sluicepb.ForgetMemberRequest{Name: "node-2"})
 	if err != nil || len(resp.Nodes) != 2 {
