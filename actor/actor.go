@@ -29,6 +29,9 @@ type actor struct {
 	// Scratch reused from batch to batch.
 	batch  []*call
 	misses []string
+	// taken is makeRoom's set of the new keys of a batch (memory mode),
+	// kept between batches so that it allocates once.
+	taken map[string]bool
 	dirty  []*entry
 	wrote  []bool
 }
@@ -433,7 +436,8 @@ func (a *actor) load(now int64) error {
 // new keys of the calls it lets through count against the bound of the
 // calls after them in the batch.
 func (a *actor) makeRoom(now int64) {
-	var taken map[string]bool // new keys of the calls let through so far
+	taken := a.taken // new keys of the calls let through so far
+	defer func() { clear(a.taken) }()
 	for _, c := range a.batch {
 		if c.op != opCheck {
 			continue
@@ -456,6 +460,7 @@ func (a *actor) makeRoom(now int64) {
 		}
 		if taken == nil {
 			taken = make(map[string]bool, need)
+			a.taken = taken
 		}
 		for i := range c.checks {
 			if k := c.checks[i].Key; c.shards[i] == a.id && a.keys[k] == nil {
