@@ -32,8 +32,8 @@ type actor struct {
 	// taken is makeRoom's set of the new keys of a batch (memory mode),
 	// kept between batches so that it allocates once.
 	taken map[string]bool
-	dirty  []*entry
-	wrote  []bool
+	dirty []*entry
+	wrote []bool
 }
 
 // entry is a key held in memory.
