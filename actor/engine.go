@@ -18,6 +18,9 @@ import (
 )
 
 // Errors returned by the engine. Callers may match them with errors.Is.
+// DefaultMaxKeys is Config.MaxKeys when it is not set.
+const DefaultMaxKeys = 1_000_000
+
 var (
 	// ErrOverloaded means an actor's mailbox was full: the node is saturated.
 	// Nothing was recorded for the call unless the call spanned several
@@ -69,7 +72,7 @@ type Config struct {
 	// MaxKeys bounds the keys held in memory by the whole node. Past it the
 	// least recently used keys leave memory (their state stays on disk). In
 	// memory mode (no Store) a new key past the bound gets ErrTooManyKeys.
-	// Default 1,000,000.
+	// Default DefaultMaxKeys.
 	MaxKeys int
 	// MaxLogRuns bounds a sliding log: with a limit above it, hit times are
 	// rounded up to window/MaxLogRuns, so a log never holds more than
@@ -153,7 +156,7 @@ func (c Config) withDefaults() Config {
 		c.MaxDrain = 512
 	}
 	if c.MaxKeys <= 0 {
-		c.MaxKeys = 1_000_000
+		c.MaxKeys = DefaultMaxKeys
 	}
 	if c.MaxLogRuns <= 0 {
 		c.MaxLogRuns = 1000

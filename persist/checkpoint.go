@@ -47,6 +47,9 @@ type checkpointer struct {
 
 	bw bboltWriter // used by one goroutine at a time: this one, then the writer's Close
 
+	// compactAfter is when a compaction that failed may be tried again.
+	compactAfter time.Time
+
 	// beforeCommit, if set (by tests), runs at the end of every checkpoint
 	// transaction; an error fails it.
 	beforeCommit func(*bolt.Tx) error
@@ -145,6 +148,9 @@ func (c *checkpointer) run() {
 				c.removeWALs(ov.toGen)
 			}
 			c.s.ckDone <- ckResult{ov, err}
+			if err == nil {
+				c.maybeCompact()
+			}
 		case hasSweep && stop:
 			c.finishSweep(j, c.s.errClosed)
 		case hasSweep:
@@ -163,7 +169,7 @@ func (c *checkpointer) run() {
 func (c *checkpointer) write(ov *overlay) error {
 	s := c.s
 	start := time.Now()
-	next, empty, err := c.bw.writeOverlay(s.db, ov, c.beforeCommit)
+	next, empty, err := c.bw.writeOverlay(s.db, ov, false, c.beforeCommit)
 	d := time.Since(start)
 	if s.opts.OnCheckpoint != nil {
 		s.opts.OnCheckpoint(ov.m.len(), d)
@@ -226,6 +232,7 @@ func (c *checkpointer) runSweep(j sweepJob) {
 		}
 		if done {
 			c.finishSweep(j, nil)
+			c.maybeCompact()
 			return
 		}
 		if c.stopping() {
@@ -299,33 +306,65 @@ type bboltWriter struct {
 // maxKeptArena is the largest arena, in bytes, kept for the next checkpoint.
 const maxKeptArena = 64 << 20
 
-// writeOverlay writes every entry of ov, and the WAL position it reaches, in
-// one transaction, and returns the earliest deadline in the index after it
-// and whether the keys bucket is empty.
+// maxTxKeys is the most records a checkpoint writes in one bbolt
+// transaction. A transaction holds in memory every node it touches and
+// every page it dirties until it commits: with keys spread over a large
+// file, about 6 KiB per record. Records go in key order, so a checkpoint
+// split in transactions rewrites each page about once, as a whole one does.
+const maxTxKeys = 4096
+
+// writeOverlay writes every entry of ov, and the WAL position it reaches,
+// into bbolt, and returns the earliest deadline in the index after it and
+// whether the keys bucket is empty. With whole set, or when ov is not tied
+// to a WAL generation, it writes everything in one transaction; else in
+// transactions of maxTxKeys records, each recording its progress under
+// keyPartial, the last one the WAL position (see keyPartial). The replay
+// sets whole: it reads keyPartial, and rewriting it could forget keys an
+// earlier, interrupted checkpoint wrote.
 //
 // Records go in key order, so that each page of the keys bucket is visited
 // once. The expiry index changes go after them: deletions first (each in a
 // node of page size), then insertions, in deadline order. bbolt splits a
-// node only at commit,
-// and new deadlines all land at the ends of the index (one end per window):
-// inserted in random order, each would move the ever longer tail of one
-// node (quadratic: seconds for 100k records); in order, each is appended.
-func (w *bboltWriter) writeOverlay(db *bolt.DB, ov *overlay, hook func(*bolt.Tx) error) (next int64, empty bool, err error) {
+// node only at commit, and new deadlines all land at the ends of the index
+// (one end per window): inserted in random order, each would move the ever
+// longer tail of one node (quadratic: seconds for 100k records); in order,
+// each is appended.
+func (w *bboltWriter) writeOverlay(db *bolt.DB, ov *overlay, whole bool, hook func(*bolt.Tx) error) (next int64, empty bool, err error) {
 	w.ents = w.ents[:0]
-	need := 16
-	ov.m.each(func(e *entry) {
-		w.ents = append(w.ents, e)
-		need += 3*len(e.key) + 24 + len(e.value)
-	})
+	ov.m.each(func(e *entry) { w.ents = append(w.ents, e) })
 	slices.SortFunc(w.ents, func(a, b *entry) int { return strings.Compare(a.key, b.key) })
+	defer func() {
+		clear(w.ents)
+		w.ents = w.ents[:0]
+	}()
+	step := maxTxKeys
+	if whole || ov.toGen == 0 {
+		step = max(len(w.ents), 1)
+	}
+	for start := 0; ; start += step {
+		ents := w.ents[start:min(start+step, len(w.ents))]
+		last := start+step >= len(w.ents)
+		next, empty, err = w.writeTx(db, ov, ents, last, hook)
+		if err != nil || last {
+			return next, empty, err
+		}
+	}
+}
+
+// writeTx writes ents, part of ov, in one transaction: with the WAL position
+// if last, else with the progress marker.
+func (w *bboltWriter) writeTx(db *bolt.DB, ov *overlay, ents []*entry, last bool, hook func(*bolt.Tx) error) (next int64, empty bool, err error) {
+	need := 16 + 8
+	for _, e := range ents {
+		need += 3*len(e.key) + 24 + len(e.value)
+	}
 	if cap(w.arena) < need {
 		w.arena = make([]byte, 0, need+need/4)
 	}
 	defer func() {
-		clear(w.ents)
 		clear(w.dels)
 		clear(w.ins)
-		w.ents, w.dels, w.ins = w.ents[:0], w.dels[:0], w.ins[:0]
+		w.dels, w.ins = w.dels[:0], w.ins[:0]
 		if cap(w.arena) > maxKeptArena {
 			w.arena = nil
 		} else {
@@ -333,12 +372,12 @@ func (w *bboltWriter) writeOverlay(db *bolt.DB, ov *overlay, hook func(*bolt.Tx)
 		}
 	}()
 	err = db.Update(func(tx *bolt.Tx) error {
-		keys, exp := tx.Bucket(bucketKeys), tx.Bucket(bucketExpiry)
+		keys, exp, meta := tx.Bucket(bucketKeys), tx.Bucket(bucketExpiry), tx.Bucket(bucketMeta)
 		// Deadlines are mostly the time of the write plus a window, so
 		// the index grows at its ends: pages that split are left fuller
 		// than bbolt's default of half.
 		exp.FillPercent = expiryFillPercent
-		for _, e := range w.ents {
+		for _, e := range ents {
 			if err := w.put(keys, e); err != nil {
 				return err
 			}
@@ -354,11 +393,28 @@ func (w *bboltWriter) writeOverlay(db *bolt.DB, ov *overlay, hook func(*bolt.Tx)
 				return err
 			}
 		}
-		if ov.toGen != 0 {
+		switch {
+		case last && ov.toGen != 0:
 			pos := w.alloc(16)
 			binary.BigEndian.PutUint64(pos, ov.toGen)
 			binary.BigEndian.PutUint64(pos[8:], ov.lastSeq)
-			if err := tx.Bucket(bucketMeta).Put(keyWAL, pos); err != nil {
+			if err := meta.Put(keyWAL, pos); err != nil {
+				return err
+			}
+			if err := meta.Delete(keyPartial); err != nil {
+				return err
+			}
+		case !last:
+			// A retry of a failed checkpoint starts again from its first
+			// key: the marker keeps the furthest key written.
+			key := ents[len(ents)-1].key
+			if p := readPartial(meta); p.gen == ov.toGen && p.key > key {
+				key = p.key
+			}
+			v := w.alloc(8 + len(key))
+			binary.BigEndian.PutUint64(v, ov.toGen)
+			copy(v[8:], key)
+			if err := meta.Put(keyPartial, v); err != nil {
 				return err
 			}
 		}
@@ -372,6 +428,26 @@ func (w *bboltWriter) writeOverlay(db *bolt.DB, ov *overlay, hook func(*bolt.Tx)
 		return nil
 	})
 	return next, empty, err
+}
+
+// partial is a checkpoint's progress marker (keyPartial); gen 0 if none.
+type partial struct {
+	gen uint64
+	key string
+}
+
+func readPartial(meta *bolt.Bucket) partial {
+	v := meta.Get(keyPartial)
+	if len(v) < 8 {
+		return partial{}
+	}
+	return partial{binary.BigEndian.Uint64(v), string(v[8:])}
+}
+
+// covers reports whether the data file holds the final value, as of WAL
+// generation gen, of key: the replay skips such a record.
+func (p partial) covers(gen uint64, key []byte) bool {
+	return gen <= p.gen && string(key) <= p.key
 }
 
 // isEmpty reports whether b holds no key.

@@ -34,15 +34,23 @@
 // the data file: a record is visible to Get once its commit is done. A
 // checkpoint freezes the overlay (a new, empty one takes the commits that
 // follow, in a new WAL file), and a second goroutine, the checkpointer,
-// writes the frozen overlay into bbolt in one transaction (the keys bucket
-// and the deadline index), records there the WAL position it reached,
-// removes the WAL files it came from, and drops the frozen overlay; until
-// then Get reads the current overlay, then the frozen one, then bbolt.
+// writes the frozen overlay into bbolt (the keys bucket and the deadline
+// index) in key order, in transactions of 4096 keys, records in the last
+// one the WAL position it reached, removes the WAL files it came from, and
+// drops the frozen overlay; until then Get reads the current overlay, then
+// the frozen one, then bbolt. A bbolt transaction holds every node it
+// touches and every page it dirties in memory until it commits, about 6 KiB
+// a key when keys are spread over a large file: the split bounds that to
+// about 24 MiB, and, the keys being in order, rewrites each page about once
+// as one transaction would. Each transaction but the last records how far
+// it got (the "partial" meta record, below), so that a crash between two of
+// them replays the WAL records only of the keys the data file lacks.
 // Commits go on while a checkpoint runs. Coalescing is the point: a key
 // written fifty times between checkpoints costs bbolt one put.
 //
 // A checkpoint starts when the overlay holds Options.CheckpointKeys keys
-// (default 262144) or the WAL written since the last one reaches
+// (default 262144; the node sets it to its --max-keys, at least 4096, so
+// that the cap on keys in memory bounds the overlays too) or the WAL written since the last one reaches
 // Options.CheckpointBytes (default 256 MiB); when Scan is called (it reads
 // the data file, after a checkpoint of what is committed); and in Close.
 // Nothing starts one on a timer. If a checkpoint still runs when the next
@@ -175,9 +183,13 @@
 //
 // The data file is a bbolt database with three buckets:
 //
-//	meta    "format" → uint32 big-endian format version (1)
-//	        "wal"    → uint64 big-endian generation, uint64 sequence number:
-//	                   the last WAL frame written into the file
+//	meta    "format"  → uint32 big-endian format version (1)
+//	        "wal"     → uint64 big-endian generation, uint64 sequence number:
+//	                    the last WAL frame written into the file
+//	        "partial" → uint64 big-endian generation, key: a checkpoint of
+//	                    the WAL up to that generation, cut short after it
+//	                    wrote every key up to this one (in byte order); the
+//	                    replay skips their records in those files
 //	keys    key → [8-byte big-endian deadline, unix ns][value]
 //	expiry  [8-byte big-endian deadline][key] → empty
 //
@@ -209,6 +221,26 @@
 // bucket at all (its creation was interrupted) is initialised. A later
 // format changes the version, and this package will then either migrate the
 // file explicitly or refuse it; it never wipes it.
+//
+// An older build ignores "partial": after a crash in the middle of a
+// checkpoint, open the file with this build (or a later one) first.
+//
+// # Compaction
+//
+// bbolt reuses the pages records free, but never gives them back: after a
+// flood of keys has expired, the file keeps the size of the flood. After a
+// checkpoint or a Sweep pass, when the free pages pass
+// Options.CompactMinFree (default 16 MiB) and outnumber the pages in use,
+// the checkpointer copies every bucket into PATH.compact (bbolt's Compact,
+// pages full, in transactions of 4 MiB), syncs it, renames it over the data
+// file and syncs the directory; reads switch to the new file. So the file
+// holds at most about twice what its records need, plus bbolt's growth
+// step of 16 MiB. Reads go on during the copy; meta records wait for it,
+// and so does a checkpoint that falls due (and the commits after it): it
+// costs about the size of the live records at the disk's speed, 0.7 s for
+// 6 MB on the development VM. A crash before the rename leaves PATH.compact,
+// which Open removes; a failed compaction (a full disk) is logged and not
+// tried again for a minute.
 //
 // # Deadlines and Sweep
 //

@@ -82,7 +82,7 @@ func (s *Store) ScanMeta(bucket string, fn func(key string, value []byte) bool) 
 	if bucket == "" {
 		return fmt.Errorf("persist: scan %s meta: empty bucket name", s.opts.Path)
 	}
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		b := tx.Bucket([]byte(metaPrefix + bucket))
 		if b == nil {
 			return nil
@@ -120,6 +120,10 @@ func (s *Store) updateMeta(op, bucket string, fn func(*bolt.Tx) (changed bool, e
 	if s.closed {
 		return s.errClosed
 	}
+	s.metaMu.Lock()
+	defer s.metaMu.Unlock()
+	s.dbMu.RLock()
+	defer s.dbMu.RUnlock()
 	changed := false
 	err := s.db.Update(func(tx *bolt.Tx) error {
 		var err error

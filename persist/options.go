@@ -64,6 +64,7 @@ const (
 	DefaultMaxTxRecords    = 50000
 	DefaultCheckpointKeys  = 256 << 10
 	DefaultCheckpointBytes = 256 << 20
+	DefaultCompactMinFree  = 16 << 20
 )
 
 // Options configures a Store. The zero value of every field but Path selects
@@ -116,6 +117,18 @@ type Options struct {
 	// 256 MiB (DefaultCheckpointBytes).
 	CheckpointBytes int64
 
+	// CompactMinFree is the free space, in bytes, past which the data file
+	// is compacted (copied into a new file that replaces it) once its free
+	// pages also outnumber the pages in use: a file holds at most about
+	// twice what its records need, or this much more. Negative: never
+	// compact. Default 16 MiB (DefaultCompactMinFree).
+	CompactMinFree int64
+
+	// OnCompact, if set, is called on the checkpointer goroutine after
+	// every compaction that succeeded, with the file's size before and
+	// after and the wall time it took.
+	OnCompact func(before, after int64, d time.Duration)
+
 	// Logger receives the store's logs, with attribute component=persist.
 	// Nil discards them.
 	Logger *slog.Logger
@@ -147,6 +160,7 @@ func DefaultOptions(path string) Options {
 		MaxTxRecords:    DefaultMaxTxRecords,
 		CheckpointKeys:  DefaultCheckpointKeys,
 		CheckpointBytes: DefaultCheckpointBytes,
+		CompactMinFree:  DefaultCompactMinFree,
 	}
 }
 
@@ -194,6 +208,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.CheckpointBytes == 0 {
 		o.CheckpointBytes = DefaultCheckpointBytes
+	}
+	if o.CompactMinFree == 0 {
+		o.CompactMinFree = DefaultCompactMinFree
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)

@@ -111,8 +111,15 @@ type Record struct {
 // safe for concurrent use.
 type Store struct {
 	opts Options // with defaults applied
-	db   *bolt.DB
 	log  *slog.Logger
+
+	// db is the data file. The checkpointer replaces it when it compacts
+	// the file, holding dbMu for writing; other goroutines read it holding
+	// dbMu for reading (view). metaMu keeps the meta records' writes out
+	// of a compaction.
+	db     *bolt.DB
+	dbMu   sync.RWMutex
+	metaMu sync.Mutex
 
 	// mu guards closed. Submitters hold it for reading while they send to
 	// queue, so that Close (which takes it for writing) closes queue only
@@ -194,20 +201,11 @@ func Open(o Options) (*Store, error) {
 		return nil, fmt.Errorf("persist: open %s: %v (check the data dir path and its permissions)", path, err)
 	}
 
-	// NoSync: in ModeCommit and ModeAsync a commit is write(2) without fsync.
-	// NoFreelistSync: the freelist is not written by every commit (fewer pages
-	// per transaction); Open rebuilds it by walking the file instead.
-	// FreelistMapType: O(1) page allocation however fragmented the file.
-	// InitialMmapSize: address space, not memory; a file that grows within
-	// it is not remapped, and a remap in the middle of a checkpoint copies
-	// every node the transaction has touched to the heap.
-	db, err := bolt.Open(path, 0o600, &bolt.Options{
-		Timeout:         o.OpenTimeout,
-		NoSync:          o.Mode != ModeFsync,
-		NoFreelistSync:  true,
-		FreelistType:    bolt.FreelistMapType,
-		InitialMmapSize: initialMmapSize,
-	})
+	// A compaction cut short by a crash left its copy: the data file is whole.
+	if err := os.Remove(compactName(path)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("persist: open %s: remove an unfinished compaction: %v (check the data dir's permissions)", path, err)
+	}
+	db, err := bolt.Open(path, 0o600, boltOptions(o))
 	if err != nil {
 		return nil, openError(path, o.OpenTimeout, err)
 	}
@@ -299,13 +297,13 @@ func (s *Store) replay(pos walPos) error {
 	if err != nil {
 		return fmt.Errorf("persist: open %s: read the data file: %v", path, err)
 	}
-	rp := replayer{ov: ov, keys: tx.Bucket(bucketKeys), path: path}
+	rp := replayer{ov: ov, keys: tx.Bucket(bucketKeys), path: path, done: readPartial(tx.Bucket(bucketMeta))}
 	defer func() { _ = tx.Rollback() }()
 	for _, f := range files {
 		if f.gen <= pos.gen {
 			continue // checkpointed already
 		}
-		sc, err := rp.file(f.path)
+		sc, err := rp.file(f)
 		var rerr walReadError
 		switch {
 		case errors.Is(err, errWALEmpty):
@@ -344,7 +342,7 @@ func (s *Store) replay(pos walPos) error {
 	if len(replayed) > 0 {
 		ov.bytes = 0
 		var bw bboltWriter
-		next, _, err := bw.writeOverlay(s.db, ov, nil)
+		next, _, err := bw.writeOverlay(s.db, ov, true, nil)
 		if err == nil {
 			err = s.db.Sync()
 		}
@@ -389,7 +387,8 @@ type replayer struct {
 	ov   *overlay
 	keys *bolt.Bucket // the data file's, in a read transaction
 	path string
-	long int // appends that would have made a value too long
+	long int     // appends that would have made a value too long
+	done partial // what an interrupted checkpoint wrote already
 }
 
 // dataFileError is an error of the data file met during the replay (which
@@ -400,10 +399,11 @@ type dataFileError struct{ error }
 // must follow ov.lastSeq. An append adds to the replay overlay's value of
 // its key if it has an entry for it (after a deletion: to nothing), else to
 // the data file's value, else to nothing; as on the writer, a value that
-// would be longer than MaxValueLen is the appended bytes alone.
-func (rp *replayer) file(name string) (walScan, error) {
+// would be longer than MaxValueLen is the appended bytes alone. A record of
+// a key whose final value an interrupted checkpoint wrote is skipped.
+func (rp *replayer) file(wf walFile) (walScan, error) {
 	ov := rp.ov
-	f, err := os.Open(name)
+	f, err := os.Open(wf.path)
 	if err != nil {
 		return walScan{}, walReadError{err}
 	}
@@ -413,6 +413,9 @@ func (rp *replayer) file(name string) (walScan, error) {
 		return walScan{}, walReadError{err}
 	}
 	return decodeWAL(f, info.Size(), ov.lastSeq+1, func(r walRecord) error {
+		if rp.done.covers(wf.gen, r.key) {
+			return nil
+		}
 		if r.app {
 			e := ov.m.getBytes(r.key)
 			if e != nil {
@@ -548,6 +551,14 @@ func walk(tx *bolt.Tx, path string) error {
 	})
 }
 
+// view runs fn in a read transaction of the data file, which a compaction
+// replaces between two calls, never during one.
+func (s *Store) view(fn func(*bolt.Tx) error) error {
+	s.dbMu.RLock()
+	defer s.dbMu.RUnlock()
+	return s.db.View(fn)
+}
+
 // walPos is the WAL position a data file holds: the generation and the
 // sequence number of the last frame checkpointed into it (zero if none).
 type walPos struct{ gen, seq uint64 }
@@ -673,7 +684,7 @@ func (s *Store) Get(keys []string, fn func(i int, deadline int64, value []byte))
 	// The overlays were read first: a record that was in neither is in
 	// bbolt by now (a checkpoint drops an overlay only after its commit).
 	var buf []byte
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketKeys)
 		for _, i := range misses {
 			k := keys[i]
@@ -714,7 +725,7 @@ func (s *Store) Scan(prefix, after string, limit int, fn func(key string, deadli
 		start = after
 	}
 	p := []byte(prefix)
-	err := s.db.View(func(tx *bolt.Tx) error {
+	err := s.view(func(tx *bolt.Tx) error {
 		c := tx.Bucket(bucketKeys).Cursor()
 		k, v := c.Seek([]byte(start))
 		if after != "" && string(k) == after {

@@ -40,6 +40,14 @@ const (
 // [8-byte big-endian generation][8-byte big-endian sequence number].
 var keyWAL = []byte("wal")
 
+// keyPartial, in the meta bucket, marks a checkpoint written in several
+// transactions and not finished: [8-byte big-endian generation][key]. The
+// data file holds the final value, as of that WAL generation, of every key
+// up to and including key (in bbolt's byte order); the replay skips the
+// records of those keys in the WAL files up to that generation. The
+// transaction that records the checkpoint's WAL position deletes it.
+var keyPartial = []byte("partial")
+
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // walHeader is the first walHeaderLen bytes of every WAL file.

@@ -435,7 +435,7 @@ func (w *writer) readBases() error {
 	if s.ck.swept.Load() >= w.sweepID {
 		w.sweepMaxNow = 0 // every pass handed over is finished
 	}
-	return s.db.View(func(tx *bolt.Tx) error {
+	return s.view(func(tx *bolt.Tx) error {
 		b := tx.Bucket(bucketKeys)
 		for _, k := range w.baseKeys {
 			w.keyBuf = append(w.keyBuf[:0], k...)

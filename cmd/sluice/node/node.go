@@ -96,11 +96,12 @@ func New(cfg Config) (n *Node, err error) {
 	if cfg.Durability != "memory" {
 		mode, _ := persist.ParseMode(cfg.Durability)
 		n.store, err = persist.Open(persist.Options{
-			Path:          filepath.Join(cfg.DataDir, "sluice.db"),
-			Mode:          mode,
-			Logger:        n.log,
-			OnCommit:      n.metrics.commit,
-			AcceptWALLoss: cfg.AcceptWALLoss,
+			Path:           filepath.Join(cfg.DataDir, "sluice.db"),
+			Mode:           mode,
+			Logger:         n.log,
+			OnCommit:       n.metrics.commit,
+			AcceptWALLoss:  cfg.AcceptWALLoss,
+			CheckpointKeys: checkpointKeys(cfg.Engine.MaxKeys),
 		})
 		if err != nil {
 			return nil, err
@@ -206,6 +207,17 @@ func New(cfg Config) (n *Node, err error) {
 		n.http.TLSConfig = n.tls.server
 	}
 	return n, nil
+}
+
+// checkpointKeys sizes the data file's overlays (keys written since the
+// last checkpoint, two overlays at most) to the keys held in memory, so that
+// --max-keys bounds both: a flood of new keys costs the overlays no more
+// than it costs the actors. Between 4096 and persist's default.
+func checkpointKeys(maxKeys int) int {
+	if maxKeys <= 0 {
+		maxKeys = actor.DefaultMaxKeys
+	}
+	return min(max(maxKeys, 4096), persist.DefaultCheckpointKeys)
 }
 
 // Start listens on the configured addresses (a bind error returns here),
