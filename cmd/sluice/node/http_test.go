@@ -53,6 +53,8 @@ func TestHealthReadyMetrics(t *testing.T) {
 		`sluice_keys_in_memory 1`,
 		`sluice_storage_commit_records_count`,
 		`sluice_request_duration_seconds_count{api="native"} 3`,
+		`sluice_data_file_bytes `,
+		`sluice_data_file_compactions_total 0`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)

@@ -21,6 +21,7 @@ type metrics struct {
 	commitLatency prometheus.Histogram
 	commitRecords prometheus.Histogram
 	limitsReloads *prometheus.CounterVec
+	compactions   prometheus.Counter
 
 	peerDecisions     prometheus.Counter
 	forwarded         *prometheus.CounterVec
@@ -122,8 +123,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	})
 	reg.MustRegister(m.peerDecisions, m.forwarded, m.forwardLatency, m.forwardBatch, m.handoffKeys,
 		m.refused, m.unserved, m.renewals, m.replicated, m.membershipChanges, m.members)
+	m.compactions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "sluice_data_file_compactions_total",
+		Help: "Compactions of the data file (a copy of its records into a new file that replaces it, once its free pages outnumber the used ones).",
+	})
 	reg.MustRegister(m.keys, m.evictions, m.expired, m.queueDepth,
-		m.batchChecks, m.commitLatency, m.commitRecords, m.limitsReloads)
+		m.batchChecks, m.commitLatency, m.commitRecords, m.limitsReloads, m.compactions)
 	return m
 }
 
@@ -147,6 +152,8 @@ func (m *metrics) commit(records int, d time.Duration) {
 	m.commitLatency.Observe(d.Seconds())
 	m.commitRecords.Observe(float64(records))
 }
+
+func (m *metrics) compacted(_, _ int64, _ time.Duration) { m.compactions.Inc() }
 
 // Changed implements cluster.Observer.
 func (m *metrics) Changed(kind cluster.ChangeKind, _ uint64, members int) {

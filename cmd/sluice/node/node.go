@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
 	"path/filepath"
 	"runtime"
 	"sync"
@@ -95,17 +96,29 @@ func New(cfg Config) (n *Node, err error) {
 
 	if cfg.Durability != "memory" {
 		mode, _ := persist.ParseMode(cfg.Durability)
+		path := filepath.Join(cfg.DataDir, "sluice.db")
 		n.store, err = persist.Open(persist.Options{
-			Path:           filepath.Join(cfg.DataDir, "sluice.db"),
+			Path:           path,
 			Mode:           mode,
 			Logger:         n.log,
 			OnCommit:       n.metrics.commit,
 			AcceptWALLoss:  cfg.AcceptWALLoss,
 			CheckpointKeys: checkpointKeys(cfg.Engine.MaxKeys),
+			OnCompact:      n.metrics.compacted,
 		})
 		if err != nil {
 			return nil, err
 		}
+		n.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "sluice_data_file_bytes",
+			Help: "Size of the data file (its WAL files apart).",
+		}, func() float64 {
+			info, err := os.Stat(path)
+			if err != nil {
+				return 0
+			}
+			return float64(info.Size())
+		}))
 	}
 	if cfg.LimitsFile != "" {
 		n.limits, err = limits.NewWatcher(limits.WatcherOptions{
