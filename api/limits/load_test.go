@@ -109,7 +109,7 @@ func TestLoadErrors(t *testing.T) {
 		dir := t.TempDir()
 		writeFile(t, filepath.Join(dir, "notes.txt"), "hello")
 		_, err := Load(dir)
-		if want := "limits: " + dir + ": the directory has no *.yaml or *.yml file; add one file per domain"; err == nil || err.Error() != want {
+		if want := "limits: " + dir + ": the directory has no *.yaml or *.yml file, nor a config directory holding some (envoyproxy/ratelimit's runtime layout); add one file per domain"; err == nil || err.Error() != want {
 			t.Errorf("Load(empty) = %v; want %s", err, want)
 		}
 	})
@@ -148,5 +148,35 @@ func TestLoadConfigMapLayout(t *testing.T) {
 	}
 	if got := c.Domains(); !slices.Equal(got, []string{"edge"}) {
 		t.Errorf("Domains = %v; want [edge] (the ..data and ..v1 entries skipped)", got)
+	}
+}
+
+// TestLoadRuntimeLayout: pointed at envoyproxy/ratelimit's runtime directory
+// (RUNTIME_ROOT/RUNTIME_SUBDIRECTORY), whose limits are under config/, at
+// any depth, Load reads them as envoyproxy/ratelimit does, and a ConfigMap
+// mounted at config/ too.
+func TestLoadRuntimeLayout(t *testing.T) {
+	root := t.TempDir()
+	dir := filepath.Join(root, "ratelimit")
+	writeFile(t, filepath.Join(dir, "config", "edge.yaml"), rule("edge", "remote_address", 10))
+	writeFile(t, filepath.Join(dir, "config", "teams", "api.yaml"), rule("api", "user", 20))
+	writeFile(t, filepath.Join(dir, "config", ".hidden", "x.yaml"), "not: [valid")
+	writeFile(t, filepath.Join(dir, "other", "skipped.yaml"), "not: [valid")
+	c, err := Load(dir)
+	if err != nil {
+		t.Fatalf("Load(%s): %v", dir, err)
+	}
+	if got, want := c.Domains(), []string{"api", "edge"}; !slices.Equal(got, want) {
+		t.Errorf("Domains = %v; want %v", got, want)
+	}
+	runLookups(t, c, []lookupCase{
+		{"edge", d("remote_address=1.2.3.4"), "10/second"},
+		{"api", d("user=bob"), "20/second"},
+	})
+
+	cm := filepath.Join(t.TempDir(), "ratelimit")
+	configMap(t, filepath.Join(cm, "config"), "1", map[string]string{"edge.yaml": rule("edge", "remote_address", 10)})
+	if c, err := Load(cm); err != nil || !slices.Equal(c.Domains(), []string{"edge"}) {
+		t.Errorf("Load(a ConfigMap at config/) = %v; want the domain edge", err)
 	}
 }

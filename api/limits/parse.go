@@ -33,11 +33,15 @@ func Parse(name string, data []byte) (*Config, error) {
 }
 
 // Load reads the limits file at path or, when path is a directory, every
-// *.yaml and *.yml file directly in it (following symlinks, skipping names
-// that start with a dot, which also skips the ..data links of a Kubernetes
-// ConfigMap volume), and checks them together: each file is one domain and
-// no two files may have the same domain. A directory with no such file is
-// an error.
+// *.yaml and *.yml file directly in it and, when it has a config
+// subdirectory, every such file under config at any depth: the layout of
+// envoyproxy/ratelimit's runtime directory (RUNTIME_ROOT/
+// RUNTIME_SUBDIRECTORY, its limits in config/), so that pointing Sluice at
+// ROOT/ratelimit reads the same files. Names that start with a dot are
+// skipped (that also skips the ..data links of a Kubernetes ConfigMap
+// volume); symlinks are followed. The files are checked together: each is
+// one domain and no two may have the same domain. A directory with no such
+// file is an error.
 func Load(path string) (*Config, error) {
 	srcs, err := readSources(path)
 	if err != nil {
@@ -47,7 +51,7 @@ func Load(path string) (*Config, error) {
 }
 
 // readSources reads the file or the directory's limits files, sorted by
-// name.
+// path.
 func readSources(path string) ([]source, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
@@ -60,23 +64,49 @@ func readSources(path string) ([]source, error) {
 		}
 		return []source{{name: path, data: data}}, nil
 	}
-	ents, err := os.ReadDir(path)
+	srcs, err := readDir(path, nil, false)
 	if err != nil {
-		return nil, ioError(path, "cannot list the limits directory", err)
+		return nil, err
 	}
-	var srcs []source
+	sub := filepath.Join(path, "config")
+	if fi, err := os.Stat(sub); err == nil && fi.IsDir() {
+		if srcs, err = readDir(sub, srcs, true); err != nil {
+			return nil, err
+		}
+	}
+	if len(srcs) == 0 {
+		return nil, &Error{File: path, Reason: "the directory has no *.yaml or *.yml file, nor a config directory holding some (envoyproxy/ratelimit's runtime layout); add one file per domain"}
+	}
+	return srcs, nil
+}
+
+// readDir appends the limits files of dir to srcs, in name order, and those
+// of its subdirectories too when deep.
+func readDir(dir string, srcs []source, deep bool) ([]source, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, ioError(dir, "cannot list the limits directory", err)
+	}
 	for _, e := range ents {
 		name := e.Name()
 		if strings.HasPrefix(name, ".") {
 			continue
 		}
-		if ext := strings.ToLower(filepath.Ext(name)); ext != ".yaml" && ext != ".yml" {
-			continue
-		}
-		p := filepath.Join(path, name)
+		p := filepath.Join(dir, name)
 		fi, err := os.Stat(p) // follows symlinks
 		if err != nil {
 			return nil, ioError(p, "cannot read the limits file", err)
+		}
+		if fi.IsDir() {
+			if deep {
+				if srcs, err = readDir(p, srcs, true); err != nil {
+					return nil, err
+				}
+			}
+			continue
+		}
+		if ext := strings.ToLower(filepath.Ext(name)); ext != ".yaml" && ext != ".yml" {
+			continue
 		}
 		if !fi.Mode().IsRegular() {
 			continue
@@ -86,9 +116,6 @@ func readSources(path string) ([]source, error) {
 			return nil, ioError(p, "cannot read the limits file", err)
 		}
 		srcs = append(srcs, source{name: p, data: data})
-	}
-	if len(srcs) == 0 {
-		return nil, &Error{File: path, Reason: "the directory has no *.yaml or *.yml file; add one file per domain"}
 	}
 	return srcs, nil
 }
