@@ -34,6 +34,33 @@ type actor struct {
 	taken map[string]bool
 	dirty []*entry
 	wrote []bool
+
+	// The storage writes in flight, oldest first (queue[head:]), until
+	// settle sees them done; see settle. In the durable modes each write
+	// builds on the one before it (Store.SubmitAfter), so once one fails,
+	// none after it reaches the store.
+	queue []pendingWrite
+	head  int
+	spare [][]*entry // key lists of settled writes, for reuse
+	// seq numbers the writes; chainStart is the first of the current chain
+	// (after a rollback, the next write builds on none).
+	seq, chainStart uint64
+	// failed is the highest seq of a write that failed. The store's writer
+	// goroutine sets it before it fails the write's calls, so that a caller
+	// told of the failure finds its hits gone from its next call on.
+	failed atomic.Uint64
+	// pinned lists (async mode) the keys whose write failed: their hits
+	// were acknowledged, so they stay in memory until a write of their
+	// whole state succeeds (see pin).
+	pinned []*entry
+}
+
+// pendingWrite is a storage write of the actor that settle has not seen
+// done: its commit, its seq, and the keys it wrote.
+type pendingWrite struct {
+	commit *persist.Commit
+	seq    uint64
+	keys   []*entry
 }
 
 // entry is a key held in memory.
@@ -52,6 +79,10 @@ type entry struct {
 	heapIdx int32
 	dirty   bool
 	used    bool // used since it was last put at the front of the LRU list
+	// pinned (async mode) says that a write of the key failed after its
+	// hits were acknowledged: the store holds less than memory, so the key
+	// is not evicted, and its next write is a whole state (see pin).
+	pinned bool
 	// saved is what the store holds of the key's log, for tail writes.
 	saved saved
 }
@@ -63,6 +94,8 @@ func newActor(e *Engine, id, maxKeys int) *actor {
 		mailbox: make(chan *call, e.cfg.MailboxSize),
 		maxKeys: max(maxKeys, 1),
 		keys:    make(map[string]*entry),
+		// The first write's seq is 1: failed (0) names none.
+		chainStart: 1,
 	}
 	a.lru.next, a.lru.prev = &a.lru, &a.lru
 	return a
@@ -94,6 +127,7 @@ func (a *actor) loop() {
 				a.batch = a.batch[:0]
 				a.drain()
 				if len(a.batch) == 0 {
+					a.writePinned()
 					return
 				}
 				a.handle()
@@ -121,6 +155,7 @@ func (a *actor) drain() {
 // acknowledges each call (after that write commits, in the durable modes).
 func (a *actor) handle() {
 	e := a.e
+	a.settle()
 	now := a.now()
 	live := a.batch[:0]
 	for _, c := range a.batch {
@@ -325,14 +360,17 @@ func (a *actor) importStates(c *call, now int64) (wrote bool) {
 	return wrote
 }
 
-// persist hands the batch's dirty keys to the store as one write, and its
-// records to the Replicator if there is one, and acknowledges the calls: at
-// once in Async mode and for calls that recorded nothing, otherwise after
-// the commit (and the Replicator's confirmation).
+// persist hands the batch's dirty keys to the store as one write and
+// acknowledges the calls: at once in Async mode and for calls that
+// recorded nothing, otherwise after the commit (and, with a Replicator,
+// once the Replicator, which receives the write's records after the
+// commit, confirmed them). In the durable modes the write builds on the
+// actor's previous write if that one is still in flight (see settle).
 func (a *actor) persist(now int64) {
 	f := flushPool.Get().(*flush)
 	for _, ent := range a.dirty {
 		ent.dirty = false
+		ent.pinned = false // this write holds its whole state (see pin)
 		if !a.arm(ent, now) {
 			// Empty: delete it on disk. It stays in memory, empty and
 			// without an alarm, until eviction, so that nobody reads the
@@ -368,23 +406,171 @@ func (a *actor) persist(now int64) {
 			f.calls = append(f.calls, c)
 		}
 	}
-	var commit *persist.Commit
-	if rep := a.e.cfg.Replicator; rep == nil {
-		commit = a.e.store.Submit(f.recs, f.finish)
-	} else {
-		// The calls wait for the store and the replicator; whichever
-		// answers last acknowledges them and recycles f.
-		if f.storeDone == nil {
-			f.storeDone, f.replicaDone = f.finishStore, f.finishReplica
-		}
-		f.left.Store(2)
-		commit = a.e.store.Submit(f.recs, f.storeDone)
-		rep.Replicate(f.recs, f.replicaDone)
+	a.seq++
+	f.a, f.seq = a, a.seq
+	if f.storeDone == nil {
+		f.storeDone, f.replicaDone = f.finishStore, f.finishReplica
 	}
+	// Async mode acknowledged the hits: a write never waits on another
+	// one's fate there (see pin).
+	var prev *persist.Commit
+	if n := len(a.queue); n > a.head && !async {
+		prev = a.queue[n-1].commit
+	}
+	commit := a.e.store.SubmitAfter(prev, f.recs, f.storeDone)
 	for _, ent := range a.dirty {
 		ent.commit = commit
 	}
-	a.dirty = a.dirty[:0]
+	a.queue = append(a.queue, pendingWrite{commit: commit, seq: a.seq, keys: a.dirty})
+	if n := len(a.spare); n > 0 {
+		a.dirty, a.spare = a.spare[n-1], a.spare[:n-1]
+	} else {
+		a.dirty = nil
+	}
+}
+
+// settle takes the outcome of the actor's writes that are done, oldest
+// first, before a batch is decided.
+//
+// A write that failed leaves in memory hits that the store does not hold
+// and that, in the durable modes, its callers were told were not
+// recorded. Every write the actor made after it was built on it (persist)
+// and fails too, without reaching the store (Store.SubmitAfter): so the
+// store holds each key as it was before the failed write, and rollback
+// makes memory agree, by dropping every key those writes held; the next
+// call on one loads it again. Checks decided on top of the failed hits
+// before the failure was known counted more than there was: they only
+// denied more (their writes fail too, so their own hits go as well).
+//
+// In async mode the callers were told their hits were recorded: they stay
+// (pin).
+func (a *actor) settle() {
+	if a.head == len(a.queue) {
+		return
+	}
+	async := a.e.store.Mode() == persist.ModeAsync
+	// Read before the writes' status: a write that failed sets it before
+	// its status is done (its done callback runs first).
+	failed := !async && a.failed.Load() >= a.chainStart
+	wrote := false
+loop:
+	for a.head < len(a.queue) {
+		w := &a.queue[a.head]
+		done, err := w.commit.Status()
+		switch {
+		case done && err == nil:
+			wrote = true
+		case async && done:
+			a.pin(w.keys)
+		case done || failed:
+			a.rollback()
+			return
+		default:
+			break loop // in flight
+		}
+		a.popWrite()
+	}
+	if wrote && len(a.pinned) > 0 {
+		a.rewritePinned()
+	}
+}
+
+// popWrite drops the oldest write in flight, which settle has seen done.
+func (a *actor) popWrite() {
+	w := &a.queue[a.head]
+	clear(w.keys)
+	a.spare = append(a.spare, w.keys[:0])
+	*w = pendingWrite{}
+	a.head++
+	switch {
+	case a.head == len(a.queue):
+		a.queue, a.head = a.queue[:0], 0
+	case a.head >= 64 && 2*a.head >= len(a.queue):
+		n := copy(a.queue, a.queue[a.head:])
+		clear(a.queue[n:])
+		a.queue, a.head = a.queue[:n], 0
+	}
+}
+
+// rollback undoes, after a write failed, that write and every write in
+// flight after it, which fail too: it drops their keys from memory (unless
+// a key left memory since, and is another entry now), so that the next
+// call on one loads what the store holds, and starts a new chain of writes.
+func (a *actor) rollback() {
+	dropped := 0
+	for a.head < len(a.queue) {
+		for _, ent := range a.queue[a.head].keys {
+			if a.keys[ent.key] == ent {
+				a.remove(ent)
+				dropped++
+			}
+		}
+		a.popWrite()
+	}
+	a.chainStart = a.seq + 1
+	a.e.cfg.Logger.Debug("dropped the keys of failed writes from memory; they load again from the store", "actor", a.id, "keys", dropped)
+}
+
+// pin keeps, in async mode, the keys of a write that failed: their hits
+// were acknowledged, so memory keeps them, and, since the store does not
+// hold them (an append of the write's tail was lost, and a later append
+// would add to a value without it), the key's next write is a whole state,
+// and the key is not evicted before such a write succeeds. Once a write
+// succeeds again, settle rewrites every pinned key that is still in memory
+// (rewritePinned); so does the actor when the engine closes.
+func (a *actor) pin(keys []*entry) {
+	for _, ent := range keys {
+		if a.keys[ent.key] != ent {
+			continue
+		}
+		ent.saved = saved{}
+		if !ent.pinned {
+			ent.pinned = true
+			a.pinned = append(a.pinned, ent)
+		}
+	}
+	if len(a.pinned) > 2*len(a.keys)+64 {
+		// Keys that left memory (emptied) while pinned: drop them.
+		kept := a.pinned[:0]
+		for _, ent := range a.pinned {
+			if ent.pinned {
+				kept = append(kept, ent)
+			}
+		}
+		clear(a.pinned[len(kept):])
+		a.pinned = kept
+	}
+}
+
+// rewritePinned marks the pinned keys still in memory dirty: the batch
+// about to be decided writes their whole states.
+func (a *actor) rewritePinned() {
+	for _, ent := range a.pinned {
+		if ent.pinned && a.keys[ent.key] == ent {
+			a.markDirty(ent)
+		}
+	}
+	clear(a.pinned)
+	a.pinned = a.pinned[:0]
+}
+
+// writePinned, when the engine closes in async mode, waits for the writes
+// in flight and writes the whole states of the keys whose writes failed,
+// so that the store's last flush holds every acknowledged hit (unless the
+// disk still fails).
+func (a *actor) writePinned() {
+	if a.e.store == nil || a.e.store.Mode() != persist.ModeAsync {
+		return
+	}
+	for _, w := range a.queue[a.head:] {
+		<-w.commit.Done()
+	}
+	a.settle()
+	a.rewritePinned()
+	if len(a.dirty) > 0 {
+		a.batch, a.wrote = a.batch[:0], a.wrote[:0]
+		a.persist(a.now())
+	}
 }
 
 // load reads, in one transaction, the keys of the batch that are not in
@@ -489,26 +675,27 @@ func (a *actor) dropEmpty(now int64, n int) {
 // a write is still in flight, in which case they wait for a later batch.
 func (a *actor) evict() {
 	evicted := 0
-	for len(a.keys) > a.maxKeys {
+	for looked := 0; len(a.keys) > a.maxKeys; looked++ {
 		ent := a.lru.prev
-		if ent.used {
+		if ent.used || ent.pinned && looked < len(a.keys) {
 			// Used since it was last put at the front: its second chance.
-			// Each pass clears the marks it meets, so the loop ends.
+			// Each pass clears the marks it meets, so the loop ends. A
+			// pinned key (async mode) stays, while others can go.
 			ent.used = false
 			ent.prev.next, ent.next.prev = ent.next, ent.prev
 			a.pushFront(ent)
 			continue
 		}
+		if ent.pinned {
+			break // it looked at every key: all are pinned
+		}
 		if ent.commit != nil {
-			select {
-			case <-ent.commit.Done():
-				ent.commit = nil
-			default:
-				if evicted > 0 {
-					a.e.cfg.Observer.Evicted(evicted)
-				}
-				return
+			// A write in flight, or one that failed (settle deals with it
+			// before the next batch), waits for a later batch.
+			if done, err := ent.commit.Status(); !done || err != nil {
+				break
 			}
+			ent.commit = nil
 		}
 		a.remove(ent)
 		evicted++
@@ -532,9 +719,7 @@ func (a *actor) expire(now int64) {
 			continue
 		}
 		if ent.commit != nil {
-			select {
-			case <-ent.commit.Done():
-			default:
+			if done, _ := ent.commit.Status(); !done {
 				continue // leaves by eviction once its write is done
 			}
 		}
@@ -604,6 +789,7 @@ func (a *actor) insert(key string) *entry {
 }
 
 func (a *actor) remove(ent *entry) {
+	ent.pinned = false
 	delete(a.keys, ent.key)
 	ent.prev.next, ent.next.prev = ent.next, ent.prev
 	ent.prev, ent.next = nil, nil
@@ -634,11 +820,9 @@ type flush struct {
 	buf   []byte
 	calls []*call
 
-	// With a Replicator: how many of the store and the replicator have not
-	// answered yet, and what they answered (each written before its
-	// decrement of left, read by the last one).
-	left              atomic.Int32
-	storeErr, replErr error
+	// a is the actor that made the write, and seq the write's number.
+	a   *actor
+	seq uint64
 	// storeDone and replicaDone are finishStore and finishReplica, bound
 	// once per flush so that a write does not allocate them.
 	storeDone, replicaDone func(error)
@@ -646,59 +830,59 @@ type flush struct {
 
 var flushPool = sync.Pool{New: func() any { return new(flush) }}
 
-// finish runs on the store's writer goroutine once the write is committed
-// (without a Replicator).
-func (f *flush) finish(err error) {
-	for _, c := range f.calls {
-		if err != nil {
-			c.fail(fmt.Errorf("actor: store: %w", err))
-		}
-		c.ack()
-	}
-	f.recycle()
-}
-
-// finishStore is the store's answer when there is a Replicator.
+// finishStore runs on the store's writer goroutine once the write is
+// committed or failed. A failure is noted for the actor's settle before
+// any call learns of it; a committed write goes to the Replicator, if any,
+// which then has the last word; a failed one is not replicated.
 func (f *flush) finishStore(err error) {
-	f.storeErr = err
-	if f.left.Add(-1) == 0 {
-		f.finishBoth()
+	if err != nil {
+		f.a.noteFailure(f.seq)
+		f.acknowledge(fmt.Errorf("actor: store: %w", err))
+		return
 	}
+	if rep := f.a.e.cfg.Replicator; rep != nil {
+		rep.Replicate(f.recs, f.replicaDone)
+		return
+	}
+	f.acknowledge(nil)
 }
 
-// finishReplica is the Replicator's answer.
+// finishReplica is the Replicator's answer, after the commit.
 func (f *flush) finishReplica(err error) {
-	f.replErr = err
-	if f.left.Add(-1) == 0 {
-		f.finishBoth()
+	if err != nil {
+		err = fmt.Errorf("%w: %w", ErrReplication, err)
 	}
+	f.acknowledge(err)
 }
 
-// finishBoth acknowledges the calls once the store and the Replicator have
-// answered: failed if either failed (the store's error first: the hits may
-// not be recorded here then).
-func (f *flush) finishBoth() {
-	var err error
-	switch {
-	case f.storeErr != nil:
-		err = fmt.Errorf("actor: store: %w", f.storeErr)
-	case f.replErr != nil:
-		err = fmt.Errorf("%w: %w", ErrReplication, f.replErr)
-	}
+// acknowledge acknowledges the calls of the write, failed with err if it
+// is not nil, and recycles f.
+func (f *flush) acknowledge(err error) {
 	for _, c := range f.calls {
 		if err != nil {
 			c.fail(err)
 		}
 		c.ack()
 	}
-	f.storeErr, f.replErr = nil, nil
 	f.recycle()
+}
+
+// noteFailure records, from the store's writer goroutine, that the write
+// seq failed (failed only grows).
+func (a *actor) noteFailure(seq uint64) {
+	for {
+		old := a.failed.Load()
+		if seq <= old || a.failed.CompareAndSwap(old, seq) {
+			return
+		}
+	}
 }
 
 func (f *flush) recycle() {
 	clear(f.recs)
 	clear(f.calls)
 	f.recs, f.buf, f.calls = f.recs[:0], f.buf[:0], f.calls[:0]
+	f.a = nil
 	flushPool.Put(f)
 }
 

@@ -20,6 +20,20 @@
 // holding its hits has committed; the actor does not wait for that commit
 // and goes on with the next batch.
 //
+// # Failed commits
+//
+// A failed commit records nothing: its calls get the store's error, and
+// their hits are counted neither in memory nor on disk. Since the actor
+// decides on top of writes in flight, each of its writes builds on the one
+// before while that one is in flight (persist.Store.SubmitAfter), so a
+// failure fails every later write of the chain without it reaching the
+// store. Before its next batch the actor drops the keys of those writes
+// from memory (settle, rollback): they load again from the store, as they
+// were before the failure. The store's writer notes the failure for the
+// actor before it fails the calls, so a caller that retries finds its hits
+// gone. In async mode the hits were acknowledged: they stay, and the keys
+// are written again, whole, once writes succeed (pin).
+//
 // # Alarms
 //
 // Each key in memory has a deadline: the moment its last recorded hit leaves
@@ -68,12 +82,11 @@
 // larger count, so that copies meeting in any order count each hit once;
 // states of different or unknown lineages add up, as a handoff's do.
 //
-// Config.Replicator receives the records of every storage write, right
-// after the actor submitted them; in the durable modes a call whose hits
-// were written is acknowledged once both the store and the Replicator
-// confirmed them (ErrReplication if the Replicator failed; the hits stay
-// recorded). The actor never waits for it: the later of the two answers
-// acknowledges. Another node's records are kept here with PutReplicas,
+// Config.Replicator receives the records of every storage write once the
+// store committed them (a failed write is not replicated); in the durable
+// modes a call whose hits were written is acknowledged once the Replicator
+// confirmed them too (ErrReplication if the Replicator failed; the hits
+// stay recorded: they were committed). The actor never waits for either. Another node's records are kept here with PutReplicas,
 // under ReplicaPrefix in the same store, read with CollectReplicas and
 // deleted with DeleteReplicas. Keys with ReservedPrefix are refused to
 // every client call, so no actor holds one and replica writes, which

@@ -97,30 +97,33 @@ type Config struct {
 	// ever refused as stale.
 	Owns func(key string) bool
 	// Replicator, if not nil, receives the records of every storage write
-	// of the actors, and in the commit and fsync modes a call whose hits
-	// were in a write is acknowledged only once the Replicator confirmed
-	// it too (see Replicator). Nil: none. It is not used in memory mode
-	// (no Store: there are no writes).
+	// of the actors once the store committed it, and in the commit and
+	// fsync modes a call whose hits were in a write is acknowledged only
+	// once the Replicator confirmed it too (see Replicator). Nil: none. It
+	// is not used in memory mode (no Store: there are no writes).
 	Replicator Replicator
 }
 
 // Replicator keeps copies of what the engine writes elsewhere (the
 // cluster's standbys).
 type Replicator interface {
-	// Replicate is called by an actor with the records of one storage
-	// write (the same records, in the same order, that it submitted to the
-	// store), right after it submitted them. It must not block. It calls
-	// done exactly once, from any goroutine: nil when the records are safe
+	// Replicate is called with the records of one storage write of an
+	// actor (the same records, in the same order, that it submitted to the
+	// store) once the store committed them, on the store's writer
+	// goroutine (its done callback), in commit order. A write that failed
+	// is not replicated: its hits are not recorded anywhere. Replicate
+	// must not block, nor call the engine or the store. It calls done
+	// exactly once, from any goroutine: nil when the records are safe
 	// wherever it keeps copies, or the reason they are not.
 	//
 	// recs and their values belong to the engine: they may be read until
 	// done is called, never modified or kept after.
 	//
 	// In the commit and fsync modes, a call whose hits were in the write
-	// is acknowledged once both the store's commit and done arrived; if
-	// done reports an error, the call fails with ErrReplication (its hits
-	// stay recorded here). Calls that recorded nothing are acknowledged at
-	// once, and in async mode every call is, before done.
+	// is acknowledged once done arrived; if done reports an error, the
+	// call fails with ErrReplication (its hits stay recorded here: they
+	// were committed). Calls that recorded nothing are acknowledged at
+	// once, and in async mode every call is, before the commit.
 	Replicate(recs []persist.Record, done func(error))
 }
 

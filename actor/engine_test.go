@@ -48,6 +48,8 @@ type harness struct {
 	obs   *countObserver
 	store *persist.Store
 	eng   *Engine
+	// fault, if set, is the store's persist.Options.WriteFault.
+	fault func() error
 }
 
 // newHarness starts an engine in t.TempDir(). mode is "memory", "commit",
@@ -74,7 +76,7 @@ func (h *harness) start() {
 		if err != nil {
 			h.t.Fatal(err)
 		}
-		h.store, err = persist.Open(persist.Options{Path: filepath.Join(h.dir, "sluice.db"), Mode: m})
+		h.store, err = persist.Open(persist.Options{Path: filepath.Join(h.dir, "sluice.db"), Mode: m, WriteFault: h.fault})
 		if err != nil {
 			h.t.Fatal(err)
 		}

@@ -60,6 +60,23 @@
 // stays (read by Get, kept in the WAL) and the next checkpoint writes it
 // again; Flush reports the failure once.
 //
+// # Failed commits
+//
+// A commit that cannot be written (a full disk, an I/O error) fails every
+// batch in it: nothing of it is in the WAL (a partly written frame is
+// truncated away) or the overlay, so Get, checkpoints and a replay never
+// see it, and the writer goes on with the next commit. Failures are
+// logged at most once a second, with their count, and the first commit
+// that succeeds again says how many failed. A batch submitted with
+// SubmitAfter builds on an earlier one (an append to the value it wrote, a
+// put of a state that includes its records): if that one failed, this one
+// is not written either, and fails with the same error, even if the disk
+// works again by its turn, so that a caller chaining its batches knows
+// that nothing it submitted after a failure reached the store, until it
+// submits a batch that builds on none. Such a batch keeps its place in the
+// queue (done callbacks run in submission order) and costs the writer no
+// write. Options.WriteFault lets tests fail writes at will.
+//
 // Get runs on the caller's goroutine, holding the overlay's lock for
 // reading while it looks keys up (the writer takes it for writing while it
 // applies a commit), then in a bbolt read transaction for the keys not

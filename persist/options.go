@@ -147,6 +147,15 @@ type Options struct {
 	// bbolt transaction, including fsync in ModeFsync). Meant for metrics: it
 	// must return quickly.
 	OnCheckpoint func(records int, d time.Duration)
+
+	// WriteFault is a test hook, for the tests of the packages built on
+	// the store: if set, it is called on the writer goroutine before each
+	// commit's WAL write, and an error it returns fails that commit as a
+	// failed write(2) would (nothing of it is written, and the writer goes
+	// on with the next one). It lets a test fill the disk, and empty it
+	// again, at will. Production code leaves it nil (the default): no
+	// fault.
+	WriteFault func() error
 }
 
 // DefaultOptions returns Options for the data file at path with every other

@@ -848,7 +848,23 @@ func (s *Store) publishNext() {
 // Submit calls done synchronously, before it returns, and returns a Commit
 // that is already done with the error (matching ErrClosed after Close).
 func (s *Store) Submit(recs []Record, done func(error)) *Commit {
-	c := &Commit{recs: recs, done: done}
+	return s.SubmitAfter(nil, recs, done)
+}
+
+// SubmitAfter is Submit for a batch that builds on an earlier one, prev,
+// that the caller submitted to this store before (nil: none): a batch
+// whose records were computed from what prev's records hold, such as an
+// append to the value prev wrote, or a put of a state that includes what
+// prev recorded. If prev fails, this batch is not written either: it fails
+// with prev's error (nothing of it was written), and so does, in turn,
+// every batch submitted after it that builds on it. A caller that chains
+// each of its batches to the one before thus knows that once one of them
+// failed, nothing it submitted after that reaches the store, until it
+// submits a batch that builds on none (or on one that succeeded). prev and
+// this batch may share a commit (a WAL frame), and then succeed or fail
+// together. Otherwise SubmitAfter is Submit, and costs no more.
+func (s *Store) SubmitAfter(prev *Commit, recs []Record, done func(error)) *Commit {
+	c := &Commit{recs: recs, done: done, after: prev}
 	appends, err := s.checkRecords(recs)
 	if err != nil {
 		c.finish(err)
@@ -983,6 +999,14 @@ type Commit struct {
 	kind    commitKind
 	now     int64  // kindSweep
 	gen     uint64 // kindCheckpoint: the WAL generation to checkpoint, set by the writer
+	// after is the batch this one builds on (SubmitAfter), until this one
+	// is done: dropped then, so that a chain of batches does not keep
+	// every earlier one alive.
+	after *Commit
+
+	// Used by the writer goroutine only: the error of a batch that is not
+	// written because the batch it builds on failed (or was not written).
+	skip error
 
 	mu       sync.Mutex
 	ch       chan struct{} // made on the first Done call
@@ -1020,6 +1044,15 @@ func (c *Commit) Err() error {
 	return c.err
 }
 
+// Status reports whether the commit is done and, if it is, its error
+// (nil: it succeeded), without waiting, and without making the channel
+// that Done makes.
+func (c *Commit) Status() (done bool, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.finished, c.err
+}
+
 // finish calls the done callback, then records err and closes the channel.
 func (c *Commit) finish(err error) {
 	if c.done != nil {
@@ -1029,6 +1062,7 @@ func (c *Commit) finish(err error) {
 	c.err = err
 	c.finished = true
 	c.recs = nil
+	c.after = nil
 	ch := c.ch
 	c.mu.Unlock()
 	if ch != nil {

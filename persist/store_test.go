@@ -766,16 +766,16 @@ func TestFlush(t *testing.T) {
 // error; Flush then Close report it once; the writer goes on.
 func TestCommitFailure(t *testing.T) {
 	o := testOptions(t)
-	s, err := Open(o)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var fail atomic.Bool
-	s.w.beforeWrite = func() error { // the writer is idle: it reads it after the first send
+	o.WriteFault = func() error {
 		if fail.Load() {
 			return errors.New("injected failure")
 		}
 		return nil
+	}
+	s, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
 	}
 	submit(t, s, put("before", 1, "v"))
 
@@ -812,6 +812,130 @@ func TestCommitFailure(t *testing.T) {
 	if err := s.Close(); err == nil {
 		t.Errorf("second Close() = nil; want the same error")
 	}
+}
+
+// TestSubmitAfterFailure: a batch that builds on one that failed is not
+// written, even when the disk is fine again by its turn, and fails with
+// the same error; so does every batch built on it, in turn; a batch that
+// builds on nothing, or on one that succeeded, is written. Batches that
+// share a commit succeed or fail together. Done callbacks keep the
+// submission order.
+func TestSubmitAfterFailure(t *testing.T) {
+	injected := errors.New("no space left on device")
+	// open returns a store each of whose WAL writes waits for the test:
+	// the writer sends on entered when it is about to write, then fails the
+	// write with what it receives on writes (nil: it succeeds); submit
+	// submits a batch that its done callback names in order().
+	open := func(t *testing.T, maxRecs int) (s *Store, entered chan struct{}, writes chan error, submit func(name string, prev *Commit, recs ...Record) *Commit, order func() string) {
+		o := testOptions(t)
+		o.MaxTxRecords = maxRecs
+		entered, writes = make(chan struct{}), make(chan error)
+		o.WriteFault = func() error {
+			entered <- struct{}{}
+			return <-writes
+		}
+		s = openStore(t, o)
+		var (
+			mu    sync.Mutex
+			names []string
+		)
+		submit = func(name string, prev *Commit, recs ...Record) *Commit {
+			return s.SubmitAfter(prev, recs, func(error) {
+				mu.Lock()
+				names = append(names, name)
+				mu.Unlock()
+			})
+		}
+		order = func() string {
+			mu.Lock()
+			defer mu.Unlock()
+			return strings.Join(names, " ")
+		}
+		return s, entered, writes, submit, order
+	}
+	// write lets the writer's next WAL write go on, failing with err.
+	write := func(entered chan struct{}, writes chan error, err error) {
+		<-entered
+		writes <- err
+	}
+
+	t.Run("chain", func(t *testing.T) {
+		s, entered, writes, submit, order := open(t, 1) // one batch a commit
+		// The writer waits in the write of "block" while the chain is
+		// queued behind it: c1 fails in its own commit; c2 and c3, built
+		// on it, are not written though the disk is fine again; c4, built
+		// on one that succeeded, is.
+		hold := submit("hold", nil, put("hold", 1, "h"))
+		write(entered, writes, nil)
+		if err := wait(t, hold); err != nil {
+			t.Fatal(err)
+		}
+		block := submit("block", nil, put("block", 1, "b"))
+		c1 := submit("c1", nil, put("a", 1, "a1"))
+		c2 := submit("c2", c1, app("a", 1, "+a2"))
+		c3 := submit("c3", c2, put("c", 1, "c3"))
+		c4 := submit("c4", hold, put("d", 1, "d4"))
+		write(entered, writes, nil)      // block
+		write(entered, writes, injected) // c1
+		write(entered, writes, nil)      // c4 (c2 and c3 write nothing)
+		for _, tc := range []struct {
+			name string
+			c    *Commit
+			fail bool
+		}{{"block", block, false}, {"c1", c1, true}, {"c2", c2, true}, {"c3", c3, true}, {"c4", c4, false}} {
+			err := wait(t, tc.c)
+			switch {
+			case tc.fail && (err == nil || !strings.Contains(err.Error(), injected.Error())):
+				t.Errorf("%s: Err() = %v; want the failure of c1, %v", tc.name, err, c1.Err())
+			case !tc.fail && err != nil:
+				t.Errorf("%s: Err() = %v; want nil", tc.name, err)
+			}
+		}
+		if got, want := order(), "hold block c1 c2 c3 c4"; got != want {
+			t.Errorf("done callbacks ran in the order %s; want %s", got, want)
+		}
+		// Built on a batch that failed long ago: still not written.
+		if err := wait(t, submit("c5", c3, put("e", 1, "e5"))); err == nil {
+			t.Errorf("c5, built on c3: Err() = nil; want c1's failure")
+		}
+		if err := s.Flush(); err == nil {
+			t.Errorf("Flush after the failures = nil; want the first one")
+		}
+		want := map[string]stored{"hold": {1, "h"}, "block": {1, "b"}, "d": {1, "d4"}}
+		if got := dump(t, s); !reflect.DeepEqual(got, want) {
+			t.Errorf("records = %v; want %v (nothing of a, c or e)", got, want)
+		}
+	})
+
+	t.Run("one commit", func(t *testing.T) {
+		s, entered, writes, submit, _ := open(t, 0)
+		base := submit("base", nil, put("a", 1, "a0"))
+		write(entered, writes, nil)
+		if err := wait(t, base); err != nil {
+			t.Fatal(err)
+		}
+		// c1 and c2 are queued while the writer is in the write of
+		// "block": its next commit takes both.
+		submit("block", nil, put("block", 1, "b"))
+		<-entered
+		c1 := submit("c1", base, app("a", 1, "+1"))
+		c2 := submit("c2", c1, app("a", 1, "+2"))
+		writes <- nil
+		write(entered, writes, injected)
+		if err := wait(t, c2); err == nil || c1.Err() == nil {
+			t.Errorf("c1, c2 in one failed commit: Err() = %v, %v; want the failure for both", c1.Err(), err)
+		}
+		c3 := submit("c3", base, app("a", 1, "+3"))
+		write(entered, writes, nil)
+		if err := wait(t, c3); err != nil {
+			t.Errorf("c3, built on base: Err() = %v; want nil", err)
+		}
+		_ = s.Flush() // reports the failure
+		want := map[string]stored{"a": {1, "a0+3"}, "block": {1, "b"}}
+		if got := dump(t, s); !reflect.DeepEqual(got, want) {
+			t.Errorf("records = %v; want %v", got, want)
+		}
+	})
 }
 
 // TestOpenRefuses: Open stops with ErrFormat on a file it cannot read and
@@ -1159,18 +1283,18 @@ func TestCommitFailuresLoggedAtARate(t *testing.T) {
 	var buf syncBuffer
 	o := testOptions(t)
 	o.Logger = slog.New(slog.NewTextHandler(&buf, nil))
-	s, err := Open(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
 	var fail atomic.Bool
-	s.w.beforeWrite = func() error {
+	o.WriteFault = func() error {
 		if fail.Load() {
 			return errors.New("no space left on device")
 		}
 		return nil
 	}
+	s, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
 	fail.Store(true)
 	start := time.Now()
 	const commits = 500

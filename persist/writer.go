@@ -25,8 +25,8 @@ type writer struct {
 	maxRecs     int
 	sweepBudget int
 
-	// beforeWrite, if set (by tests), runs before every WAL write; an
-	// error fails it.
+	// beforeWrite is Options.WriteFault (tests): if set, it runs before
+	// every WAL write, and an error fails the write.
 	beforeWrite func() error
 
 	// failures are the commits that failed since the last one logged, and
@@ -95,6 +95,7 @@ func (w *writer) init(s *Store, wal *os.File, gen, seq uint64) {
 	w.maxRecs = s.opts.MaxTxRecords
 	w.sweepBudget = defaultSweepBudget
 	w.maxValue = MaxValueLen
+	w.beforeWrite = s.opts.WriteFault
 	w.wal, w.walSize, w.gen, w.seq = wal, walHeaderLen, gen, seq
 	w.doneGen = gen - 1
 }
@@ -172,6 +173,15 @@ func (w *writer) add(c *Commit) {
 	case kindCheckpoint:
 		w.requestCheckpoint(c)
 		return
+	}
+	if c.after != nil {
+		if err := c.after.failure(); err != nil {
+			// It builds on a batch that failed: it keeps its place in the
+			// queue, so that its done callback runs in order, but nothing
+			// of it is written (finishBatch fails it with err).
+			c.skip = err
+			c.recs, c.appends = nil, 0
+		}
 	}
 	w.batch = append(w.batch, c)
 	w.nrecs += len(c.recs)
@@ -544,12 +554,28 @@ func (w *writer) finishBatch(err error) {
 			pending = nil
 			continue
 		}
-		if err != nil && pending == nil {
-			pending = err
+		cerr := err
+		if c.skip != nil {
+			cerr = c.skip
 		}
-		c.finish(err)
+		if cerr != nil && pending == nil {
+			pending = cerr
+		}
+		c.finish(cerr)
 	}
 	w.unreported = pending
+}
+
+// failure is, on the writer goroutine, the error of c, a batch the writer
+// took from the queue before the one that builds on it: nil if it
+// succeeded or is in the commit being collected, which the one that
+// builds on it joins.
+func (c *Commit) failure() error {
+	if c.skip != nil {
+		return c.skip // not written; it may not be done yet (same commit)
+	}
+	_, err := c.Status()
+	return err
 }
 
 func (w *writer) finishSweep(err error) {
