@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"net"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/sluice-io/sluice/actor"
@@ -19,9 +22,21 @@ type Config struct {
 	// NodeName names the node in decisions, logs and the cluster. Default:
 	// the host name.
 	NodeName string
-	// GRPCAddr is where the gRPC API listens (native, Envoy RLS v3, admin,
-	// health, reflection). Default 127.0.0.1:8081.
+	// GRPCAddr is where the gRPC API listens: decisions (native, Envoy RLS
+	// v3) and health, and, unless they have listeners of their own, the
+	// admin service with reflection, and the peer service. Default
+	// 127.0.0.1:8081.
 	GRPCAddr string
+	// PeerAddr, when set, is the only listener of the peer service
+	// (sluice.v1.PeerService: forwarded checks, handoffs, leases, fences,
+	// standby copies), and the address the other members dial for it. Only
+	// in a cluster. Default empty: the peer service is on GRPCAddr.
+	PeerAddr string
+	// AdminAddr, when set, is the only listener of the admin service
+	// (sluice.v1.AdminService) and of server reflection; the other members
+	// dial it for the admin calls they fan out. Default empty: both are on
+	// GRPCAddr.
+	AdminAddr string
 	// HTTPAddr is where /metrics, /healthz and /readyz listen. Default
 	// 127.0.0.1:8080. Empty disables the HTTP listener.
 	HTTPAddr string
@@ -67,7 +82,8 @@ type Config struct {
 	// New.
 	Engine actor.Config
 	// Cluster, when not nil, makes the node a member of a cluster: its
-	// NodeName and GRPCAddr are set by Start. Nil runs a single node.
+	// NodeName and its gRPC, peer and admin addresses are set by Start.
+	// Nil runs a single node.
 	Cluster *cluster.Config
 	// Router tunes forwarding, handoff and leases in a cluster; its
 	// Membership, Engine, Self, Store and DialOptions are set by Start.
@@ -110,6 +126,11 @@ func (c Config) Validate() error {
 		return errors.New("node: config: --tls-client-ca needs --tls-cert and --tls-key")
 	case c.MaxMessageBytes < 0 || c.ShutdownTimeout < 0 || c.LimitsPollInterval < 0:
 		return errors.New("node: config: sizes and durations must not be negative")
+	case c.PeerAddr != "" && c.Cluster == nil:
+		return errors.New("node: config: --peer-addr serves the peer service, which only a cluster node has; set --gossip-addr or --join, or leave it empty")
+	}
+	if err := distinctAddrs(map[string]string{"grpc-addr": c.GRPCAddr, "peer-addr": c.PeerAddr, "admin-addr": c.AdminAddr, "http-addr": c.HTTPAddr}); err != nil {
+		return err
 	}
 	if c.Durability != "memory" {
 		if _, err := persist.ParseMode(c.Durability); err != nil {
@@ -120,4 +141,19 @@ func (c Config) Validate() error {
 		}
 	}
 	return c.Engine.Validate()
+}
+
+// distinctAddrs reports two listeners configured on the same address (port
+// 0 picks a free port for each, so it never clashes).
+func distinctAddrs(addrs map[string]string) error {
+	flags := slices.Sorted(maps.Keys(addrs))
+	for i, a := range flags {
+		for _, b := range flags[i+1:] {
+			addr := addrs[a]
+			if _, port, _ := net.SplitHostPort(addr); addr != "" && addr == addrs[b] && port != "0" {
+				return fmt.Errorf("node: config: --%s and --%s are both %s; leave --peer-addr or --admin-addr empty to serve on --grpc-addr", a, b, addr)
+			}
+		}
+	}
+	return nil
 }

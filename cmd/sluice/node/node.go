@@ -33,7 +33,10 @@ import (
 
 // Node is one Sluice node: its store, engine and limits file, its cluster
 // membership and router, the gRPC services in front of them, and the gRPC
-// and HTTP listeners.
+// and HTTP listeners. The gRPC services share one listener unless the peer
+// or admin service has a listener of its own (Config.PeerAddr,
+// Config.AdminAddr); every gRPC listener has a server of its own, built
+// with the same options (credentials, interceptors, limits).
 type Node struct {
 	cfg      Config
 	log      *slog.Logger
@@ -44,7 +47,10 @@ type Node struct {
 	metrics  *metrics
 	registry *prometheus.Registry
 
-	grpc   *grpc.Server
+	grpc   *listener // decisions and health; admin and peer unless below
+	peer   *listener // the peer service's: grpc, or one of its own
+	admin  *listener // the admin service's: grpc, or one of its own
+	gRPCs  []*listener
 	health *health.Server
 	http   *http.Server
 	tls    *tlsConfig
@@ -54,11 +60,27 @@ type Node struct {
 	stopRouter context.CancelFunc // ends the router's Run
 	routerDone chan struct{}      // closed when Run returned
 
-	grpcLis, httpLis net.Listener
-	ready            atomic.Bool
-	wg               sync.WaitGroup
-	shutdownOnce     sync.Once
-	shutdownErr      error
+	httpLis      net.Listener
+	ready        atomic.Bool
+	wg           sync.WaitGroup
+	shutdownOnce sync.Once
+	shutdownErr  error
+}
+
+// listener is one of the node's gRPC listeners and the server behind it.
+type listener struct {
+	flag string // the flag that sets its address, for errors
+	addr string // as configured
+	srv  *grpc.Server
+	lis  net.Listener // set by Start
+}
+
+// boundAddr is the address l is bound to, "" before Start.
+func (l *listener) boundAddr() string {
+	if l.lis == nil {
+		return ""
+	}
+	return l.lis.Addr().String()
 }
 
 // New opens the data file, starts the engine and builds the services and
@@ -176,13 +198,28 @@ func New(cfg Config) (n *Node, err error) {
 	if n.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.tls.server)))
 	}
-	n.grpc = grpc.NewServer(opts...)
-	n.api.Register(n.grpc)
-	sluicepb.RegisterPeerServiceServer(n.grpc, cluster.NewPeerService(n.router.Load))
+	newListener := func(flag, addr string) *listener {
+		l := &listener{flag: flag, addr: addr, srv: grpc.NewServer(opts...)}
+		n.gRPCs = append(n.gRPCs, l)
+		return l
+	}
+	n.grpc = newListener("grpc-addr", cfg.GRPCAddr)
+	n.peer, n.admin = n.grpc, n.grpc
+	if cfg.PeerAddr != "" {
+		n.peer = newListener("peer-addr", cfg.PeerAddr)
+	}
+	if cfg.AdminAddr != "" {
+		n.admin = newListener("admin-addr", cfg.AdminAddr)
+	}
+	n.api.RegisterDecisions(n.grpc.srv)
 	n.health = health.NewServer()
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	healthpb.RegisterHealthServer(n.grpc, n.health)
-	reflection.Register(n.grpc)
+	healthpb.RegisterHealthServer(n.grpc.srv, n.health)
+	sluicepb.RegisterPeerServiceServer(n.peer.srv, cluster.NewPeerService(n.router.Load))
+	// Reflection is an operator's tool: it goes with the admin service,
+	// and lists the services of its own listener only.
+	n.api.RegisterAdmin(n.admin.srv)
+	reflection.Register(n.admin.srv)
 
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(n.registry, promhttp.HandlerOpts{Registry: n.registry}))
@@ -212,26 +249,40 @@ func New(cfg Config) (n *Node, err error) {
 // serves in the background, and in a cluster joins it and starts the
 // router.
 func (n *Node) Start() error {
-	var err error
-	if n.grpcLis, err = net.Listen("tcp", n.cfg.GRPCAddr); err != nil {
-		return fmt.Errorf("node: listen gRPC on %s: %w", n.cfg.GRPCAddr, err)
+	closeAll := func() {
+		for _, l := range n.gRPCs {
+			if l.lis != nil {
+				l.lis.Close()
+			}
+		}
+	}
+	for _, l := range n.gRPCs {
+		lis, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("node: listen gRPC on %s (--%s): %w", l.addr, l.flag, err)
+		}
+		l.lis = lis
 	}
 	if n.cfg.HTTPAddr != "" {
+		var err error
 		if n.httpLis, err = net.Listen("tcp", n.cfg.HTTPAddr); err != nil {
-			n.grpcLis.Close()
+			closeAll()
 			return fmt.Errorf("node: listen HTTP on %s: %w", n.cfg.HTTPAddr, err)
 		}
 	}
 	if n.limits != nil {
 		n.limits.Start()
 	}
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		if err := n.grpc.Serve(n.grpcLis); err != nil {
-			n.log.Error("gRPC server stopped", "err", err)
-		}
-	}()
+	for _, l := range n.gRPCs {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := l.srv.Serve(l.lis); err != nil {
+				n.log.Error("gRPC server stopped", "listener", l.flag, "err", err)
+			}
+		}()
+	}
 	if n.httpLis != nil {
 		n.wg.Add(1)
 		go func() {
@@ -249,7 +300,7 @@ func (n *Node) Start() error {
 	}
 	if n.cfg.Cluster != nil {
 		if err := n.startCluster(); err != nil {
-			n.grpc.Stop()
+			n.stopGRPC()
 			if n.httpLis != nil {
 				n.http.Close()
 			}
@@ -259,7 +310,7 @@ func (n *Node) Start() error {
 	}
 	n.ready.Store(true)
 	n.updateHealth()
-	n.log.Info("serving", "grpc", n.GRPCAddr(), "http", n.HTTPAddr(), "durability", n.cfg.Durability)
+	n.log.Info("serving", "grpc", n.GRPCAddr(), "peer", n.PeerAddr(), "admin", n.AdminAddr(), "http", n.HTTPAddr(), "durability", n.cfg.Durability)
 	return nil
 }
 
@@ -285,13 +336,17 @@ func (n *Node) updateHealth() {
 	}
 }
 
-// GRPCAddr is the address the gRPC listener is bound to (useful with :0).
-func (n *Node) GRPCAddr() string {
-	if n.grpcLis == nil {
-		return ""
-	}
-	return n.grpcLis.Addr().String()
-}
+// GRPCAddr is the address the gRPC listener of decisions is bound to
+// (useful with :0), "" before Start.
+func (n *Node) GRPCAddr() string { return n.grpc.boundAddr() }
+
+// PeerAddr is the address the peer service is served on: GRPCAddr unless
+// it has a listener of its own.
+func (n *Node) PeerAddr() string { return n.peer.boundAddr() }
+
+// AdminAddr is the address the admin service is served on: GRPCAddr
+// unless it has a listener of its own.
+func (n *Node) AdminAddr() string { return n.admin.boundAddr() }
 
 // HTTPAddr is the address the HTTP listener is bound to, "" if none.
 func (n *Node) HTTPAddr() string {
@@ -314,16 +369,20 @@ func (n *Node) Shutdown(ctx context.Context) error {
 			n.leaveCluster(ctx)
 		}
 		n.health.Shutdown()
+		var stopping sync.WaitGroup
+		for _, l := range n.gRPCs {
+			stopping.Go(l.srv.GracefulStop)
+		}
 		stopped := make(chan struct{})
 		go func() {
-			n.grpc.GracefulStop()
+			stopping.Wait()
 			close(stopped)
 		}()
 		select {
 		case <-stopped:
 		case <-ctx.Done():
 			n.log.Warn("graceful stop timed out; cutting calls in flight")
-			n.grpc.Stop()
+			n.stopGRPC()
 			<-stopped
 		}
 		if n.httpLis != nil {
@@ -344,7 +403,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 func (n *Node) Crash() {
 	n.shutdownOnce.Do(func() {
 		n.ready.Store(false)
-		n.grpc.Stop()
+		n.stopGRPC()
 		if n.httpLis != nil {
 			n.http.Close()
 		}
@@ -359,9 +418,16 @@ func (n *Node) Crash() {
 	})
 }
 
-// StopServing stops the gRPC server at once, without leaving the cluster:
+// StopServing stops the gRPC servers at once, without leaving the cluster:
 // for its peers the node is alive (it gossips) but unreachable. For tests.
-func (n *Node) StopServing() { n.grpc.Stop() }
+func (n *Node) StopServing() { n.stopGRPC() }
+
+// stopGRPC stops every gRPC server at once, cutting the calls in flight.
+func (n *Node) stopGRPC() {
+	for _, l := range n.gRPCs {
+		l.srv.Stop()
+	}
+}
 
 // closeStorage stops the engine and closes the limits watcher and the store.
 func (n *Node) closeStorage() error {
