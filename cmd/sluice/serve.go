@@ -94,6 +94,12 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.BoolVar(&cfg.RateLimitHeaders, "rate-limit-headers", false, "add RateLimit-Policy, RateLimit and Retry-After headers to Envoy responses")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles on --http-addr under /debug/pprof/ (for profiling; off by default)")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest gRPC request, in bytes")
+	fs.IntVar(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "most connections each listener (gRPC, peer, admin, HTTP) holds open; past it new ones wait, unanswered, until one closes")
+	fs.IntVar(&cfg.MaxConcurrentStreams, "max-concurrent-streams", cfg.MaxConcurrentStreams, "most calls in flight on one gRPC connection, answered or not; past it clients queue their calls or open another connection")
+	fs.Var(newDurationValue(&cfg.KeepaliveTime, cfg.KeepaliveTime), "keepalive-time", "ping a client whose connection was silent this long")
+	fs.Var(newDurationValue(&cfg.KeepaliveTimeout, cfg.KeepaliveTimeout), "keepalive-timeout", "close a connection silent this long after the ping: a dead or stalled client is dropped")
+	fs.Var(newDurationValue(&cfg.MaxConnectionIdle, cfg.MaxConnectionIdle), "max-connection-idle", "close (GOAWAY) a connection without a call in flight for this long; clients reconnect when they next call")
+	fs.Var(newDurationValue(&cfg.KeepaliveMinTime, cfg.KeepaliveMinTime), "keepalive-min-time", "shortest interval at which clients may ping (with or without calls); a client that pings more often is disconnected")
 	fs.Var(newDurationValue(&cfg.ShutdownTimeout, cfg.ShutdownTimeout), "shutdown-timeout", "how long a graceful stop lets calls in flight finish before cutting them")
 	fs.IntVar(&cfg.Engine.Actors, "actors", 0, "actor goroutines keys are spread over (0: 4 × GOMAXPROCS)")
 	fs.IntVar(&cfg.Engine.MaxKeys, "max-keys", 0, "most keys in memory; past it idle keys leave memory, their state stays on disk (0: 1000000)")
@@ -128,6 +134,8 @@ func (o *serveOptions) check() error {
 		{"max-key-len", o.cfg.Engine.Limits.MaxKeyLen},
 		{"max-batch", o.cfg.Engine.Limits.MaxBatch},
 		{"max-message-bytes", o.cfg.MaxMessageBytes},
+		{"max-connections", o.cfg.MaxConnections},
+		{"max-concurrent-streams", o.cfg.MaxConcurrentStreams},
 	} {
 		if f.v < 0 {
 			return fmt.Errorf("--%s %d: must not be negative", f.name, f.v)
@@ -139,6 +147,10 @@ func (o *serveOptions) check() error {
 	}{
 		{"limits-poll-interval", o.cfg.LimitsPollInterval},
 		{"shutdown-timeout", o.cfg.ShutdownTimeout},
+		{"keepalive-time", o.cfg.KeepaliveTime},
+		{"keepalive-timeout", o.cfg.KeepaliveTimeout},
+		{"max-connection-idle", o.cfg.MaxConnectionIdle},
+		{"keepalive-min-time", o.cfg.KeepaliveMinTime},
 	} {
 		if f.v < 0 {
 			return fmt.Errorf("--%s %v: must not be negative", f.name, f.v)
@@ -298,6 +310,14 @@ func (o *serveOptions) attrs() []any {
 		"tls_client_ca", cfg.TLSClientCA,
 		"rate_limit_headers", cfg.RateLimitHeaders,
 		"max_message_bytes", cfg.MaxMessageBytes,
+		slog.Group("transport",
+			"max_connections", cfg.MaxConnections,
+			"max_concurrent_streams", cfg.MaxConcurrentStreams,
+			"keepalive_time", cfg.KeepaliveTime,
+			"keepalive_timeout", cfg.KeepaliveTimeout,
+			"max_connection_idle", cfg.MaxConnectionIdle,
+			"keepalive_min_time", cfg.KeepaliveMinTime,
+		),
 		"pprof", cfg.Pprof,
 		"shutdown_timeout", cfg.ShutdownTimeout,
 		slog.Group("engine",

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"net"
 	"os"
 	"slices"
@@ -75,6 +76,37 @@ type Config struct {
 	Pprof bool
 	// MaxMessageBytes bounds a gRPC request. Default 4 MiB.
 	MaxMessageBytes int
+	// MaxConnections bounds the connections each listener (every gRPC
+	// one, and HTTP) holds open at once; past it, a new connection waits
+	// in the kernel's accept queue, unanswered, until one closes. Default
+	// 1024 (DefaultMaxConnections).
+	MaxConnections int
+	// MaxConcurrentStreams bounds the calls in flight on one gRPC
+	// connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): past it, gRPC
+	// clients queue their calls and Envoy opens another connection; a
+	// client that ignores the setting has the extra streams refused. A
+	// call counts until its answer has been sent, so a client that does
+	// not read its answers holds at most this many per connection.
+	// Default 128 (DefaultMaxConcurrentStreams).
+	MaxConcurrentStreams int
+	// KeepaliveTime is how long a gRPC connection may be silent (no frame
+	// from the client) before the node pings the client; at least 1s.
+	// Default 30s.
+	KeepaliveTime time.Duration
+	// KeepaliveTimeout is how long the node waits for a frame after its
+	// ping before it closes the connection: a dead client, or one that
+	// stopped reading, is dropped within KeepaliveTime + KeepaliveTimeout.
+	// Default 10s.
+	KeepaliveTimeout time.Duration
+	// MaxConnectionIdle closes (GOAWAY) a gRPC connection that had no call
+	// in flight for this long; clients reconnect when they next call.
+	// Default 5m.
+	MaxConnectionIdle time.Duration
+	// KeepaliveMinTime is the shortest interval at which clients may ping
+	// the node, with or without calls in flight; a client that pings more
+	// often is disconnected (GOAWAY ENHANCE_YOUR_CALM, "too_many_pings").
+	// Default 5s.
+	KeepaliveMinTime time.Duration
 	// ShutdownTimeout bounds a graceful shutdown before in-flight calls are
 	// cut. Default 10s.
 	ShutdownTimeout time.Duration
@@ -110,7 +142,34 @@ func DefaultConfig() Config {
 		LimitsPollInterval: 2 * time.Second,
 		MaxMessageBytes:    4 << 20,
 		ShutdownTimeout:    10 * time.Second,
+	}.withTransportDefaults()
+}
+
+// Defaults of the transport's bounds (see Config).
+const (
+	DefaultMaxConnections       = 1024
+	DefaultMaxConcurrentStreams = 128
+)
+
+// withTransportDefaults fills in the connection and stream bounds that are
+// zero.
+func (c Config) withTransportDefaults() Config {
+	set := func(d *time.Duration, def time.Duration) {
+		if *d == 0 {
+			*d = def
+		}
 	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.MaxConcurrentStreams == 0 {
+		c.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	set(&c.KeepaliveTime, 30*time.Second)
+	set(&c.KeepaliveTimeout, 10*time.Second)
+	set(&c.MaxConnectionIdle, 5*time.Minute)
+	set(&c.KeepaliveMinTime, 5*time.Second)
+	return c
 }
 
 // Validate reports a configuration that cannot work, saying what to change.
@@ -124,8 +183,14 @@ func (c Config) Validate() error {
 		return errors.New("node: config: --tls-cert and --tls-key go together")
 	case c.TLSClientCA != "" && c.TLSCert == "":
 		return errors.New("node: config: --tls-client-ca needs --tls-cert and --tls-key")
-	case c.MaxMessageBytes < 0 || c.ShutdownTimeout < 0 || c.LimitsPollInterval < 0:
+	case c.MaxMessageBytes < 0 || c.ShutdownTimeout < 0 || c.LimitsPollInterval < 0 ||
+		c.MaxConnections < 0 || c.MaxConcurrentStreams < 0 || c.KeepaliveTime < 0 || c.KeepaliveTimeout < 0 ||
+		c.MaxConnectionIdle < 0 || c.KeepaliveMinTime < 0:
 		return errors.New("node: config: sizes and durations must not be negative")
+	case c.KeepaliveTime != 0 && c.KeepaliveTime < time.Second:
+		return fmt.Errorf("node: config: --keepalive-time %v: at least 1s (gRPC pings no more often)", c.KeepaliveTime)
+	case c.MaxConcurrentStreams > math.MaxUint32:
+		return fmt.Errorf("node: config: --max-concurrent-streams %d: at most %d", c.MaxConcurrentStreams, uint32(math.MaxUint32))
 	case c.PeerAddr != "" && c.Cluster == nil:
 		return errors.New("node: config: --peer-addr serves the peer service, which only a cluster node has; set --gossip-addr or --join, or leave it empty")
 	}

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/sluice-io/sluice/actor"
@@ -30,6 +31,16 @@ import (
 	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
+
+// maxHeaderListBytes bounds the headers of one call (gRPC's default is 16
+// MiB): a proxy's or client's headers take a few hundred bytes, and
+// Envoy's own limit is 60 KiB.
+const maxHeaderListBytes = 64 << 10
+
+// handshakeTimeout bounds a new connection's TLS and HTTP/2 handshake
+// (gRPC's default is 120 s), so that a connection that never starts one
+// gives its slot back soon.
+const handshakeTimeout = 10 * time.Second
 
 // Node is one Sluice node: its store, engine and limits file, its cluster
 // membership and router, the gRPC services in front of them, and the gRPC
@@ -69,7 +80,7 @@ type Node struct {
 
 // listener is one of the node's gRPC listeners and the server behind it.
 type listener struct {
-	flag string // the flag that sets its address, for errors
+	name string // "grpc", "peer" or "admin": its flag is --<name>-addr
 	addr string // as configured
 	srv  *grpc.Server
 	lis  net.Listener // set by Start
@@ -101,6 +112,7 @@ func New(cfg Config) (n *Node, err error) {
 	if cfg.ShutdownTimeout == 0 {
 		cfg.ShutdownTimeout = 10 * time.Second
 	}
+	cfg = cfg.withTransportDefaults()
 	if cfg.Durability == "memory" && cfg.Router.Replicas > 1 {
 		// A node without a data file keeps no copies of other nodes' keys.
 		cfg.Router.Replicas = 1
@@ -194,22 +206,37 @@ func New(cfg Config) (n *Node, err error) {
 		// the actors, so the pool is sized for calls in flight, not cores;
 		// past it, gRPC starts goroutines as before.
 		grpc.NumStreamWorkers(uint32(64 * runtime.GOMAXPROCS(0))),
+		// What one connection may make the node hold (docs/operations.md,
+		// "Connections and streams"): its calls in flight, answered or
+		// not; its headers; its silence, idle or stalled.
+		grpc.MaxConcurrentStreams(uint32(cfg.MaxConcurrentStreams)),
+		grpc.MaxHeaderListSize(maxHeaderListBytes),
+		grpc.ConnectionTimeout(handshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle: cfg.MaxConnectionIdle,
+			Time:              cfg.KeepaliveTime,
+			Timeout:           cfg.KeepaliveTimeout,
+		}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             cfg.KeepaliveMinTime,
+			PermitWithoutStream: true,
+		}),
 	}, n.api.Interceptors()...)
 	if n.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.tls.server)))
 	}
-	newListener := func(flag, addr string) *listener {
-		l := &listener{flag: flag, addr: addr, srv: grpc.NewServer(opts...)}
+	newListener := func(name, addr string) *listener {
+		l := &listener{name: name, addr: addr, srv: grpc.NewServer(opts...)}
 		n.gRPCs = append(n.gRPCs, l)
 		return l
 	}
-	n.grpc = newListener("grpc-addr", cfg.GRPCAddr)
+	n.grpc = newListener("grpc", cfg.GRPCAddr)
 	n.peer, n.admin = n.grpc, n.grpc
 	if cfg.PeerAddr != "" {
-		n.peer = newListener("peer-addr", cfg.PeerAddr)
+		n.peer = newListener("peer", cfg.PeerAddr)
 	}
 	if cfg.AdminAddr != "" {
-		n.admin = newListener("admin-addr", cfg.AdminAddr)
+		n.admin = newListener("admin", cfg.AdminAddr)
 	}
 	n.api.RegisterDecisions(n.grpc.srv)
 	n.health = health.NewServer()
@@ -238,7 +265,7 @@ func New(cfg Config) (n *Node, err error) {
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.MaxConnectionIdle}
 	if n.tls != nil {
 		n.http.TLSConfig = n.tls.server
 	}
@@ -260,16 +287,17 @@ func (n *Node) Start() error {
 		lis, err := net.Listen("tcp", l.addr)
 		if err != nil {
 			closeAll()
-			return fmt.Errorf("node: listen gRPC on %s (--%s): %w", l.addr, l.flag, err)
+			return fmt.Errorf("node: listen gRPC on %s (--%s-addr): %w", l.addr, l.name, err)
 		}
-		l.lis = lis
+		l.lis = newLimitListener(lis, n.cfg.MaxConnections, l.name, n.metrics, n.log)
 	}
 	if n.cfg.HTTPAddr != "" {
-		var err error
-		if n.httpLis, err = net.Listen("tcp", n.cfg.HTTPAddr); err != nil {
+		lis, err := net.Listen("tcp", n.cfg.HTTPAddr)
+		if err != nil {
 			closeAll()
 			return fmt.Errorf("node: listen HTTP on %s: %w", n.cfg.HTTPAddr, err)
 		}
+		n.httpLis = newLimitListener(lis, n.cfg.MaxConnections, "http", n.metrics, n.log)
 	}
 	if n.limits != nil {
 		n.limits.Start()
@@ -279,7 +307,7 @@ func (n *Node) Start() error {
 		go func() {
 			defer n.wg.Done()
 			if err := l.srv.Serve(l.lis); err != nil {
-				n.log.Error("gRPC server stopped", "listener", l.flag, "err", err)
+				n.log.Error("gRPC server stopped", "listener", l.name, "err", err)
 			}
 		}()
 	}
