@@ -35,7 +35,7 @@ func (s *Server) peerContext(ctx context.Context) context.Context {
 
 // peerAdmin returns an admin client for the member named name.
 func (s *Server) peerAdmin(name string) (sluicepb.AdminServiceClient, error) {
-	conn, err := s.router().Conn(name)
+	conn, err := s.router().AdminConn(name)
 	if err != nil {
 		return nil, err
 	}

@@ -133,9 +133,21 @@ func New(cfg Config, d Deps) (*Server, error) {
 // Register registers the native, Envoy and admin services on g. Build g
 // with Interceptors, so that the admin token is checked.
 func (s *Server) Register(g *grpc.Server) {
+	s.RegisterDecisions(g)
+	s.RegisterAdmin(g)
+}
+
+// RegisterDecisions registers the decision services, native and Envoy, on
+// g, built with Interceptors.
+func (s *Server) RegisterDecisions(g *grpc.Server) {
 	sluicepb.RegisterRateLimitServiceServer(g, &nativeService{s: s})
-	sluicepb.RegisterAdminServiceServer(g, &adminService{s: s})
 	rlsv3.RegisterRateLimitServiceServer(g, &envoyService{s: s})
+}
+
+// RegisterAdmin registers the admin service on g, built with Interceptors
+// so that the admin token is checked.
+func (s *Server) RegisterAdmin(g *grpc.Server) {
+	sluicepb.RegisterAdminServiceServer(g, &adminService{s: s})
 }
 
 // Interceptors returns the options that recover handlers' panics, require

@@ -61,6 +61,20 @@ type Config struct {
 	// IP. Required.
 	GRPCAddr string
 
+	// PeerAddr is the host:port of this node's peer service (forwarded
+	// checks, handoffs, leases, fences, standby copies) when it has a
+	// listener of its own; it travels in the gossip metadata, and peers
+	// dial it for every peer call. An empty or unspecified host is
+	// replaced as for GRPCAddr. Default empty: the peer service is on
+	// GRPCAddr.
+	PeerAddr string
+	// AdminAddr is the host:port of this node's admin service when it has a
+	// listener of its own: the other nodes dial it for the admin calls they
+	// fan out (a key's state from its owner, key listings, overrides). An
+	// empty or unspecified host is replaced as for GRPCAddr. Default empty:
+	// the admin service is on GRPCAddr.
+	AdminAddr string
+
 	// Join lists members to contact at Start: "host:port", or "host" for
 	// this node's gossip port. Hosts may be DNS names; every address a name
 	// resolves to is tried, so a Kubernetes headless Service name joins
@@ -237,13 +251,21 @@ func (c Config) Validate() error {
 	if c.GRPCAddr == "" {
 		return fmt.Errorf("cluster: config: gRPC addr is required")
 	}
-	if len(c.GRPCAddr) > maxAddrLen {
-		return fmt.Errorf("cluster: config: gRPC addr is %d bytes; at most %d", len(c.GRPCAddr), maxAddrLen)
+	for _, a := range []struct{ name, addr string }{{"gRPC", c.GRPCAddr}, {"peer", c.PeerAddr}, {"admin", c.AdminAddr}} {
+		if a.addr == "" {
+			continue
+		}
+		if len(a.addr) > maxAddrLen {
+			return fmt.Errorf("cluster: config: %s addr is %d bytes; at most %d", a.name, len(a.addr), maxAddrLen)
+		}
+		if _, port, err := net.SplitHostPort(a.addr); err != nil {
+			return fmt.Errorf("cluster: config: %s addr %q: %v", a.name, a.addr, err)
+		} else if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+			return fmt.Errorf("cluster: config: %s addr %q: need a port in 1-65535", a.name, a.addr)
+		}
 	}
-	if _, port, err := net.SplitHostPort(c.GRPCAddr); err != nil {
-		return fmt.Errorf("cluster: config: gRPC addr %q: %v", c.GRPCAddr, err)
-	} else if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
-		return fmt.Errorf("cluster: config: gRPC addr %q: need a port in 1-65535", c.GRPCAddr)
+	if n := len(c.largestMeta().encode()); n > memberlist.MetaMaxSize {
+		return fmt.Errorf("cluster: config: the gRPC, peer and admin addresses make %d bytes of gossip metadata; at most %d fit: use shorter names", n, memberlist.MetaMaxSize)
 	}
 	_, gossipPort, _ := splitIPPort(c.GossipAddr, true)
 	for _, j := range c.Join {

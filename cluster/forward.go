@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -77,14 +78,21 @@ func (r *Router) release(ctx context.Context, own *ownership, member string, che
 	return err
 }
 
+// liveMember returns the live member named name in the current ownership.
+func (r *Router) liveMember(name string) (Member, bool) {
+	if own := r.own.Load(); own != nil {
+		m, ok := own.cur.live[name]
+		return m, ok
+	}
+	return Member{}, false
+}
+
 // peer returns the sender for the live member named name, dialling it if
 // needed (again, if its address changed).
 func (r *Router) peer(name string) (*peer, error) {
 	addr := ""
-	if own := r.own.Load(); own != nil {
-		if m, ok := own.cur.live[name]; ok {
-			addr = m.GRPCAddr
-		}
+	if m, ok := r.liveMember(name); ok {
+		addr = cmp.Or(m.PeerAddr, m.GRPCAddr)
 	}
 	if addr == "" {
 		return nil, fmt.Errorf("%w: %s is not a live member", ErrUnreachable, name)

@@ -168,7 +168,7 @@ func (m *Membership) Start(ctx context.Context) error {
 		return ErrStarted
 	}
 	prev, _ := m.roster.Entry(m.cfg.NodeName)
-	m.meta = meta{GRPC: m.cfg.GRPCAddr, Started: time.Now().UnixNano(), Inc: newIncarnation(prev.Incarnation)}
+	m.meta = newMeta(m.cfg, time.Now().UnixNano(), newIncarnation(prev.Incarnation))
 	m.storeMeta()
 	mc := m.cfg.memberlistConfig()
 	h := hooks{m}
@@ -179,12 +179,12 @@ func (m *Membership) Start(ctx context.Context) error {
 		return fmt.Errorf("cluster: start gossip on %s: %w", m.cfg.GossipAddr, err)
 	}
 	m.ml = ml
-	if grpc, ok := m.advertisedGRPC(); ok && grpc != m.meta.GRPC {
+	if adv := m.meta.advertised(ml.LocalNode().Addr.String()); adv != m.meta {
 		// Peers cannot dial an unspecified host: advertise the gossip IP.
-		m.meta.GRPC = grpc
+		m.meta = adv
 		m.storeMeta()
 		if err := ml.UpdateNode(m.cfg.TCPTimeout); err != nil {
-			m.log.Warn("advertise gRPC address", "grpc", grpc, "err", err)
+			m.log.Warn("advertise gRPC addresses", "grpc", adv.GRPC, "peer", adv.peerAddr(), "admin", adv.adminAddr(), "err", err)
 		}
 	}
 	m.self = newSelfAddrs(ml.LocalNode(), m.cfg.GossipAddr)
@@ -193,6 +193,7 @@ func (m *Membership) Start(ctx context.Context) error {
 	m.stateMu.Unlock()
 	local := m.Local()
 	m.log.Info("gossip started", "node", local.Name, "gossip", local.GossipAddr, "grpc", local.GRPCAddr,
+		"peer", local.PeerAddr, "admin", local.AdminAddr,
 		"incarnation", m.meta.Inc, "encrypted", len(m.cfg.GossipKey) > 0)
 	m.wg.Add(1)
 	go m.dispatch()
@@ -215,19 +216,6 @@ func (m *Membership) Start(ctx context.Context) error {
 		m.life.Unlock()
 	}
 	return nil
-}
-
-// advertisedGRPC returns the gRPC address to gossip when the configured one
-// has an empty or unspecified host, with the gossip IP in its place.
-func (m *Membership) advertisedGRPC() (string, bool) {
-	host, port, err := net.SplitHostPort(m.cfg.GRPCAddr)
-	if err != nil {
-		return "", false
-	}
-	if ip := net.ParseIP(host); host != "" && (ip == nil || !ip.IsUnspecified()) {
-		return "", false
-	}
-	return net.JoinHostPort(m.ml.LocalNode().Addr.String(), port), true
 }
 
 func (m *Membership) storeMeta() {
@@ -409,7 +397,8 @@ func (m *Membership) Local() Member {
 	if p := m.local.Load(); p != nil {
 		return *p
 	}
-	return Member{Name: m.cfg.NodeName, GRPCAddr: m.cfg.GRPCAddr}
+	md := newMeta(m.cfg, 0, 0)
+	return Member{Name: m.cfg.NodeName, GRPCAddr: md.GRPC, PeerAddr: md.peerAddr(), AdminAddr: md.adminAddr()}
 }
 
 // Nodes returns the live members and the last members seen dead or left
@@ -530,6 +519,8 @@ func (m *Membership) nodeUp(n *memberlist.Node, kind ChangeKind) {
 		Name:        n.Name,
 		GossipAddr:  n.Address(),
 		GRPCAddr:    md.GRPC,
+		PeerAddr:    md.peerAddr(),
+		AdminAddr:   md.adminAddr(),
 		State:       StateAlive,
 		Started:     md.started(),
 		Incarnation: md.Inc,
@@ -554,7 +545,7 @@ func (m *Membership) nodeUp(n *memberlist.Node, kind ChangeKind) {
 	v := m.publishLocked(mem)
 	m.stateMu.Unlock()
 	m.obs.Changed(kind, v.Epoch, v.Len())
-	m.log.Info("member "+kind.String(), "member", mem.Name, "gossip", mem.GossipAddr, "grpc", mem.GRPCAddr,
+	m.log.Info("member "+kind.String(), "member", mem.Name, "gossip", mem.GossipAddr, "grpc", mem.GRPCAddr, "peer", mem.PeerAddr,
 		"state", mem.State.String(), "epoch", v.Epoch, "members", v.Len())
 }
 
@@ -593,6 +584,7 @@ func isLeaving(b []byte) bool {
 
 func sameMember(a, b Member) bool {
 	return a.Name == b.Name && a.GossipAddr == b.GossipAddr && a.GRPCAddr == b.GRPCAddr &&
+		a.PeerAddr == b.PeerAddr && a.AdminAddr == b.AdminAddr &&
 		a.State == b.State && a.Started.Equal(b.Started) && a.Incarnation == b.Incarnation
 }
 

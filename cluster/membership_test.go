@@ -474,6 +474,44 @@ func TestGRPCAddrUnspecifiedHost(t *testing.T) {
 	})
 }
 
+// TestPeerAndAdminAddrs: a node's peer and admin addresses reach the
+// other members, an unspecified host advertised with the gossip IP, and
+// metadata from a node that sends only a gRPC address (every version
+// before separate listeners) means all three on it.
+func TestPeerAndAdminAddrs(t *testing.T) {
+	cfg, l := testConfig(t, "a")
+	cfg.PeerAddr, cfg.AdminAddr = "0.0.0.0:9082", "127.0.0.1:9083"
+	a := newNode(t, cfg, l)
+	if err := a.Start(context.Background()); err != nil {
+		t.Fatalf("Start: %v", err)
+	}
+	b := startNode(t, "b", a.Local().GossipAddr)
+	checkFor(t, 2*time.Second, func() error {
+		got, _ := b.View().Member("a")
+		if got.GRPCAddr != cfg.GRPCAddr || got.PeerAddr != "127.0.0.1:9082" || got.AdminAddr != "127.0.0.1:9083" {
+			return fmt.Errorf("b sees a at gRPC %q, peer %q, admin %q; want %q, 127.0.0.1:9082, 127.0.0.1:9083", got.GRPCAddr, got.PeerAddr, got.AdminAddr, cfg.GRPCAddr)
+		}
+		if got, _ := a.View().Member("b"); got.PeerAddr != got.GRPCAddr || got.AdminAddr != got.GRPCAddr {
+			return fmt.Errorf("a sees b (no peer or admin address) as %+v; want both on its gRPC address", got)
+		}
+		return nil
+	})
+
+	for _, tt := range []struct {
+		in          string
+		peer, admin string
+	}{
+		{`{"grpc":"10.0.0.1:8081","started":1,"inc":2}`, "10.0.0.1:8081", "10.0.0.1:8081"},
+		{`{"grpc":"10.0.0.1:8081","peer":"10.0.0.1:8082","started":1}`, "10.0.0.1:8082", "10.0.0.1:8081"},
+		{`{"grpc":"10.0.0.1:8081","admin":"10.0.0.1:8083","started":1,"future":true}`, "10.0.0.1:8081", "10.0.0.1:8083"},
+	} {
+		md, err := decodeMeta([]byte(tt.in))
+		if err != nil || md.peerAddr() != tt.peer || md.adminAddr() != tt.admin {
+			t.Errorf("decodeMeta(%s) = peer %q, admin %q, %v; want %q, %q", tt.in, md.peerAddr(), md.adminAddr(), err, tt.peer, tt.admin)
+		}
+	}
+}
+
 func TestConfigValidate(t *testing.T) {
 	ok := func(c *Config) {}
 	tests := []struct {
@@ -496,6 +534,15 @@ func TestConfigValidate(t *testing.T) {
 		{"probe timeout above interval", func(c *Config) { c.ProbeTimeout = 2 * c.ProbeInterval }, "probe timeout"},
 		{"backoff inverted", func(c *Config) { c.JoinBackoffMin = time.Minute }, "backoff"},
 		{"long name", func(c *Config) { c.NodeName = strings.Repeat("n", 200) }, "node name"},
+		{"peer and admin", func(c *Config) { c.PeerAddr, c.AdminAddr = "0.0.0.0:8082", "[::]:8083" }, ""},
+		{"peer no port", func(c *Config) { c.PeerAddr = "10.0.0.1" }, "peer addr"},
+		{"admin port 0", func(c *Config) { c.AdminAddr = "10.0.0.1:0" }, "admin addr"},
+		{"peer too long", func(c *Config) { c.PeerAddr = strings.Repeat("p", 300) + ":1" }, "peer addr is"},
+		{"addresses over the metadata limit", func(c *Config) {
+			long := strings.Repeat("h", 200)
+			c.GRPCAddr, c.PeerAddr, c.AdminAddr = long+":1", long+":2", long+":3"
+		}, "gossip metadata"},
+		{"escaped characters over the metadata limit", func(c *Config) { c.GRPCAddr = strings.Repeat("<", 120) + ":1" }, "gossip metadata"},
 	}
 	for _, tt := range tests {
 		c := DefaultConfig()

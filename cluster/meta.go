@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
+	"net"
 	"time"
 )
 
@@ -11,8 +13,17 @@ import (
 // (at most 512 bytes). It is JSON so that later versions can add fields
 // that earlier ones ignore.
 type meta struct {
-	// GRPC is the node's gRPC address for forwarded checks.
+	// GRPC is the node's gRPC address: decisions, and the peer and admin
+	// services unless Peer or Admin name listeners of their own.
 	GRPC string `json:"grpc"`
+	// Peer is the address of the node's peer service when it is not GRPC,
+	// the one its peers dial for every peer call. Metadata without it
+	// (every version before it, or a node without --peer-addr) means GRPC.
+	Peer string `json:"peer,omitempty"`
+	// Admin is the address of the node's admin service when it is not
+	// GRPC, the one the other nodes dial for the admin calls they fan out.
+	// Empty means GRPC.
+	Admin string `json:"admin,omitempty"`
 	// Started is the Unix time in nanoseconds at which the process started
 	// its membership.
 	Started int64 `json:"started"`
@@ -37,6 +48,60 @@ func (m meta) phase() Phase {
 }
 
 var errNoGRPC = errors.New("no gRPC address")
+
+// newMeta returns the metadata a node with configuration c starts with:
+// the peer and admin addresses only where they differ from the gRPC one.
+func newMeta(c Config, started int64, inc uint64) meta {
+	m := meta{GRPC: c.GRPCAddr, Started: started, Inc: inc}
+	if c.PeerAddr != c.GRPCAddr {
+		m.Peer = c.PeerAddr
+	}
+	if c.AdminAddr != c.GRPCAddr {
+		m.Admin = c.AdminAddr
+	}
+	return m
+}
+
+// peerAddr is the address the node's peers dial for peer calls.
+func (m meta) peerAddr() string {
+	if m.Peer != "" {
+		return m.Peer
+	}
+	return m.GRPC
+}
+
+// adminAddr is the address the other nodes dial for admin calls.
+func (m meta) adminAddr() string {
+	if m.Admin != "" {
+		return m.Admin
+	}
+	return m.GRPC
+}
+
+// advertised returns m with every address whose host is empty or
+// unspecified (":8081", "0.0.0.0:8081"), which peers cannot dial, given
+// host ip instead.
+func (m meta) advertised(ip string) meta {
+	for _, a := range []*string{&m.GRPC, &m.Peer, &m.Admin} {
+		host, port, err := net.SplitHostPort(*a)
+		if err != nil {
+			continue
+		}
+		if addr := net.ParseIP(host); host == "" || addr != nil && addr.IsUnspecified() {
+			*a = net.JoinHostPort(ip, port)
+		}
+	}
+	return m
+}
+
+// largestMeta is the largest metadata c's node may gossip: its addresses
+// as advertised with the longest IP, every flag and number at its widest.
+// Config.Validate bounds it by memberlist's limit.
+func (c Config) largestMeta() meta {
+	m := newMeta(c, math.MaxInt64, math.MaxUint64)
+	m.Leaving, m.Left = true, true
+	return m.advertised("ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255")
+}
 
 func (m meta) encode() []byte {
 	b, err := json.Marshal(m)

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -166,7 +167,8 @@ type Router struct {
 	handoffIdle chan struct{}             // closed when a round left nothing to send
 
 	mu     sync.Mutex
-	peers  map[string]*peer // by name
+	peers  map[string]*peer      // by name
+	admins map[string]*adminConn // by name, for members whose admin service has an address of its own
 	closed bool
 	wg     sync.WaitGroup
 }
@@ -221,6 +223,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 		log:         cfg.Logger.With("component", "router"),
 		clk:         cfg.Clock,
 		peers:       make(map[string]*peer),
+		admins:      make(map[string]*adminConn),
 		handoffKick: make(chan struct{}, 1),
 		fenceKick:   make(chan struct{}, 1),
 		handedTo:    make(map[string]handedTo),
@@ -767,14 +770,45 @@ func (r *Router) Owner(key string) (string, bool) {
 	return name, name != "" && name != r.cfg.Self
 }
 
-// Conn returns the connection to the live member named name, for calls
-// other than forwarding (admin calls answered by a key's owner).
-func (r *Router) Conn(name string) (*grpc.ClientConn, error) {
-	p, err := r.peer(name)
-	if err != nil {
-		return nil, err
+// AdminConn returns a connection to the admin service of the live member
+// named name, for the admin calls a node fans out (a key's state from its
+// owner, listings, overrides): the peer connection when the member serves
+// both on one address, one of its own otherwise.
+func (r *Router) AdminConn(name string) (*grpc.ClientConn, error) {
+	m, ok := r.liveMember(name)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s is not a live member", ErrUnreachable, name)
 	}
-	return p.conn, nil
+	addr := cmp.Or(m.AdminAddr, m.GRPCAddr)
+	if addr == cmp.Or(m.PeerAddr, m.GRPCAddr) {
+		p, err := r.peer(name)
+		if err != nil {
+			return nil, err
+		}
+		return p.conn, nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return nil, fmt.Errorf("%w: router closed", ErrUnreachable)
+	}
+	if c := r.admins[name]; c != nil && c.addr == addr {
+		return c.conn, nil
+	} else if c != nil {
+		c.conn.Close()
+	}
+	conn, err := grpc.NewClient(addr, r.cfg.DialOptions...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: dial %s's admin service at %s: %v", ErrUnreachable, name, addr, err)
+	}
+	r.admins[name] = &adminConn{addr: addr, conn: conn}
+	return conn, nil
+}
+
+// adminConn is a connection to a member's admin service at addr.
+type adminConn struct {
+	addr string
+	conn *grpc.ClientConn
 }
 
 // Close stops the senders and closes the peer connections. Run must have
@@ -789,6 +823,9 @@ func (r *Router) Close() {
 	r.closed = true
 	for _, p := range r.peers {
 		p.close()
+	}
+	for _, c := range r.admins {
+		c.conn.Close()
 	}
 	r.mu.Unlock()
 	r.wg.Wait()

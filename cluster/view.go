@@ -48,8 +48,18 @@ type Member struct {
 	Name string
 	// GossipAddr is the IP:port the node gossips on.
 	GossipAddr string
-	// GRPCAddr is the host:port peers forward checks to.
+	// GRPCAddr is the host:port of the node's gRPC API (decisions).
 	GRPCAddr string
+	// PeerAddr is the host:port of its peer service, which peers dial to
+	// forward checks, hand state over, renew leases and copy writes:
+	// GRPCAddr unless the node serves it on a listener of its own. Empty
+	// for a member known only from the roster.
+	PeerAddr string
+	// AdminAddr is the host:port of its admin service, which the other
+	// nodes dial for the admin calls they fan out: GRPCAddr unless the
+	// node serves it on a listener of its own. Empty for a member known
+	// only from the roster.
+	AdminAddr string
 	// State is the member's state.
 	State State
 	// Started is when the node's process started its membership. A member

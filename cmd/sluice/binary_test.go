@@ -26,6 +26,7 @@ type proc struct {
 	logs     *syncBuffer
 	exited   chan struct{} // closed once the process has exited
 	grpcAddr string
+	httpAddr string
 }
 
 // startProc starts the binary's serve on dataDir with addresses on port 0,
@@ -67,7 +68,7 @@ func startProc(t *testing.T, dataDir string, args ...string) *proc {
 	if err != nil {
 		t.Fatalf("%s: %v", p.cmd, err)
 	}
-	p.grpcAddr = info.GRPCAddr
+	p.grpcAddr, p.httpAddr = info.GRPCAddr, info.HTTPAddr
 	return p
 }
 

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"net"
 	"regexp"
 	"runtime"
 	"strconv"
@@ -347,6 +348,10 @@ func TestBadInput(t *testing.T) {
 		{nil, []string{"serve", "--log-level", "loud"}, "want debug, info, warn or error"},
 		{nil, []string{"serve", "--actors", "-1"}, "--actors -1: must not be negative"},
 		{nil, []string{"serve", "--shutdown-timeout", "-1s"}, "--shutdown-timeout -1s: must not be negative"},
+		{nil, []string{"serve", "--max-connections", "-1"}, "--max-connections -1: must not be negative"},
+		{nil, []string{"serve", "--max-concurrent-streams", "-5"}, "--max-concurrent-streams -5: must not be negative"},
+		{nil, []string{"serve", "--keepalive-timeout", "-1s"}, "--keepalive-timeout -1s: must not be negative"},
+		{nil, []string{"serve", "--keepalive-time", "100ms"}, "--keepalive-time 100ms: at least 1s"},
 		{nil, []string{"serve", "--tls-cert", "c.pem"}, "--tls-cert and --tls-key go together"},
 		{nil, []string{"serve", "--node-name", ""}, "node name is empty"},
 		{nil, []string{"serve", "extra"}, `unknown command "extra"`},
@@ -384,6 +389,9 @@ func TestServeStartErrors(t *testing.T) {
 		{"HTTP port in use", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--http-addr", n.httpAddr}, "address already in use"},
 		{"bad limits file", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--limits-file", "/nonexistent/limits.yaml"}, "limits.yaml"},
 		{"peer service open", []string{"--data-dir", t.TempDir(), "--grpc-addr", "0.0.0.0:0", "--gossip-addr", "127.0.0.1:0", "--expect", "3"}, "--admin-token"},
+		{"peer service open on --peer-addr", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--peer-addr", "0.0.0.0:0", "--gossip-addr", "127.0.0.1:0", "--expect", "3"}, "--peer-addr 0.0.0.0:0"},
+		{"peer address without a cluster", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0"}, "only a cluster node"},
+		{"admin port in use", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--admin-addr", n.grpcAddr}, "--admin-addr"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
@@ -396,6 +404,30 @@ func TestServeStartErrors(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestServeSeparateListeners: a cluster node may serve decisions on a
+// public address without a credential when its peer service is on a
+// loopback --peer-addr (the rule follows the peer service); the ready file
+// names the peer and admin listeners; admin calls go to --admin-addr only.
+func TestServeSeparateListeners(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, nil, "--grpc-addr", "0.0.0.0:0", "--peer-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
+		"--gossip-addr", "127.0.0.1:0", "--expect", "1", "--node-name", "split")
+	if n.peerAddr == "" || n.adminAddr == "" || n.peerAddr == n.adminAddr {
+		t.Fatalf("ready file: peer %q, admin %q; want two listeners of their own", n.peerAddr, n.adminAddr)
+	}
+	r := mustRun(t, exitOK, nil, "members", "--addr", n.adminAddr)
+	if !strings.Contains(r.stdout, "split") {
+		t.Errorf("members --addr %s (admin) printed\n%s\nwant the node", n.adminAddr, r.stdout)
+	}
+	_, port, _ := net.SplitHostPort(n.grpcAddr)
+	grpcAddr := net.JoinHostPort("127.0.0.1", port)
+	r = mustRun(t, exitError, nil, "members", "--addr", grpcAddr)
+	if !strings.Contains(r.stderr, "does not serve the admin API") || !strings.Contains(r.stderr, "--admin-addr") {
+		t.Errorf("members --addr %s (gRPC): stderr %q; want no admin API there, pointing at --admin-addr", grpcAddr, r.stderr)
+	}
+	mustRun(t, exitOK, nil, "check", "split:1", "--limit", "1", "--window", "1m", "--addr", grpcAddr)
 }
 
 // TestServeLogs: serve logs its effective configuration in text or JSON,

@@ -162,6 +162,9 @@ func (c *client) callError(err error) error {
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("no answer from %s within --timeout %v: %s", c.opts.addr, c.opts.timeout, msg)
 	case codes.Unimplemented:
+		if strings.Contains(msg, "sluice.v1.AdminService") {
+			return fmt.Errorf("the server at %s does not serve the admin API (a node started with --admin-addr serves it there only; point --addr at it): %s", c.opts.addr, msg)
+		}
 		return fmt.Errorf("the server at %s does not implement this call: %s", c.opts.addr, msg)
 	}
 	return fmt.Errorf("%s (%s)", msg, st.Code())

@@ -99,10 +99,13 @@ type cliNode struct {
 	dataDir  string
 	grpcAddr string
 	httpAddr string
-	logs     *syncBuffer
-	cancel   context.CancelFunc
-	done     chan int
-	stopped  bool
+	// peerAddr and adminAddr are those of the ready file: set when the
+	// service has a listener of its own.
+	peerAddr, adminAddr string
+	logs                *syncBuffer
+	cancel              context.CancelFunc
+	done                chan int
+	stopped             bool
 }
 
 // startNode runs "sluice serve" with a data dir in t.TempDir(), addresses
@@ -135,6 +138,7 @@ func startNode(t testing.TB, e env, args ...string) *cliNode {
 		t.Fatalf("sluice %s: %v", strings.Join(full, " "), err)
 	}
 	n.grpcAddr, n.httpAddr = info.GRPCAddr, info.HTTPAddr
+	n.peerAddr, n.adminAddr = info.PeerAddr, info.AdminAddr
 	return n
 }
 

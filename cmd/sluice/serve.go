@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -52,9 +53,11 @@ func (c *cli) serveCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a Sluice node",
-		Long: `Run a Sluice node: the native gRPC API, Envoy's Rate Limit Service v3,
-the admin API and grpc health on --grpc-addr; /metrics, /healthz and
-/readyz on --http-addr.
+		Long: `Run a Sluice node: the native gRPC API, Envoy's Rate Limit Service v3
+and grpc health on --grpc-addr, with the admin API (and reflection) and,
+in a cluster, the peer service, unless --admin-addr or --peer-addr give
+them listeners of their own; /metrics, /healthz and /readyz on
+--http-addr.
 
 The node logs its effective configuration (the tokens redacted), serves
 until SIGINT or SIGTERM, then stops gracefully: it stops accepting calls,
@@ -73,7 +76,9 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.SortFlags = false
 	cfg := &o.cfg
 	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "name of this node in decisions, logs and the cluster")
-	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", cfg.GRPCAddr, "address of the gRPC API (native, Envoy RLS v3, admin, health); port 0 picks a free port")
+	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", cfg.GRPCAddr, "address of the gRPC API: decisions (native, Envoy RLS v3) and health; also admin and peer unless --admin-addr, --peer-addr; port 0 picks a free port")
+	fs.StringVar(&cfg.PeerAddr, "peer-addr", "", "cluster: serve the peer service (forwarded checks, handoffs, leases, standby copies) only on this address, which the other nodes dial; empty: on --grpc-addr")
+	fs.StringVar(&cfg.AdminAddr, "admin-addr", "", "serve the admin API and server reflection only on this address (the other nodes of a cluster dial it for admin calls); empty: on --grpc-addr")
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "address of /metrics, /healthz and /readyz; empty disables them")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory of the data file, sluice.db")
 	fs.Var(newEnumValue(&cfg.Durability, cfg.Durability, "commit", "fsync", "async", "memory"), "durability",
@@ -89,6 +94,12 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.BoolVar(&cfg.RateLimitHeaders, "rate-limit-headers", false, "add RateLimit-Policy, RateLimit and Retry-After headers to Envoy responses")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles on --http-addr under /debug/pprof/ (for profiling; off by default)")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest gRPC request, in bytes")
+	fs.IntVar(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "most connections each listener (gRPC, peer, admin, HTTP) holds open; past it new ones wait, unanswered, until one closes")
+	fs.IntVar(&cfg.MaxConcurrentStreams, "max-concurrent-streams", cfg.MaxConcurrentStreams, "most calls in flight on one gRPC connection, answered or not; past it clients queue their calls or open another connection")
+	fs.Var(newDurationValue(&cfg.KeepaliveTime, cfg.KeepaliveTime), "keepalive-time", "ping a client whose connection was silent this long")
+	fs.Var(newDurationValue(&cfg.KeepaliveTimeout, cfg.KeepaliveTimeout), "keepalive-timeout", "close a connection silent this long after the ping: a dead or stalled client is dropped")
+	fs.Var(newDurationValue(&cfg.MaxConnectionIdle, cfg.MaxConnectionIdle), "max-connection-idle", "close (GOAWAY) a connection without a call in flight for this long; clients reconnect when they next call")
+	fs.Var(newDurationValue(&cfg.KeepaliveMinTime, cfg.KeepaliveMinTime), "keepalive-min-time", "shortest interval at which clients may ping (with or without calls); a client that pings more often is disconnected")
 	fs.Var(newDurationValue(&cfg.ShutdownTimeout, cfg.ShutdownTimeout), "shutdown-timeout", "how long a graceful stop lets calls in flight finish before cutting them")
 	fs.IntVar(&cfg.Engine.Actors, "actors", 0, "actor goroutines keys are spread over (0: 4 × GOMAXPROCS)")
 	fs.IntVar(&cfg.Engine.MaxKeys, "max-keys", 0, "most keys in memory; past it idle keys leave memory, their state stays on disk (0: 1000000)")
@@ -123,6 +134,8 @@ func (o *serveOptions) check() error {
 		{"max-key-len", o.cfg.Engine.Limits.MaxKeyLen},
 		{"max-batch", o.cfg.Engine.Limits.MaxBatch},
 		{"max-message-bytes", o.cfg.MaxMessageBytes},
+		{"max-connections", o.cfg.MaxConnections},
+		{"max-concurrent-streams", o.cfg.MaxConcurrentStreams},
 	} {
 		if f.v < 0 {
 			return fmt.Errorf("--%s %d: must not be negative", f.name, f.v)
@@ -134,6 +147,10 @@ func (o *serveOptions) check() error {
 	}{
 		{"limits-poll-interval", o.cfg.LimitsPollInterval},
 		{"shutdown-timeout", o.cfg.ShutdownTimeout},
+		{"keepalive-time", o.cfg.KeepaliveTime},
+		{"keepalive-timeout", o.cfg.KeepaliveTimeout},
+		{"max-connection-idle", o.cfg.MaxConnectionIdle},
+		{"keepalive-min-time", o.cfg.KeepaliveMinTime},
 	} {
 		if f.v < 0 {
 			return fmt.Errorf("--%s %v: must not be negative", f.name, f.v)
@@ -188,8 +205,12 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 			o.replicas = 2
 		}
 		cfg.Router.Replicas = o.replicas
-		if cfg.AdminToken == "" && cfg.TLSClientCA == "" && !isLoopback(cfg.GRPCAddr) && !o.insecure {
-			return fmt.Errorf("--grpc-addr %s: a cluster node serves its peer service (forwarded checks, handoffs, standby copies) on that port, and without --admin-token (the same on every node) or --tls-client-ca anyone who reaches it can forge them; set one (see docs/security.md), or pass --insecure to run without", cfg.GRPCAddr)
+		peerFlag, peerAddr := "--grpc-addr", cfg.GRPCAddr
+		if cfg.PeerAddr != "" {
+			peerFlag, peerAddr = "--peer-addr", cfg.PeerAddr
+		}
+		if cfg.AdminToken == "" && cfg.TLSClientCA == "" && !isLoopback(peerAddr) && !o.insecure {
+			return fmt.Errorf("%s %s: a cluster node serves its peer service (forwarded checks, handoffs, standby copies) on that port, and without --admin-token (the same on every node) or --tls-client-ca anyone who reaches it can forge them; set one (see docs/security.md), or pass --insecure to run without", peerFlag, peerAddr)
 		}
 		cfg.Cluster = &cc
 	} else if o.expect > 1 {
@@ -199,7 +220,8 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 		return err
 	}
 	log.Info("starting sluice", o.attrs()...)
-	if cfg.AdminToken != "" && cfg.TLSCert == "" && !isLoopback(cfg.GRPCAddr) {
+	if cfg.AdminToken != "" && cfg.TLSCert == "" && (!isLoopback(cfg.GRPCAddr) || !isLoopback(cmp.Or(cfg.AdminAddr, cfg.GRPCAddr)) ||
+		cfg.Cluster != nil && !isLoopback(cmp.Or(cfg.PeerAddr, cfg.GRPCAddr))) {
 		log.Warn("the admin token travels in clear text: serve with --tls-cert and --tls-key")
 	}
 	if cfg.Durability == "fsync" && runtime.GOMAXPROCS(0) == 1 && os.Getenv("GOMAXPROCS") == "" {
@@ -229,7 +251,7 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 		return err
 	}
 	if o.readyFile != "" {
-		if err := writeReadyFile(o.readyFile, srv.GRPCAddr(), srv.HTTPAddr()); err != nil {
+		if err := writeReadyFile(o.readyFile, srv); err != nil {
 			srv.Shutdown(stopCtx)
 			return err
 		}
@@ -274,6 +296,8 @@ func (o *serveOptions) attrs() []any {
 		"version", buildVersion().Version,
 		"node_name", cfg.NodeName,
 		"grpc_addr", cfg.GRPCAddr,
+		"peer_addr", cfg.PeerAddr,
+		"admin_addr", cfg.AdminAddr,
 		"http_addr", cfg.HTTPAddr,
 		"data_dir", cfg.DataDir,
 		"durability", cfg.Durability,
@@ -286,6 +310,14 @@ func (o *serveOptions) attrs() []any {
 		"tls_client_ca", cfg.TLSClientCA,
 		"rate_limit_headers", cfg.RateLimitHeaders,
 		"max_message_bytes", cfg.MaxMessageBytes,
+		slog.Group("transport",
+			"max_connections", cfg.MaxConnections,
+			"max_concurrent_streams", cfg.MaxConcurrentStreams,
+			"keepalive_time", cfg.KeepaliveTime,
+			"keepalive_timeout", cfg.KeepaliveTimeout,
+			"max_connection_idle", cfg.MaxConnectionIdle,
+			"keepalive_min_time", cfg.KeepaliveMinTime,
+		),
 		"pprof", cfg.Pprof,
 		"shutdown_timeout", cfg.ShutdownTimeout,
 		slog.Group("engine",
@@ -347,14 +379,25 @@ func isLoopback(addr string) bool {
 // readyInfo is the content of the --ready-file.
 type readyInfo struct {
 	GRPCAddr string `json:"grpc_addr"`
-	HTTPAddr string `json:"http_addr"`
-	PID      int    `json:"pid"`
+	// PeerAddr and AdminAddr are set when the service has a listener of
+	// its own.
+	PeerAddr  string `json:"peer_addr,omitempty"`
+	AdminAddr string `json:"admin_addr,omitempty"`
+	HTTPAddr  string `json:"http_addr"`
+	PID       int    `json:"pid"`
 }
 
-// writeReadyFile writes the addresses to path atomically: a reader sees
+// writeReadyFile writes srv's addresses to path atomically: a reader sees
 // no file or the whole of it.
-func writeReadyFile(path, grpcAddr, httpAddr string) error {
-	b, err := json.Marshal(readyInfo{GRPCAddr: grpcAddr, HTTPAddr: httpAddr, PID: os.Getpid()})
+func writeReadyFile(path string, srv *node.Node) error {
+	info := readyInfo{GRPCAddr: srv.GRPCAddr(), HTTPAddr: srv.HTTPAddr(), PID: os.Getpid()}
+	if a := srv.PeerAddr(); a != info.GRPCAddr {
+		info.PeerAddr = a
+	}
+	if a := srv.AdminAddr(); a != info.GRPCAddr {
+		info.AdminAddr = a
+	}
+	b, err := json.Marshal(info)
 	if err != nil {
 		return err
 	}

@@ -23,6 +23,7 @@ const joinTimeout = 2 * time.Minute
 func (n *Node) startCluster() error {
 	ccfg := *n.cfg.Cluster
 	ccfg.NodeName, ccfg.GRPCAddr = n.cfg.NodeName, n.GRPCAddr()
+	ccfg.PeerAddr, ccfg.AdminAddr = n.PeerAddr(), n.AdminAddr()
 	if ccfg.Logger == nil {
 		ccfg.Logger = n.log.With("component", "cluster")
 	}

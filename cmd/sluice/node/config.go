@@ -4,7 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"math"
+	"net"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/sluice-io/sluice/actor"
@@ -19,9 +23,21 @@ type Config struct {
 	// NodeName names the node in decisions, logs and the cluster. Default:
 	// the host name.
 	NodeName string
-	// GRPCAddr is where the gRPC API listens (native, Envoy RLS v3, admin,
-	// health, reflection). Default 127.0.0.1:8081.
+	// GRPCAddr is where the gRPC API listens: decisions (native, Envoy RLS
+	// v3) and health, and, unless they have listeners of their own, the
+	// admin service with reflection, and the peer service. Default
+	// 127.0.0.1:8081.
 	GRPCAddr string
+	// PeerAddr, when set, is the only listener of the peer service
+	// (sluice.v1.PeerService: forwarded checks, handoffs, leases, fences,
+	// standby copies), and the address the other members dial for it. Only
+	// in a cluster. Default empty: the peer service is on GRPCAddr.
+	PeerAddr string
+	// AdminAddr, when set, is the only listener of the admin service
+	// (sluice.v1.AdminService) and of server reflection; the other members
+	// dial it for the admin calls they fan out. Default empty: both are on
+	// GRPCAddr.
+	AdminAddr string
 	// HTTPAddr is where /metrics, /healthz and /readyz listen. Default
 	// 127.0.0.1:8080. Empty disables the HTTP listener.
 	HTTPAddr string
@@ -60,6 +76,37 @@ type Config struct {
 	Pprof bool
 	// MaxMessageBytes bounds a gRPC request. Default 4 MiB.
 	MaxMessageBytes int
+	// MaxConnections bounds the connections each listener (every gRPC
+	// one, and HTTP) holds open at once; past it, a new connection waits
+	// in the kernel's accept queue, unanswered, until one closes. Default
+	// 1024 (DefaultMaxConnections).
+	MaxConnections int
+	// MaxConcurrentStreams bounds the calls in flight on one gRPC
+	// connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): past it, gRPC
+	// clients queue their calls and Envoy opens another connection; a
+	// client that ignores the setting has the extra streams refused. A
+	// call counts until its answer has been sent, so a client that does
+	// not read its answers holds at most this many per connection.
+	// Default 128 (DefaultMaxConcurrentStreams).
+	MaxConcurrentStreams int
+	// KeepaliveTime is how long a gRPC connection may be silent (no frame
+	// from the client) before the node pings the client; at least 1s.
+	// Default 30s.
+	KeepaliveTime time.Duration
+	// KeepaliveTimeout is how long the node waits for a frame after its
+	// ping before it closes the connection: a dead client, or one that
+	// stopped reading, is dropped within KeepaliveTime + KeepaliveTimeout.
+	// Default 10s.
+	KeepaliveTimeout time.Duration
+	// MaxConnectionIdle closes (GOAWAY) a gRPC connection that had no call
+	// in flight for this long; clients reconnect when they next call.
+	// Default 5m.
+	MaxConnectionIdle time.Duration
+	// KeepaliveMinTime is the shortest interval at which clients may ping
+	// the node, with or without calls in flight; a client that pings more
+	// often is disconnected (GOAWAY ENHANCE_YOUR_CALM, "too_many_pings").
+	// Default 5s.
+	KeepaliveMinTime time.Duration
 	// ShutdownTimeout bounds a graceful shutdown before in-flight calls are
 	// cut. Default 10s.
 	ShutdownTimeout time.Duration
@@ -67,7 +114,8 @@ type Config struct {
 	// New.
 	Engine actor.Config
 	// Cluster, when not nil, makes the node a member of a cluster: its
-	// NodeName and GRPCAddr are set by Start. Nil runs a single node.
+	// NodeName and its gRPC, peer and admin addresses are set by Start.
+	// Nil runs a single node.
 	Cluster *cluster.Config
 	// Router tunes forwarding, handoff and leases in a cluster; its
 	// Membership, Engine, Self, Store and DialOptions are set by Start.
@@ -94,7 +142,34 @@ func DefaultConfig() Config {
 		LimitsPollInterval: 2 * time.Second,
 		MaxMessageBytes:    4 << 20,
 		ShutdownTimeout:    10 * time.Second,
+	}.withTransportDefaults()
+}
+
+// Defaults of the transport's bounds (see Config).
+const (
+	DefaultMaxConnections       = 1024
+	DefaultMaxConcurrentStreams = 128
+)
+
+// withTransportDefaults fills in the connection and stream bounds that are
+// zero.
+func (c Config) withTransportDefaults() Config {
+	set := func(d *time.Duration, def time.Duration) {
+		if *d == 0 {
+			*d = def
+		}
 	}
+	if c.MaxConnections == 0 {
+		c.MaxConnections = DefaultMaxConnections
+	}
+	if c.MaxConcurrentStreams == 0 {
+		c.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	set(&c.KeepaliveTime, 30*time.Second)
+	set(&c.KeepaliveTimeout, 10*time.Second)
+	set(&c.MaxConnectionIdle, 5*time.Minute)
+	set(&c.KeepaliveMinTime, 5*time.Second)
+	return c
 }
 
 // Validate reports a configuration that cannot work, saying what to change.
@@ -108,8 +183,19 @@ func (c Config) Validate() error {
 		return errors.New("node: config: --tls-cert and --tls-key go together")
 	case c.TLSClientCA != "" && c.TLSCert == "":
 		return errors.New("node: config: --tls-client-ca needs --tls-cert and --tls-key")
-	case c.MaxMessageBytes < 0 || c.ShutdownTimeout < 0 || c.LimitsPollInterval < 0:
+	case c.MaxMessageBytes < 0 || c.ShutdownTimeout < 0 || c.LimitsPollInterval < 0 ||
+		c.MaxConnections < 0 || c.MaxConcurrentStreams < 0 || c.KeepaliveTime < 0 || c.KeepaliveTimeout < 0 ||
+		c.MaxConnectionIdle < 0 || c.KeepaliveMinTime < 0:
 		return errors.New("node: config: sizes and durations must not be negative")
+	case c.KeepaliveTime != 0 && c.KeepaliveTime < time.Second:
+		return fmt.Errorf("node: config: --keepalive-time %v: at least 1s (gRPC pings no more often)", c.KeepaliveTime)
+	case c.MaxConcurrentStreams > math.MaxUint32:
+		return fmt.Errorf("node: config: --max-concurrent-streams %d: at most %d", c.MaxConcurrentStreams, uint32(math.MaxUint32))
+	case c.PeerAddr != "" && c.Cluster == nil:
+		return errors.New("node: config: --peer-addr serves the peer service, which only a cluster node has; set --gossip-addr or --join, or leave it empty")
+	}
+	if err := distinctAddrs(map[string]string{"grpc-addr": c.GRPCAddr, "peer-addr": c.PeerAddr, "admin-addr": c.AdminAddr, "http-addr": c.HTTPAddr}); err != nil {
+		return err
 	}
 	if c.Durability != "memory" {
 		if _, err := persist.ParseMode(c.Durability); err != nil {
@@ -120,4 +206,19 @@ func (c Config) Validate() error {
 		}
 	}
 	return c.Engine.Validate()
+}
+
+// distinctAddrs reports two listeners configured on the same address (port
+// 0 picks a free port for each, so it never clashes).
+func distinctAddrs(addrs map[string]string) error {
+	flags := slices.Sorted(maps.Keys(addrs))
+	for i, a := range flags {
+		for _, b := range flags[i+1:] {
+			addr := addrs[a]
+			if _, port, _ := net.SplitHostPort(addr); addr != "" && addr == addrs[b] && port != "0" {
+				return fmt.Errorf("node: config: --%s and --%s are both %s; leave --peer-addr or --admin-addr empty to serve on --grpc-addr", a, b, addr)
+			}
+		}
+	}
+	return nil
 }

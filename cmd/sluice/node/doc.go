@@ -18,6 +18,17 @@
 // stops gRPC gracefully under ShutdownTimeout, flushes and closes the data
 // file. It is idempotent.
 //
+// # Listeners
+//
+// The gRPC services share GRPCAddr unless the peer or admin service has a
+// listener of its own (PeerAddr, AdminAddr): each gRPC listener has a
+// server of its own, built with the same options, and Start, Shutdown and
+// Crash act on all of them. Every listener, HTTP included, holds at most
+// MaxConnections connections (limitListener: the next one waits in the
+// kernel's accept queue); each gRPC connection at most MaxConcurrentStreams
+// calls, answered or not, and it is dropped when it goes silent
+// (KeepaliveTime, KeepaliveTimeout) or idle (MaxConnectionIdle).
+//
 // # Metrics
 //
 // The node registers on its own Prometheus registry (Registry): the

@@ -23,6 +23,9 @@ type metrics struct {
 	limitsReloads *prometheus.CounterVec
 	compactions   prometheus.Counter
 
+	connections     *prometheus.GaugeVec
+	connectionWaits *prometheus.CounterVec
+
 	peerDecisions     prometheus.Counter
 	forwarded         *prometheus.CounterVec
 	forwardLatency    prometheus.Histogram
@@ -75,6 +78,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Reloads of the limits file, by result (ok, error).",
 		}, []string{"result"}),
 	}
+	m.connections = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sluice_connections",
+		Help: "Connections open, by listener (grpc, peer, admin, http); each listener holds at most --max-connections.",
+	}, []string{"listener"})
+	m.connectionWaits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_connection_limit_waits_total",
+		Help: "Times a listener found --max-connections connections open and left new ones waiting until one closed, by listener.",
+	}, []string{"listener"})
+	reg.MustRegister(m.connections, m.connectionWaits)
 	m.peerDecisions = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "sluice_peer_decisions_total",
 		Help: "Checks this node decided for other nodes that forwarded them.",

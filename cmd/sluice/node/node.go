@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/sluice-io/sluice/actor"
@@ -32,9 +33,22 @@ import (
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
+// maxHeaderListBytes bounds the headers of one call (gRPC's default is 16
+// MiB): a proxy's or client's headers take a few hundred bytes, and
+// Envoy's own limit is 60 KiB.
+const maxHeaderListBytes = 64 << 10
+
+// handshakeTimeout bounds a new connection's TLS and HTTP/2 handshake
+// (gRPC's default is 120 s), so that a connection that never starts one
+// gives its slot back soon.
+const handshakeTimeout = 10 * time.Second
+
 // Node is one Sluice node: its store, engine and limits file, its cluster
 // membership and router, the gRPC services in front of them, and the gRPC
-// and HTTP listeners.
+// and HTTP listeners. The gRPC services share one listener unless the peer
+// or admin service has a listener of its own (Config.PeerAddr,
+// Config.AdminAddr); every gRPC listener has a server of its own, built
+// with the same options (credentials, interceptors, limits).
 type Node struct {
 	cfg      Config
 	log      *slog.Logger
@@ -45,7 +59,10 @@ type Node struct {
 	metrics  *metrics
 	registry *prometheus.Registry
 
-	grpc   *grpc.Server
+	grpc   *listener // decisions and health; admin and peer unless below
+	peer   *listener // the peer service's: grpc, or one of its own
+	admin  *listener // the admin service's: grpc, or one of its own
+	gRPCs  []*listener
 	health *health.Server
 	http   *http.Server
 	tls    *tlsConfig
@@ -55,11 +72,27 @@ type Node struct {
 	stopRouter context.CancelFunc // ends the router's Run
 	routerDone chan struct{}      // closed when Run returned
 
-	grpcLis, httpLis net.Listener
-	ready            atomic.Bool
-	wg               sync.WaitGroup
-	shutdownOnce     sync.Once
-	shutdownErr      error
+	httpLis      net.Listener
+	ready        atomic.Bool
+	wg           sync.WaitGroup
+	shutdownOnce sync.Once
+	shutdownErr  error
+}
+
+// listener is one of the node's gRPC listeners and the server behind it.
+type listener struct {
+	name string // "grpc", "peer" or "admin": its flag is --<name>-addr
+	addr string // as configured
+	srv  *grpc.Server
+	lis  net.Listener // set by Start
+}
+
+// boundAddr is the address l is bound to, "" before Start.
+func (l *listener) boundAddr() string {
+	if l.lis == nil {
+		return ""
+	}
+	return l.lis.Addr().String()
 }
 
 // New opens the data file, starts the engine and builds the services and
@@ -80,6 +113,7 @@ func New(cfg Config) (n *Node, err error) {
 	if cfg.ShutdownTimeout == 0 {
 		cfg.ShutdownTimeout = 10 * time.Second
 	}
+	cfg = cfg.withTransportDefaults()
 	if cfg.Durability == "memory" && cfg.Router.Replicas > 1 {
 		// A node without a data file keeps no copies of other nodes' keys.
 		cfg.Router.Replicas = 1
@@ -186,17 +220,47 @@ func New(cfg Config) (n *Node, err error) {
 		// the actors, so the pool is sized for calls in flight, not cores;
 		// past it, gRPC starts goroutines as before.
 		grpc.NumStreamWorkers(uint32(64 * runtime.GOMAXPROCS(0))),
+		// What one connection may make the node hold (docs/operations.md,
+		// "Connections and streams"): its calls in flight, answered or
+		// not; its headers; its silence, idle or stalled.
+		grpc.MaxConcurrentStreams(uint32(cfg.MaxConcurrentStreams)),
+		grpc.MaxHeaderListSize(maxHeaderListBytes),
+		grpc.ConnectionTimeout(handshakeTimeout),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle: cfg.MaxConnectionIdle,
+			Time:              cfg.KeepaliveTime,
+			Timeout:           cfg.KeepaliveTimeout,
+		}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             cfg.KeepaliveMinTime,
+			PermitWithoutStream: true,
+		}),
 	}, n.api.Interceptors()...)
 	if n.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.tls.server)))
 	}
-	n.grpc = grpc.NewServer(opts...)
-	n.api.Register(n.grpc)
-	sluicepb.RegisterPeerServiceServer(n.grpc, cluster.NewPeerService(n.router.Load))
+	newListener := func(name, addr string) *listener {
+		l := &listener{name: name, addr: addr, srv: grpc.NewServer(opts...)}
+		n.gRPCs = append(n.gRPCs, l)
+		return l
+	}
+	n.grpc = newListener("grpc", cfg.GRPCAddr)
+	n.peer, n.admin = n.grpc, n.grpc
+	if cfg.PeerAddr != "" {
+		n.peer = newListener("peer", cfg.PeerAddr)
+	}
+	if cfg.AdminAddr != "" {
+		n.admin = newListener("admin", cfg.AdminAddr)
+	}
+	n.api.RegisterDecisions(n.grpc.srv)
 	n.health = health.NewServer()
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	healthpb.RegisterHealthServer(n.grpc, n.health)
-	reflection.Register(n.grpc)
+	healthpb.RegisterHealthServer(n.grpc.srv, n.health)
+	sluicepb.RegisterPeerServiceServer(n.peer.srv, cluster.NewPeerService(n.router.Load))
+	// Reflection is an operator's tool: it goes with the admin service,
+	// and lists the services of its own listener only.
+	n.api.RegisterAdmin(n.admin.srv)
+	reflection.Register(n.admin.srv)
 
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(n.registry, promhttp.HandlerOpts{Registry: n.registry}))
@@ -215,7 +279,7 @@ func New(cfg Config) (n *Node, err error) {
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.MaxConnectionIdle}
 	if n.tls != nil {
 		n.http.TLSConfig = n.tls.server
 	}
@@ -237,26 +301,41 @@ func checkpointKeys(maxKeys int) int {
 // serves in the background, and in a cluster joins it and starts the
 // router.
 func (n *Node) Start() error {
-	var err error
-	if n.grpcLis, err = net.Listen("tcp", n.cfg.GRPCAddr); err != nil {
-		return fmt.Errorf("node: listen gRPC on %s: %w", n.cfg.GRPCAddr, err)
+	closeAll := func() {
+		for _, l := range n.gRPCs {
+			if l.lis != nil {
+				l.lis.Close()
+			}
+		}
+	}
+	for _, l := range n.gRPCs {
+		lis, err := net.Listen("tcp", l.addr)
+		if err != nil {
+			closeAll()
+			return fmt.Errorf("node: listen gRPC on %s (--%s-addr): %w", l.addr, l.name, err)
+		}
+		l.lis = newLimitListener(lis, n.cfg.MaxConnections, l.name, n.metrics, n.log)
 	}
 	if n.cfg.HTTPAddr != "" {
-		if n.httpLis, err = net.Listen("tcp", n.cfg.HTTPAddr); err != nil {
-			n.grpcLis.Close()
+		lis, err := net.Listen("tcp", n.cfg.HTTPAddr)
+		if err != nil {
+			closeAll()
 			return fmt.Errorf("node: listen HTTP on %s: %w", n.cfg.HTTPAddr, err)
 		}
+		n.httpLis = newLimitListener(lis, n.cfg.MaxConnections, "http", n.metrics, n.log)
 	}
 	if n.limits != nil {
 		n.limits.Start()
 	}
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		if err := n.grpc.Serve(n.grpcLis); err != nil {
-			n.log.Error("gRPC server stopped", "err", err)
-		}
-	}()
+	for _, l := range n.gRPCs {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := l.srv.Serve(l.lis); err != nil {
+				n.log.Error("gRPC server stopped", "listener", l.name, "err", err)
+			}
+		}()
+	}
 	if n.httpLis != nil {
 		n.wg.Add(1)
 		go func() {
@@ -274,7 +353,7 @@ func (n *Node) Start() error {
 	}
 	if n.cfg.Cluster != nil {
 		if err := n.startCluster(); err != nil {
-			n.grpc.Stop()
+			n.stopGRPC()
 			if n.httpLis != nil {
 				n.http.Close()
 			}
@@ -284,7 +363,7 @@ func (n *Node) Start() error {
 	}
 	n.ready.Store(true)
 	n.updateHealth()
-	n.log.Info("serving", "grpc", n.GRPCAddr(), "http", n.HTTPAddr(), "durability", n.cfg.Durability)
+	n.log.Info("serving", "grpc", n.GRPCAddr(), "peer", n.PeerAddr(), "admin", n.AdminAddr(), "http", n.HTTPAddr(), "durability", n.cfg.Durability)
 	return nil
 }
 
@@ -310,13 +389,17 @@ func (n *Node) updateHealth() {
 	}
 }
 
-// GRPCAddr is the address the gRPC listener is bound to (useful with :0).
-func (n *Node) GRPCAddr() string {
-	if n.grpcLis == nil {
-		return ""
-	}
-	return n.grpcLis.Addr().String()
-}
+// GRPCAddr is the address the gRPC listener of decisions is bound to
+// (useful with :0), "" before Start.
+func (n *Node) GRPCAddr() string { return n.grpc.boundAddr() }
+
+// PeerAddr is the address the peer service is served on: GRPCAddr unless
+// it has a listener of its own.
+func (n *Node) PeerAddr() string { return n.peer.boundAddr() }
+
+// AdminAddr is the address the admin service is served on: GRPCAddr
+// unless it has a listener of its own.
+func (n *Node) AdminAddr() string { return n.admin.boundAddr() }
 
 // HTTPAddr is the address the HTTP listener is bound to, "" if none.
 func (n *Node) HTTPAddr() string {
@@ -339,16 +422,20 @@ func (n *Node) Shutdown(ctx context.Context) error {
 			n.leaveCluster(ctx)
 		}
 		n.health.Shutdown()
+		var stopping sync.WaitGroup
+		for _, l := range n.gRPCs {
+			stopping.Go(l.srv.GracefulStop)
+		}
 		stopped := make(chan struct{})
 		go func() {
-			n.grpc.GracefulStop()
+			stopping.Wait()
 			close(stopped)
 		}()
 		select {
 		case <-stopped:
 		case <-ctx.Done():
 			n.log.Warn("graceful stop timed out; cutting calls in flight")
-			n.grpc.Stop()
+			n.stopGRPC()
 			<-stopped
 		}
 		if n.httpLis != nil {
@@ -369,7 +456,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 func (n *Node) Crash() {
 	n.shutdownOnce.Do(func() {
 		n.ready.Store(false)
-		n.grpc.Stop()
+		n.stopGRPC()
 		if n.httpLis != nil {
 			n.http.Close()
 		}
@@ -384,9 +471,16 @@ func (n *Node) Crash() {
 	})
 }
 
-// StopServing stops the gRPC server at once, without leaving the cluster:
+// StopServing stops the gRPC servers at once, without leaving the cluster:
 // for its peers the node is alive (it gossips) but unreachable. For tests.
-func (n *Node) StopServing() { n.grpc.Stop() }
+func (n *Node) StopServing() { n.stopGRPC() }
+
+// stopGRPC stops every gRPC server at once, cutting the calls in flight.
+func (n *Node) stopGRPC() {
+	for _, l := range n.gRPCs {
+		l.srv.Stop()
+	}
+}
 
 // closeStorage stops the engine and closes the limits watcher and the store.
 func (n *Node) closeStorage() error {

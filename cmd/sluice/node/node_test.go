@@ -34,6 +34,9 @@ type testServer struct {
 	clk  *clock.Fake
 	srv  *Node
 	conn *grpc.ClientConn
+	// adminConn reaches the admin service: conn, unless it has a
+	// listener of its own.
+	adminConn *grpc.ClientConn
 }
 
 // newTestServer starts a node; edit may change its config before start.
@@ -81,13 +84,19 @@ func (ts *testServer) start() {
 	if err != nil {
 		ts.t.Fatal(err)
 	}
+	ts.adminConn = ts.conn
+	if srv.AdminAddr() != srv.GRPCAddr() {
+		if ts.adminConn, err = grpc.NewClient(srv.AdminAddr(), grpc.WithTransportCredentials(creds)); err != nil {
+			ts.t.Fatal(err)
+		}
+	}
 }
 
 func (ts *testServer) stop() {
 	if ts.srv == nil {
 		return
 	}
-	ts.conn.Close()
+	ts.closeConns()
 	if err := ts.srv.Shutdown(context.Background()); err != nil {
 		ts.t.Errorf("Shutdown: %v", err)
 	}
@@ -99,8 +108,15 @@ func (ts *testServer) stop() {
 func (ts *testServer) crash() {
 	s := ts.srv
 	ts.srv = nil
-	ts.conn.Close()
+	ts.closeConns()
 	s.Crash()
+}
+
+func (ts *testServer) closeConns() {
+	ts.conn.Close()
+	if ts.adminConn != ts.conn {
+		ts.adminConn.Close()
+	}
 }
 
 // ctx is a context with a deadline generous for a loaded machine.
@@ -112,5 +128,5 @@ func (ts *testServer) ctx() context.Context {
 
 // admin is an admin client of the node.
 func (ts *testServer) admin() sluicepb.AdminServiceClient {
-	return sluicepb.NewAdminServiceClient(ts.conn)
+	return sluicepb.NewAdminServiceClient(ts.adminConn)
 }
