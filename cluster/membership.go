@@ -66,6 +66,7 @@ type Membership struct {
 	epoch    uint64
 	roster   *Roster // see Roster; never nil after New
 	reborn   bool    // the roster holds a newer entry for this node: take a new incarnation
+	unsent   bool    // announcing this node's metadata timed out: announce it again
 
 	view  atomic.Pointer[View]
 	local atomic.Pointer[Member]
@@ -255,10 +256,25 @@ func (m *Membership) announceLocked(timeout time.Duration, what string) error {
 	m.mergeSelfLocked()
 	m.stateMu.Unlock()
 	if err := m.ml.UpdateNode(max(timeout, time.Millisecond)); err != nil {
-		return fmt.Errorf("cluster: %s: %w", what, err)
+		// memberlist keeps the broadcast queued, but a busy or lossy
+		// network can leave the others with the old metadata (an
+		// incarnation they keep handing keys to) until the next full
+		// sync: announce it again shortly, until it goes through.
+		m.stateMu.Lock()
+		m.unsent = true
+		m.stateMu.Unlock()
+		time.AfterFunc(announceRetry, m.signal)
+		return fmt.Errorf("cluster: %s: %w (announcing again in %v)", what, err, announceRetry)
 	}
+	m.stateMu.Lock()
+	m.unsent = false
+	m.stateMu.Unlock()
 	return nil
 }
+
+// announceRetry is how long after a metadata announcement timed out it is
+// sent again.
+const announceRetry = 500 * time.Millisecond
 
 // mergeSelfLocked puts this node's own entry, as its metadata says, into
 // the roster and publishes the view if that changed it.
@@ -477,8 +493,20 @@ func (m *Membership) dispatch() {
 // newer entry for this node than the one it announces.
 func (m *Membership) storeRoster() {
 	m.stateMu.Lock()
-	r, reborn := m.roster, m.reborn
+	r, reborn, unsent := m.roster, m.reborn, m.unsent
 	m.stateMu.Unlock()
+	if unsent && !reborn {
+		if m.life.TryLock() {
+			if m.runningLocked() == nil && !m.left {
+				if err := m.announceLocked(m.cfg.TCPTimeout, "announce this node's metadata again"); err != nil {
+					m.log.Warn("metadata not announced", "err", err)
+				}
+			}
+			m.life.Unlock()
+		} else {
+			time.AfterFunc(50*time.Millisecond, m.signal)
+		}
+	}
 	if reborn {
 		// Shutdown holds the life lock while it waits for this goroutine:
 		// never block on it here; try again shortly instead.
