@@ -150,6 +150,7 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 	log := newLogger(c.stderr, o.logFormat, o.logLevel)
 	cfg := o.cfg
 	cfg.Logger = log
+	cfg.Build = node.BuildInfo{Version: buildVersion().Version, Revision: buildVersion().Commit}
 	if o.gossipAddr != "" || o.join != "" {
 		cc := cluster.DefaultConfig()
 		if o.gossipAddr != "" {

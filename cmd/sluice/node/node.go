@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -92,7 +91,7 @@ func New(cfg Config) (n *Node, err error) {
 		}
 	}()
 	n.registry = prometheus.NewRegistry()
-	n.metrics = newMetrics(n.registry)
+	n.metrics = newMetrics(n.registry, cfg.Build)
 
 	if cfg.Durability != "memory" {
 		mode, _ := persist.ParseMode(cfg.Durability)
@@ -199,7 +198,7 @@ func New(cfg Config) (n *Node, err error) {
 	reflection.Register(n.grpc)
 
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(n.registry, promhttp.HandlerOpts{Registry: n.registry}))
+	mux.Handle("/metrics", n.metricsHandler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if why := n.NotReady(); why != "" {
