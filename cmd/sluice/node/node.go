@@ -300,12 +300,12 @@ func (n *Node) NotReady() string {
 	return ""
 }
 
-// updateHealth sets grpc health from NotReady.
+// updateHealth sets grpc health, for every service, from NotReady.
 func (n *Node) updateHealth() {
 	if n.NotReady() == "" {
-		n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		n.setHealth(healthpb.HealthCheckResponse_SERVING)
 	} else {
-		n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+		n.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
 	}
 }
 
