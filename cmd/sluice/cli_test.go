@@ -61,8 +61,8 @@ func TestCheck(t *testing.T) {
 		t.Errorf("check with a cost above the limit: stderr %q; want the server's InvalidArgument message", r.stderr)
 	}
 	r = check(exitError, "nolimit")
-	if !strings.Contains(r.stderr, "InvalidArgument") {
-		t.Errorf("check without a limit: stderr %q; want InvalidArgument", r.stderr)
+	if !strings.Contains(r.stderr, "--limit and --window are required") {
+		t.Errorf("check without a limit: stderr %q; want the flags to give", r.stderr)
 	}
 }
 
