@@ -52,14 +52,16 @@ func checkAddr(addr string) error {
 	if strings.Contains(addr, "://") || strings.HasPrefix(addr, "unix:") {
 		return nil
 	}
-	if _, _, err := net.SplitHostPort(addr); err != nil {
-		host := strings.TrimSuffix(strings.TrimPrefix(addr, "["), "]")
-		if _, _, err := net.SplitHostPort(net.JoinHostPort(host, defaultGRPCPort)); err == nil && !strings.HasSuffix(addr, ":") {
-			return fmt.Errorf("--addr %s has no port (the gRPC API listens on %s by default): try --addr %s", addr, defaultGRPCPort, net.JoinHostPort(host, defaultGRPCPort))
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = strings.TrimSuffix(strings.TrimPrefix(addr, "["), "]")
+		if strings.Contains(host, ":") && net.ParseIP(host) == nil {
+			return fmt.Errorf("--addr %s: want host:port, e.g. 127.0.0.1:%s", addr, defaultGRPCPort)
 		}
-		return fmt.Errorf("--addr %s: want host:port, e.g. 127.0.0.1:%s", addr, defaultGRPCPort)
+	} else if port != "" {
+		return nil
 	}
-	return nil
+	return fmt.Errorf("--addr %s has no port (the gRPC API listens on %s by default): try --addr %s", addr, defaultGRPCPort, net.JoinHostPort(host, defaultGRPCPort))
 }
 
 // callStatus returns the status of a failed call as the server (or the
