@@ -199,10 +199,6 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	log.Info("starting sluice", o.attrs()...)
-	if cfg.AdminToken != "" && cfg.TLSCert == "" && !isLoopback(cfg.GRPCAddr) {
-		log.Warn("the admin token travels in clear text: serve with --tls-cert and --tls-key")
-	}
 	if cfg.Durability == "fsync" && runtime.GOMAXPROCS(0) == 1 && os.Getenv("GOMAXPROCS") == "" {
 		// The store's writer spends most of its time in fdatasync, and the
 		// runtime keeps the writer's P until sysmon takes it back: with a
@@ -211,6 +207,10 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 		// 2.6k decisions/s on one core here; 10k/s with a second P).
 		runtime.GOMAXPROCS(2)
 		log.Info("fsync durability with one CPU: GOMAXPROCS raised to 2 so that decisions go on during an fdatasync (set GOMAXPROCS to choose)")
+	}
+	log.Info("starting sluice", o.attrs()...)
+	if cfg.AdminToken != "" && cfg.TLSCert == "" && !isLoopback(cfg.GRPCAddr) {
+		log.Warn("the admin token travels in clear text: serve with --tls-cert and --tls-key")
 	}
 	if o.readyFile != "" {
 		if err := os.Remove(o.readyFile); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -262,7 +262,7 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 }
 
 // attrs describes the effective configuration for the start log, with the
-// tokens redacted.
+// tokens redacted and the defaults that zero values stand for resolved.
 func (o *serveOptions) attrs() []any {
 	cfg := &o.cfg
 	redact := func(secret string) string {
@@ -271,7 +271,7 @@ func (o *serveOptions) attrs() []any {
 		}
 		return "[redacted]"
 	}
-	return []any{
+	attrs := []any{
 		"version", buildVersion().Version,
 		"node_name", cfg.NodeName,
 		"grpc_addr", cfg.GRPCAddr,
@@ -289,26 +289,24 @@ func (o *serveOptions) attrs() []any {
 		"max_message_bytes", cfg.MaxMessageBytes,
 		"pprof", cfg.Pprof,
 		"shutdown_timeout", cfg.ShutdownTimeout,
-		slog.Group("engine",
-			"actors", cfg.Engine.Actors,
-			"max_keys", cfg.Engine.MaxKeys,
-			"mailbox_size", cfg.Engine.MailboxSize,
-			"max_key_len", cfg.Engine.Limits.MaxKeyLen,
-			"max_batch", cfg.Engine.Limits.MaxBatch,
-		),
+		slog.Group("engine", engineAttrs(cfg.Engine)...),
 		"log_format", o.logFormat,
 		"log_level", o.logLevel,
 		"ready_file", o.readyFile,
-		slog.Group("cluster",
-			"gossip_addr", o.gossipAddr,
-			"advertise_addr", o.advertiseAddr,
-			"join", o.join,
-			"gossip_key", redact(o.gossipKey),
-			"expect", o.expect,
-			"owner_policy", o.ownerPolicy,
-			"replicas", o.replicas,
-		),
+		"gomaxprocs", runtime.GOMAXPROCS(0),
 	}
+	if o.gossipAddr == "" && o.join == "" {
+		return attrs // a single node: no cluster setting is in force
+	}
+	return append(attrs, slog.Group("cluster",
+		"gossip_addr", o.gossipAddr,
+		"advertise_addr", o.advertiseAddr,
+		"join", o.join,
+		"gossip_key", redact(o.gossipKey),
+		"expect", o.expect,
+		"owner_policy", o.ownerPolicy,
+		"replicas", o.replicas,
+	))
 }
 
 // redact hides a secret in logs, saying only whether it is set.
@@ -325,7 +323,7 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
 		lvl = slog.LevelInfo
 	}
-	opts := &slog.HandlerOptions{Level: lvl}
+	opts := &slog.HandlerOptions{Level: lvl, ReplaceAttr: readableAttr}
 	if format == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
