@@ -107,7 +107,7 @@ func newMetrics(reg prometheus.Registerer, build BuildInfo) *metrics {
 	}, []string{"direction"})
 	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_refused_checks_total",
-		Help: "Checks this node answered UNAVAILABLE rather than decide without showing it may, by reason (no_quorum: no lease from a majority; moving: the key's state has not arrived; owner_down: its owner is down and the policy keeps its keys for it).",
+		Help: "Checks this node answered UNAVAILABLE rather than decide without showing it may, by reason (no_quorum: no lease from a majority; moving: the key's state has not arrived; owner_down: its owner is down and the policy keeps its keys for it; standby: the key's standby did not confirm the write).",
 	}, []string{"reason"})
 	m.unserved = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_unserved_seconds_total",
