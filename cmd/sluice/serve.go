@@ -151,6 +151,16 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 	cfg := o.cfg
 	cfg.Logger = log
 	cfg.Build = node.BuildInfo{Version: buildVersion().Version, Revision: buildVersion().Commit}
+	if cfg.Durability == "fsync" && runtime.GOMAXPROCS(0) == 1 && os.Getenv("GOMAXPROCS") == "" {
+		// The store's writer spends most of its time in fdatasync, and the
+		// runtime keeps the writer's P until sysmon takes it back: with a
+		// single P nothing else runs meanwhile, so the next decisions do
+		// not queue up to share the next sync (1.2 records per commit and
+		// 2.6k decisions/s on one core here; 10k/s with a second P).
+		// Before the start-up log, which shows the actors this sizes.
+		runtime.GOMAXPROCS(2)
+		log.Info("fsync durability with one CPU: GOMAXPROCS raised to 2 so that decisions go on during an fdatasync (set GOMAXPROCS to choose)")
+	}
 	if o.gossipAddr != "" || o.join != "" {
 		cc := cluster.DefaultConfig()
 		if o.gossipAddr != "" {
@@ -198,15 +208,6 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
-	}
-	if cfg.Durability == "fsync" && runtime.GOMAXPROCS(0) == 1 && os.Getenv("GOMAXPROCS") == "" {
-		// The store's writer spends most of its time in fdatasync, and the
-		// runtime keeps the writer's P until sysmon takes it back: with a
-		// single P nothing else runs meanwhile, so the next decisions do
-		// not queue up to share the next sync (1.2 records per commit and
-		// 2.6k decisions/s on one core here; 10k/s with a second P).
-		runtime.GOMAXPROCS(2)
-		log.Info("fsync durability with one CPU: GOMAXPROCS raised to 2 so that decisions go on during an fdatasync (set GOMAXPROCS to choose)")
 	}
 	log.Info("starting sluice", o.attrs()...)
 	if cfg.AdminToken != "" && cfg.TLSCert == "" && !isLoopback(cfg.GRPCAddr) {
