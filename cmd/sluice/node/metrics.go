@@ -44,7 +44,7 @@ type metrics struct {
 	members           prometheus.Gauge
 }
 
-func newMetrics(reg prometheus.Registerer, build BuildInfo) *metrics {
+func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		keys: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "sluice_keys_in_memory",
@@ -159,6 +159,15 @@ func newMetrics(reg prometheus.Registerer, build BuildInfo) *metrics {
 	// cluster, every membership change sets the gauge (see Changed).
 	m.members.Set(1)
 
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// registerBuildInfo registers sluice_build_info, 1 with the build as its
+// labels.
+func registerBuildInfo(reg prometheus.Registerer, build BuildInfo) {
 	build = build.withDefaults()
 	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "sluice_build_info",
@@ -170,10 +179,7 @@ func newMetrics(reg prometheus.Registerer, build BuildInfo) *metrics {
 		},
 	})
 	buildInfo.Set(1)
-	reg.MustRegister(buildInfo,
-		collectors.NewGoCollector(),
-		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	return m
+	reg.MustRegister(buildInfo)
 }
 
 // withDefaults fills b's empty fields from the Go build info: the main

@@ -91,7 +91,8 @@ func New(cfg Config) (n *Node, err error) {
 		}
 	}()
 	n.registry = prometheus.NewRegistry()
-	n.metrics = newMetrics(n.registry, cfg.Build)
+	n.metrics = newMetrics(n.registry)
+	registerBuildInfo(n.registry, cfg.Build)
 
 	if cfg.Durability != "memory" {
 		mode, _ := persist.ParseMode(cfg.Durability)
