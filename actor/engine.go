@@ -177,6 +177,11 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// Effective returns c with the fields left at zero set to their
+// defaults: the values an Engine built from c works with (for a start-up
+// log, say).
+func (c Config) Effective() Config { return c.withDefaults() }
+
 // Validate reports a configuration that cannot work.
 func (c Config) Validate() error {
 	c = c.withDefaults()

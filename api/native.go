@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"strconv"
 	"time"
 
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -116,9 +117,23 @@ func (s *Server) nativeCheck(i int, pc *sluicepb.Check, now time.Time, c *actor.
 		}
 	}
 	if c.Limit == 0 || c.Window == 0 {
-		return badInput("check %d (key %s): no limit and window: send them, set an override, or give the key a limits file entry", i, actor.QuoteKey(pc.Key))
+		return missingLimitOrWindow(i, pc.Key, c)
 	}
 	return nil
+}
+
+// missingLimitOrWindow is the error of check i, whose limit or window (or
+// both) neither the check, nor an override, nor the limits file gave: it
+// says which, and names the fields.
+func missingLimitOrWindow(i int, key []byte, c *actor.Check) error {
+	field := "checks[" + strconv.Itoa(i) + "]."
+	switch {
+	case c.Limit == 0 && c.Window == 0:
+		return badFields([]string{field + "limit", field + "window"}, "check %d (key %s): no limit and no window: send them, set an override, or give the key a limits file entry", i, actor.QuoteKey(key))
+	case c.Window == 0:
+		return badFields([]string{field + "window"}, "check %d (key %s): no window: the limit is %d, but neither the check nor an override nor a limits file entry gives a window; send one", i, actor.QuoteKey(key), c.Limit)
+	}
+	return badFields([]string{field + "limit"}, "check %d (key %s): no limit: the window is %v, but neither the check nor an override nor a limits file entry gives a limit; send one", i, actor.QuoteKey(key), c.Window)
 }
 
 // fromProtoAlgorithm maps the API's algorithm to the engine's.

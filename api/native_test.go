@@ -3,12 +3,14 @@ package api
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/mem"
@@ -93,6 +95,42 @@ func TestNativeBadInput(t *testing.T) {
 	resp, err := client.Check(ts.ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck("good", 10, time.Minute, 0)}})
 	if err != nil || resp.Decisions[0].Remaining != 10 {
 		t.Fatalf("peek at good after refused calls = %v, %v; want 10 remaining (nothing recorded)", resp, err)
+	}
+}
+
+// TestNativeMissingLimitOrWindow: a check that ends up without a limit or
+// a window (none sent, no override, no limits file entry) is refused with
+// a message that says which is missing, and an errdetails.BadRequest that
+// names the field, for clients to point at their own flag or setting.
+func TestNativeMissingLimitOrWindow(t *testing.T) {
+	ts := newTestServer(t, nil)
+	client := sluicepb.NewRateLimitServiceClient(ts.conn)
+	for _, tc := range []struct {
+		name       string
+		check      *sluicepb.Check
+		wantFields []string
+		wantMsg    string
+	}{
+		{"limit without window", &sluicepb.Check{Key: []byte("k"), Limit: 3}, []string{"checks[1].window"}, "no window: the limit is 3"},
+		{"zero window", &sluicepb.Check{Key: []byte("k"), Limit: 3, Window: durationpb.New(0)}, []string{"checks[1].window"}, "no window"},
+		{"window without limit", &sluicepb.Check{Key: []byte("k"), Window: durationpb.New(time.Minute)}, []string{"checks[1].limit"}, "no limit: the window is 1m0s"},
+		{"neither", &sluicepb.Check{Key: []byte("k")}, []string{"checks[1].limit", "checks[1].window"}, "no limit and no window"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := client.Check(ts.ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck("good", 10, time.Minute, 1), tc.check}})
+			st := status.Convert(err)
+			var fields []string
+			for _, d := range st.Details() {
+				if br, ok := d.(*errdetails.BadRequest); ok {
+					for _, v := range br.FieldViolations {
+						fields = append(fields, v.Field)
+					}
+				}
+			}
+			if st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), tc.wantMsg) || !slices.Equal(fields, tc.wantFields) {
+				t.Errorf("Check(good, %v) = %v, field violations %q; want InvalidArgument saying %q, field violations %q", tc.check, err, fields, tc.wantMsg, tc.wantFields)
+			}
+		})
 	}
 }
 

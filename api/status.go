@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -11,14 +12,23 @@ import (
 )
 
 // inputError is bad input found by the api layer (rather than the engine):
-// it maps to InvalidArgument with its message.
-type inputError struct{ msg string }
+// it maps to InvalidArgument with its message, and with an
+// errdetails.BadRequest when it names the fields at fault.
+type inputError struct {
+	msg    string
+	fields []string // paths of the request's fields at fault, "checks[0].window"
+}
 
 func (e *inputError) Error() string { return e.msg }
 
 // badInput returns an *inputError. Messages say what to change.
 func badInput(format string, args ...any) error {
 	return &inputError{msg: fmt.Sprintf(format, args...)}
+}
+
+// badFields is badInput about the named fields of the request.
+func badFields(fields []string, format string, args ...any) error {
+	return &inputError{msg: fmt.Sprintf(format, args...), fields: fields}
 }
 
 // errNotClustered is an admin call that needs a cluster made to a single
@@ -36,7 +46,17 @@ func toStatus(err error) error {
 	}
 	var ie *inputError
 	if errors.As(err, &ie) {
-		return status.Error(codes.InvalidArgument, ie.msg)
+		st := status.New(codes.InvalidArgument, ie.msg)
+		if len(ie.fields) > 0 {
+			br := &errdetails.BadRequest{}
+			for _, f := range ie.fields {
+				br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{Field: f, Description: ie.msg})
+			}
+			if withDetails, err := st.WithDetails(br); err == nil {
+				st = withDetails
+			}
+		}
+		return st.Err()
 	}
 	if errors.Is(err, errNotClustered) {
 		return status.Error(codes.FailedPrecondition, err.Error())

@@ -32,7 +32,7 @@ func (r *Router) forward(ctx context.Context, own *ownership, member string, che
 		// Reservations are rare: they go on their own, unbatched.
 		return p.call(ctx, checks, out, marks, true)
 	}
-	closed := fmt.Errorf("%w: %s: connection closed", ErrUnreachable, member)
+	closed := &UnreachableError{Member: member, Reason: "connection closed"}
 	f := &pending{ctx: ctx, checks: checks, out: out, done: make(chan error, 1)}
 	select {
 	case <-p.quit:
@@ -95,7 +95,7 @@ func (r *Router) peer(name string) (*peer, error) {
 		addr = cmp.Or(m.PeerAddr, m.GRPCAddr)
 	}
 	if addr == "" {
-		return nil, fmt.Errorf("%w: %s is not a live member", ErrUnreachable, name)
+		return nil, &UnreachableError{Member: name, Reason: "not a live member"}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -109,7 +109,7 @@ func (r *Router) peer(name string) (*peer, error) {
 	}
 	conn, err := grpc.NewClient(addr, r.cfg.DialOptions...)
 	if err != nil {
-		return nil, fmt.Errorf("%w: dial %s at %s: %v", ErrUnreachable, name, addr, err)
+		return nil, &UnreachableError{Member: name, Reason: fmt.Sprintf("dial %s: %v", addr, err)}
 	}
 	p := &peer{
 		r: r, name: name, addr: addr, conn: conn,
@@ -199,7 +199,7 @@ func (p *peer) failQueued() {
 	for {
 		select {
 		case f := <-p.queue:
-			f.done <- fmt.Errorf("%w: %s: connection closed", ErrUnreachable, p.name)
+			f.done <- &UnreachableError{Member: p.name, Reason: "connection closed"}
 		default:
 			return
 		}
@@ -273,7 +273,7 @@ func (p *peer) call(ctx context.Context, checks []actor.Check, out []actor.Decis
 		return fromPeerStatus(p.name, err)
 	}
 	if len(resp.Decisions) != len(checks) || reserve && len(resp.Marks) != len(checks) {
-		return fmt.Errorf("%w: %s answered %d decisions for %d checks", ErrUnreachable, p.name, len(resp.Decisions), len(checks))
+		return &UnreachableError{Member: p.name, Reason: fmt.Sprintf("answered %d decisions for %d checks", len(resp.Decisions), len(checks))}
 	}
 	for i, d := range resp.Decisions {
 		out[i] = actor.Decision{
@@ -292,7 +292,7 @@ func (p *peer) call(ctx context.Context, checks []actor.Check, out []actor.Decis
 func fromPeerStatus(peer string, err error) error {
 	st, ok := status.FromError(err)
 	if !ok {
-		return fmt.Errorf("%w: %s: %v", ErrUnreachable, peer, err)
+		return &UnreachableError{Member: peer, Reason: err.Error()}
 	}
 	switch st.Code() {
 	case codes.InvalidArgument, codes.ResourceExhausted:
@@ -306,9 +306,9 @@ func fromPeerStatus(peer string, err error) error {
 			}
 		}
 	case codes.DeadlineExceeded, codes.Canceled:
-		return fmt.Errorf("%w: %s did not answer in time: %v", ErrUnreachable, peer, st.Message())
+		return &UnreachableError{Member: peer, Reason: "did not answer in time: " + st.Message()}
 	}
-	return fmt.Errorf("%w: %s: %v", ErrUnreachable, peer, err)
+	return &UnreachableError{Member: peer, Reason: err.Error()}
 }
 
 // peerError is a refusal a peer explained: it matches its kind with

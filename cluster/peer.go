@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -166,11 +167,53 @@ func FromProtoChecks(in []*sluicepb.Check) ([]actor.Check, error) {
 // node: the sender drops it and starts again for the current one.
 var errWrongIncarnation = errors.New("cluster: handoff for another incarnation")
 
+// ErrorDomain is the domain of the errdetails.ErrorInfo that Status adds
+// to the UNAVAILABLE statuses it returns; its Reason is one of the
+// Reason constants, so that a client can tell why without reading the
+// message.
+const ErrorDomain = "sluice.io"
+
+// The reasons of an UNAVAILABLE status (see ErrorDomain).
+// ReasonNoQuorum, ReasonMoving and ReasonOwnerDown are refusals: nothing
+// was decided. After ReasonStandby or ReasonOwnerUnreachable, the hits may
+// have been recorded without being acknowledged, so a retry may count them
+// twice (never fewer).
+const (
+	// ReasonNoQuorum: the node holds no lease from a majority (ErrNoQuorum).
+	ReasonNoQuorum = "NO_QUORUM"
+	// ReasonMoving: the key's ownership is moving (ErrMoving); a retry a
+	// moment later usually succeeds.
+	ReasonMoving = "OWNERSHIP_MOVING"
+	// ReasonOwnerDown: the key's owner is down and the policy keeps its keys
+	// for it (ErrOwnerDown).
+	ReasonOwnerDown = "OWNER_DOWN"
+	// ReasonOwnerUnreachable: the member that acts for the key could not be
+	// asked (ErrUnreachable); the metadata's "member" names it when known.
+	ReasonOwnerUnreachable = "OWNER_UNREACHABLE"
+	// ReasonStandby: the key's standby did not confirm the write.
+	ReasonStandby = "STANDBY_UNCONFIRMED"
+	// ReasonShuttingDown: the node is shutting down.
+	ReasonShuttingDown = "SHUTTING_DOWN"
+)
+
+// unavailable is an UNAVAILABLE status with msg, carrying an ErrorInfo
+// with reason and meta.
+func unavailable(reason, msg string, meta map[string]string) error {
+	st, err := status.New(codes.Unavailable, msg).WithDetails(&errdetails.ErrorInfo{
+		Reason: reason, Domain: ErrorDomain, Metadata: meta,
+	})
+	if err != nil {
+		return status.Error(codes.Unavailable, msg)
+	}
+	return st.Err()
+}
+
 // Status returns the gRPC status of an error of the engine or of this
 // package: the one mapping the peer service and the client APIs share.
 // Refusals (no quorum, ownership moving, owner down, an unreachable owner)
 // are UNAVAILABLE with the reason, so that the edge applies its failure
-// policy; a forwarded check this node does not act for is ABORTED.
+// policy, with an errdetails.ErrorInfo saying why (see ErrorDomain); a
+// forwarded check this node does not act for is ABORTED.
 func Status(err error) error {
 	if err == nil {
 		return nil
@@ -187,21 +230,29 @@ func Status(err error) error {
 	case errors.Is(err, actor.ErrOverloaded), errors.Is(err, actor.ErrTooManyKeys):
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, actor.ErrClosed), errors.Is(err, persist.ErrClosed):
-		return status.Error(codes.Unavailable, "sluice: node shutting down; retry on another node")
+		return unavailable(ReasonShuttingDown, "sluice: node shutting down; retry on another node", nil)
 	case errors.Is(err, errMisrouted):
 		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, errWrongIncarnation), errors.Is(err, ErrAlive):
 		return status.Error(codes.FailedPrecondition, err.Error())
 	case errors.Is(err, ErrNoMember):
 		return status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, ErrNoQuorum), errors.Is(err, ErrMoving), errors.Is(err, ErrOwnerDown):
-		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, ErrNoQuorum):
+		return unavailable(ReasonNoQuorum, err.Error(), nil)
+	case errors.Is(err, ErrMoving):
+		return unavailable(ReasonMoving, err.Error(), nil)
+	case errors.Is(err, ErrOwnerDown):
+		return unavailable(ReasonOwnerDown, err.Error(), nil)
 	case errors.Is(err, actor.ErrReplication), errors.Is(err, errStandby):
-		return status.Error(codes.Unavailable, err.Error())
+		return unavailable(ReasonStandby, err.Error(), nil)
 	case errors.Is(err, actor.ErrStale):
-		return status.Error(codes.Unavailable, ErrMoving.Error()+": "+err.Error())
+		return unavailable(ReasonMoving, ErrMoving.Error()+": "+err.Error(), nil)
 	case errors.Is(err, ErrUnreachable):
-		return status.Error(codes.Unavailable, err.Error()+"; the edge decides whether to fail open or closed")
+		var meta map[string]string
+		if ue := (*UnreachableError)(nil); errors.As(err, &ue) {
+			meta = map[string]string{"member": ue.Member}
+		}
+		return unavailable(ReasonOwnerUnreachable, err.Error()+"; the edge decides whether to fail open or closed", meta)
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):

@@ -22,6 +22,22 @@ import (
 // closed.
 var ErrUnreachable = errors.New("cluster: owner unreachable")
 
+// UnreachableError is ErrUnreachable for a named member: it matches
+// ErrUnreachable with errors.Is, and Status names the member in the
+// status's details (see ReasonOwnerUnreachable), so that a client can say
+// which node it could not reach through the node it asked.
+type UnreachableError struct {
+	Member string // the member that could not be asked
+	Reason string // why, for people
+}
+
+func (e *UnreachableError) Error() string {
+	return ErrUnreachable.Error() + ": " + e.Member + ": " + e.Reason
+}
+
+// Unwrap returns ErrUnreachable.
+func (e *UnreachableError) Unwrap() error { return ErrUnreachable }
+
 // errMisrouted is a Forward refused by a node that does not act for the
 // keys in its configuration (it never forwards them again); the sender
 // waits for its own configuration to change and routes them once more.

@@ -257,7 +257,11 @@ func Open(o Options) (*Store, error) {
 	s.next.Store(s.dbNext)
 	s.w.init(s, wal, gen, seq)
 	s.ck.init(s, gen)
-	s.log.Info("opened data file", "mode", o.Mode.String(), "next_deadline", s.dbNext, "wal", wal.Name())
+	attrs := []any{"mode", o.Mode.String(), "wal", wal.Name()}
+	if s.dbNext != 0 {
+		attrs = append(attrs, "next_deadline", time.Unix(0, s.dbNext).UTC().Format(time.RFC3339))
+	}
+	s.log.Info("opened data file", attrs...)
 	go s.w.run()
 	go s.ck.run()
 	return s, nil
@@ -975,7 +979,9 @@ func (s *Store) Close() error {
 			err = fmt.Errorf("persist: close %s: %v", s.opts.Path, cerr)
 		}
 		s.closeErr = err
-		s.log.Info("closed data file", "err", err)
+		if err == nil {
+			s.log.Info("closed data file") // an error is returned, not logged
+		}
 	})
 	return s.closeErr
 }

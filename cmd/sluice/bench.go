@@ -190,6 +190,9 @@ func benchConfig(fs *pflag.FlagSet, cfg *loadgen.Config, co *clientOptions, api,
 // runBench dials cfg.Connections connections to --addr, checks that each
 // answers, and runs the load.
 func runBench(ctx context.Context, co *clientOptions, cfg loadgen.Config) (*loadgen.Report, error) {
+	if err := checkAddr(co.addr); err != nil {
+		return nil, err
+	}
 	creds, err := co.transportCredentials()
 	if err != nil {
 		return nil, err

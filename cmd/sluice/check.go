@@ -6,6 +6,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -64,6 +67,12 @@ file gives them. An override always wins over the values sent.`,
 			if peek && cmd.Flags().Changed("cost") {
 				return fmt.Errorf("--peek is --cost 0: give one of them")
 			}
+			if cmd.Flags().Changed("window") && window <= 0 {
+				return fmt.Errorf("--window %v: want a positive duration (leave --window out to take the window from an override or the limits file)", window)
+			}
+			// A refund retried after a failure that applied it would give
+			// back twice.
+			co.noRetry = refund
 			cl, err := co.dial()
 			if err != nil {
 				return err
@@ -93,6 +102,9 @@ file gives them. An override always wins over the values sent.`,
 			defer cancel()
 			resp, err := cl.rl.Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{chk}})
 			if err != nil {
+				if err := missingFlags(err, key, cmd.Flags()); err != nil {
+					return err
+				}
 				return cl.callError(err)
 			}
 			if len(resp.Decisions) != 1 {
@@ -110,8 +122,8 @@ file gives them. An override always wins over the values sent.`,
 	}
 	ko.register(cmd)
 	fs := cmd.Flags()
-	fs.Int64Var(&limit, "limit", 0, "hits allowed per window (0: from an override or the limits file)")
-	fs.Var(newDurationValue(&window, 0), "window", "length of the sliding window, e.g. 1s, 1m, 1h, 7d (0: from an override or the limits file)")
+	fs.Int64Var(&limit, "limit", 0, "hits allowed per window (left out: from an override or the limits file)")
+	fs.Var(newDurationValue(&window, 0), "window", "length of the sliding window, e.g. 1s, 1m, 1h, 7d (left out: from an override or the limits file)")
 	fs.Int64Var(&cost, "cost", 1, "hits to record")
 	fs.Var(newEnumValue(&algorithm, "", algorithmNames...), "algorithm", "counting algorithm (default: an override's or the limits file's, else sliding_log)")
 	fs.BoolVar(&peek, "peek", false, "decide without recording anything (--cost 0)")
@@ -119,6 +131,38 @@ file gives them. An override always wins over the values sent.`,
 	fs.BoolVar(&penalty, "penalty", false, "record the hits even if denied")
 	co.register(fs)
 	return cmd
+}
+
+// missingFlags turns the node's refusal of a check without a limit or a
+// window (an errdetails.BadRequest naming checks[0].limit or
+// checks[0].window) into the flags to give, nil for any other error.
+// fs says which flags were given.
+func missingFlags(err error, key []byte, fs *pflag.FlagSet) error {
+	var limit, window bool
+	for _, d := range status.Convert(err).Details() {
+		if br, ok := d.(*errdetails.BadRequest); ok {
+			for _, v := range br.FieldViolations {
+				limit = limit || v.Field == "checks[0].limit"
+				window = window || v.Field == "checks[0].window"
+			}
+		}
+	}
+	var missing, want string
+	switch {
+	case limit && window:
+		missing, want = "--limit and --window are required", "a limit and a window"
+	case window && fs.Changed("limit"):
+		missing, want = "--window is required with --limit", "a window"
+	case window:
+		missing, want = "--window is required", "a window"
+	case limit && fs.Changed("window"):
+		missing, want = "--limit is required with --window", "a limit"
+	case limit:
+		missing, want = "--limit is required", "a limit"
+	default:
+		return nil
+	}
+	return fmt.Errorf("%s: no override or limits file entry gives key %s %s (see sluice check --help)", missing, printableKey(key), want)
 }
 
 func printDecision(cmd *cobra.Command, co *clientOptions, key []byte, d *sluicepb.Decision) error {

@@ -62,8 +62,8 @@ func TestCheck(t *testing.T) {
 		t.Errorf("check with a cost above the limit: stderr %q; want the server's InvalidArgument message", r.stderr)
 	}
 	r = check(exitError, "nolimit")
-	if !strings.Contains(r.stderr, "InvalidArgument") {
-		t.Errorf("check without a limit: stderr %q; want InvalidArgument", r.stderr)
+	if !strings.Contains(r.stderr, "--limit and --window are required") {
+		t.Errorf("check without a limit: stderr %q; want the flags to give", r.stderr)
 	}
 }
 
@@ -334,6 +334,10 @@ func TestBadInput(t *testing.T) {
 		{nil, []string{"check", "--envoy", "edge", "novalue"}, `descriptor entry "novalue": want key=value`},
 		{nil, []string{"check", "--escaped", `bad\q`}, "bad escape at byte 3"},
 		{nil, []string{"check", "k", "--tls-cert", "c.pem"}, "--tls-cert and --tls-key go together"},
+		{nil, []string{"key", "get", "k", "--addr", "localhost"}, "--addr localhost has no port (the gRPC API listens on 8081 by default): try --addr localhost:8081"},
+		{nil, []string{"bench", "--addr", "::1"}, "--addr ::1 has no port (the gRPC API listens on 8081 by default): try --addr [::1]:8081"},
+		{nil, []string{"check", "k", "--addr", "127.0.0.1:"}, "--addr 127.0.0.1: has no port"},
+		{nil, []string{"members", "--addr", "127.0.0.1:80:80"}, "--addr 127.0.0.1:80:80: want host:port"},
 		{env{"SLUICE_TIMEOUT": "soon"}, []string{"check", "k"}, `SLUICE_TIMEOUT="soon": invalid value for --timeout`},
 		{env{"SLUICE_INSECURE": "maybe"}, []string{"key", "get", "k"}, "SLUICE_INSECURE"},
 		{nil, []string{"key", "envoy"}, "want a DOMAIN"},

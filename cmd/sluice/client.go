@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -16,7 +16,6 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/status"
 
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
@@ -34,6 +33,9 @@ type clientOptions struct {
 	tlsServerName string
 	insecure      bool
 	output        string
+	// noRetry turns the retry policy off (see retryServiceConfig), for
+	// calls a retry could apply twice. Not a flag.
+	noRetry bool
 }
 
 // register adds the connection flags to fs.
@@ -99,33 +101,37 @@ func (o *clientOptions) transportCredentials() (credentials.TransportCredentials
 
 // client is a connection to a node.
 type client struct {
-	opts  *clientOptions
-	conn  *grpc.ClientConn
-	rl    sluicepb.RateLimitServiceClient
-	admin sluicepb.AdminServiceClient
+	opts     *clientOptions
+	conn     *grpc.ClientConn
+	rl       sluicepb.RateLimitServiceClient
+	admin    sluicepb.AdminServiceClient
+	answered atomic.Bool // the node answered the last call (see recordAnswer)
 }
 
 // dial prepares a connection to --addr; it connects on the first call.
 func (o *clientOptions) dial() (*client, error) {
-	if o.addr == "" {
-		return nil, errors.New("--addr is empty: give the gRPC address of a Sluice node")
+	if err := checkAddr(o.addr); err != nil {
+		return nil, err
 	}
 	creds, err := o.transportCredentials()
 	if err != nil {
 		return nil, err
 	}
-	conn, err := grpc.NewClient(o.addr,
+	c := &client{opts: o}
+	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(creds),
-		grpc.WithUserAgent("sluice-cli/"+buildVersion().Version))
-	if err != nil {
+		grpc.WithUserAgent("sluice-cli/" + buildVersion().Version),
+		grpc.WithChainUnaryInterceptor(c.recordAnswer),
+		grpc.WithDefaultServiceConfig(retryServiceConfig),
+	}
+	if o.noRetry {
+		opts = append(opts, grpc.WithDisableRetry())
+	}
+	if c.conn, err = grpc.NewClient(o.addr, opts...); err != nil {
 		return nil, fmt.Errorf("--addr %s: %w", o.addr, err)
 	}
-	return &client{
-		opts:  o,
-		conn:  conn,
-		rl:    sluicepb.NewRateLimitServiceClient(conn),
-		admin: sluicepb.NewAdminServiceClient(conn),
-	}, nil
+	c.rl, c.admin = sluicepb.NewRateLimitServiceClient(c.conn), sluicepb.NewAdminServiceClient(c.conn)
+	return c, nil
 }
 
 func (c *client) close() { c.conn.Close() }
@@ -145,20 +151,14 @@ func (c *client) callContext(parent context.Context) (context.Context, context.C
 
 // callError turns the error of a call into one line for people.
 func (c *client) callError(err error) error {
-	st, ok := status.FromError(err)
+	st, retried, ok := callStatus(err)
 	if !ok {
 		return err
 	}
 	msg := st.Message()
 	switch st.Code() {
 	case codes.Unavailable:
-		if strings.Contains(msg, "connection refused") || strings.Contains(msg, "no such host") {
-			return fmt.Errorf("cannot reach %s (is sluice serve running there? set --addr or SLUICE_ADDR): %s", c.opts.addr, msg)
-		}
-		if strings.Contains(msg, "server preface") && !c.opts.usesTLS() {
-			return fmt.Errorf("%s is unavailable (if it serves TLS, give --tls-ca or --tls): %s", c.opts.addr, msg)
-		}
-		return fmt.Errorf("%s is unavailable: %s", c.opts.addr, msg)
+		return c.unavailable(st, retried)
 	case codes.DeadlineExceeded:
 		return fmt.Errorf("no answer from %s within --timeout %v: %s", c.opts.addr, c.opts.timeout, msg)
 	case codes.Unimplemented:

@@ -31,9 +31,22 @@
 //	128+N  serve got a second SIGINT (130) or SIGTERM (143) and exited
 //	     without finishing its graceful shutdown
 //
+// # Failures
+//
+// The client commands retry a call that fails with UNAVAILABLE, up to four
+// attempts within about 350 ms (a gRPC retry policy on the sluice.v1
+// services; refunds are not retried). A call that still fails is reported
+// from its status code and details, not its text: the node asked could not
+// be reached (and then a probe of --addr tells a closed port from the HTTP
+// port or a TLS mismatch), or it answered UNAVAILABLE, naming the owner it
+// could not reach when that is the reason (errdetails.ErrorInfo, see
+// cluster.ErrorDomain). A check that gets no limit or window names the flag
+// to give (errdetails.BadRequest).
+//
 // # Serving
 //
-// serve logs its effective configuration (the admin token redacted) and
+// serve logs its effective configuration (the values in force, defaults
+// resolved; the tokens redacted) and
 // serves until SIGINT or SIGTERM, then shuts down gracefully within
 // --shutdown-timeout, flushes the data file and exits 0. A second signal
 // exits at once. With --ready-file, serve writes the addresses it is bound

@@ -167,6 +167,17 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 	log := newLogger(c.stderr, o.logFormat, o.logLevel)
 	cfg := o.cfg
 	cfg.Logger = log
+	cfg.Build = node.BuildInfo{Version: buildVersion().Version, Revision: buildVersion().Commit}
+	if cfg.Durability == "fsync" && runtime.GOMAXPROCS(0) == 1 && os.Getenv("GOMAXPROCS") == "" {
+		// The store's writer spends most of its time in fdatasync, and the
+		// runtime keeps the writer's P until sysmon takes it back: with a
+		// single P nothing else runs meanwhile, so the next decisions do
+		// not queue up to share the next sync (1.2 records per commit and
+		// 2.6k decisions/s on one core here; 10k/s with a second P).
+		// Before the start-up log, which shows the actors this sizes.
+		runtime.GOMAXPROCS(2)
+		log.Info("fsync durability with one CPU: GOMAXPROCS raised to 2 so that decisions go on during an fdatasync (set GOMAXPROCS to choose)")
+	}
 	if o.gossipAddr != "" || o.join != "" {
 		cc := cluster.DefaultConfig()
 		if o.gossipAddr != "" {
@@ -224,15 +235,6 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 		cfg.Cluster != nil && !isLoopback(cmp.Or(cfg.PeerAddr, cfg.GRPCAddr))) {
 		log.Warn("the admin token travels in clear text: serve with --tls-cert and --tls-key")
 	}
-	if cfg.Durability == "fsync" && runtime.GOMAXPROCS(0) == 1 && os.Getenv("GOMAXPROCS") == "" {
-		// The store's writer spends most of its time in fdatasync, and the
-		// runtime keeps the writer's P until sysmon takes it back: with a
-		// single P nothing else runs meanwhile, so the next decisions do
-		// not queue up to share the next sync (1.2 records per commit and
-		// 2.6k decisions/s on one core here; 10k/s with a second P).
-		runtime.GOMAXPROCS(2)
-		log.Info("fsync durability with one CPU: GOMAXPROCS raised to 2 so that decisions go on during an fdatasync (set GOMAXPROCS to choose)")
-	}
 	if o.readyFile != "" {
 		if err := os.Remove(o.readyFile); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return fmt.Errorf("remove stale ready file: %w", err)
@@ -283,7 +285,7 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 }
 
 // attrs describes the effective configuration for the start log, with the
-// tokens redacted.
+// tokens redacted and the defaults that zero values stand for resolved.
 func (o *serveOptions) attrs() []any {
 	cfg := &o.cfg
 	redact := func(secret string) string {
@@ -292,7 +294,7 @@ func (o *serveOptions) attrs() []any {
 		}
 		return "[redacted]"
 	}
-	return []any{
+	attrs := []any{
 		"version", buildVersion().Version,
 		"node_name", cfg.NodeName,
 		"grpc_addr", cfg.GRPCAddr,
@@ -320,26 +322,24 @@ func (o *serveOptions) attrs() []any {
 		),
 		"pprof", cfg.Pprof,
 		"shutdown_timeout", cfg.ShutdownTimeout,
-		slog.Group("engine",
-			"actors", cfg.Engine.Actors,
-			"max_keys", cfg.Engine.MaxKeys,
-			"mailbox_size", cfg.Engine.MailboxSize,
-			"max_key_len", cfg.Engine.Limits.MaxKeyLen,
-			"max_batch", cfg.Engine.Limits.MaxBatch,
-		),
+		slog.Group("engine", engineAttrs(cfg.Engine)...),
 		"log_format", o.logFormat,
 		"log_level", o.logLevel,
 		"ready_file", o.readyFile,
-		slog.Group("cluster",
-			"gossip_addr", o.gossipAddr,
-			"advertise_addr", o.advertiseAddr,
-			"join", o.join,
-			"gossip_key", redact(o.gossipKey),
-			"expect", o.expect,
-			"owner_policy", o.ownerPolicy,
-			"replicas", o.replicas,
-		),
+		"gomaxprocs", runtime.GOMAXPROCS(0),
 	}
+	if o.gossipAddr == "" && o.join == "" {
+		return attrs // a single node: no cluster setting is in force
+	}
+	return append(attrs, slog.Group("cluster",
+		"gossip_addr", o.gossipAddr,
+		"advertise_addr", o.advertiseAddr,
+		"join", o.join,
+		"gossip_key", redact(o.gossipKey),
+		"expect", o.expect,
+		"owner_policy", o.ownerPolicy,
+		"replicas", o.replicas,
+	))
 }
 
 // redact hides a secret in logs, saying only whether it is set.
@@ -356,7 +356,7 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
 		lvl = slog.LevelInfo
 	}
-	opts := &slog.HandlerOptions{Level: lvl}
+	opts := &slog.HandlerOptions{Level: lvl, ReplaceAttr: readableAttr}
 	if format == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}

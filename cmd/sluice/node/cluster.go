@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluice-io/sluice/cluster"
 )
@@ -21,6 +22,9 @@ const joinTimeout = 2 * time.Minute
 // startCluster joins the cluster and starts the router: forwarding,
 // leases, handoff.
 func (n *Node) startCluster() error {
+	// Not ready while joining, for every service probes may name (New set
+	// only the server as a whole).
+	n.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
 	ccfg := *n.cfg.Cluster
 	ccfg.NodeName, ccfg.GRPCAddr = n.cfg.NodeName, n.GRPCAddr()
 	ccfg.PeerAddr, ccfg.AdminAddr = n.PeerAddr(), n.AdminAddr()

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -247,7 +248,8 @@ func TestClusterJoinLeaveKeepsState(t *testing.T) {
 }
 
 // TestClusterUnreachableOwnerFailsFast: when a key's owner cannot be
-// reached, the decision fails with Unavailable within the deadline.
+// reached, the decision fails with Unavailable within the deadline, naming
+// the owner.
 func TestClusterUnreachableOwnerFailsFast(t *testing.T) {
 	tc := newTestCluster(t, 2)
 	// Find a key node 1 owns, then cut node 1's gRPC without leaving.
@@ -265,6 +267,17 @@ func TestClusterUnreachableOwnerFailsFast(t *testing.T) {
 	_, err := tc.client(0).Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, 5, time.Minute, 1)}})
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("Check(key of a dead owner) = %v; want Unavailable", err)
+	}
+	// The status names the owner node-0 could not reach, for the client to
+	// say which node is down.
+	var info *errdetails.ErrorInfo
+	for _, d := range status.Convert(err).Details() {
+		if i, ok := d.(*errdetails.ErrorInfo); ok {
+			info = i
+		}
+	}
+	if info == nil || info.Reason != cluster.ReasonOwnerUnreachable || info.Metadata["member"] != "node-1" {
+		t.Errorf("Check(key of an unreachable owner): details %v; want an ErrorInfo %s naming member node-1", info, cluster.ReasonOwnerUnreachable)
 	}
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("failing took %v; want well within the 3s deadline", d)

@@ -124,6 +124,17 @@ type Config struct {
 	Clock clock.Clock
 	// Logger receives the node's logs; nil discards them.
 	Logger *slog.Logger
+	// Build describes the binary in sluice_build_info. Empty fields are
+	// read from the Go build info (runtime/debug).
+	Build BuildInfo
+}
+
+// BuildInfo is the version of the binary a node runs.
+type BuildInfo struct {
+	// Version is the release ("v1.2.3"), or "(devel)".
+	Version string
+	// Revision is the VCS commit the binary was built from, or "unknown".
+	Revision string
 }
 
 // DefaultConfig returns the configuration of a single node on an embedded

@@ -32,6 +32,15 @@
 // # Metrics
 //
 // The node registers on its own Prometheus registry (Registry): the
-// decision metrics of the APIs (api), and the engine's, the store's and
-// the cluster's (this package, as their observers).
+// decision metrics of the APIs (api), the engine's, the store's and the
+// cluster's (this package, as their observers), the Go runtime's and the
+// process's, and sluice_build_info (Config.Build). Every labelled series
+// with a known set of label values exists from the start, at zero, so
+// that increase() sees its first event. /metrics speaks OpenMetrics to a
+// scraper that asks for it.
+//
+// # Health
+//
+// grpc health answers for the server ("") and for each service a probe may
+// name (see healthServices), all following NotReady.
 package node

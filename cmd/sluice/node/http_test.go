@@ -1,8 +1,10 @@
 package node
 
 import (
+	"fmt"
 	"io"
 	"net/http"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -83,5 +85,81 @@ func TestPprof(t *testing.T) {
 	on := newTestServer(t, func(c *Config) { c.Pprof = true })
 	if code, body := httpGet(t, "http://"+on.srv.HTTPAddr()+"/debug/pprof/"); code != 200 || !strings.Contains(body, "goroutine") {
 		t.Fatalf("/debug/pprof/ with Pprof = %d; want 200 with the profile index", code)
+	}
+}
+
+// TestMetricsOfAFreshNode: before anything happened, /metrics already
+// carries every labelled series with a known label set, at zero (so that
+// increase() sees the first event), the Go and process collectors, the
+// build info, and sluice_members 1 for a node alone; a scraper that asks for
+// OpenMetrics gets it.
+func TestMetricsOfAFreshNode(t *testing.T) {
+	ts := newTestServer(t, nil)
+	url := "http://" + ts.srv.HTTPAddr() + "/metrics"
+	_, body := httpGet(t, url)
+	want := []string{
+		`sluice_members 1`,
+		`sluice_build_info{go_version="` + runtime.Version() + `",revision="`,
+		`go_goroutines `,
+		`go_memstats_heap_alloc_bytes `,
+		`sluice_request_duration_seconds_count{api="envoy"} 0`,
+	}
+	for _, api := range []string{"native", "envoy"} {
+		for _, result := range []string{"allowed", "denied", "shadow_denied", "error"} {
+			want = append(want, fmt.Sprintf(`sluice_decisions_total{api=%q,result=%q} 0`, api, result))
+		}
+	}
+	for name, values := range map[string][]string{
+		"sluice_limits_reloads_total{result":     {"ok", "error"},
+		"sluice_forwarded_checks_total{result":   {"ok", "error"},
+		"sluice_handoff_keys_total{direction":    {"sent", "received", "failed"},
+		"sluice_refused_checks_total{reason":     {"no_quorum", "moving", "owner_down", "standby"},
+		"sluice_unserved_seconds_total{reason":   {"no_quorum", "waiting"},
+		"sluice_lease_renewals_total{result":     {"granted", "refused"},
+		"sluice_replicated_records_total{result": {"ok", "error"},
+		"sluice_membership_changes_total{kind":   {"joined", "updated", "left", "failed"},
+	} {
+		for _, v := range values {
+			want = append(want, fmt.Sprintf(`%s=%q} 0`, name, v))
+		}
+	}
+	if runtime.GOOS == "linux" {
+		want = append(want, `process_open_fds `, `process_resident_memory_bytes `)
+	}
+	for _, w := range want {
+		if !strings.Contains(body, "\n"+w) {
+			t.Errorf("/metrics of a fresh node lacks %q", w)
+		}
+	}
+	if t.Failed() {
+		t.Logf("/metrics:\n%s", body)
+	}
+
+	for _, tc := range []struct {
+		accept, wantType string
+		wantEOF          bool
+	}{
+		{"", "text/plain; version=0.0.4", false},
+		{"application/openmetrics-text; version=1.0.0", "application/openmetrics-text; version=1.0.0", true},
+	} {
+		req, err := http.NewRequest(http.MethodGet, url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tc.accept != "" {
+			req.Header.Set("Accept", tc.accept)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, tc.wantType) {
+			t.Errorf("GET /metrics with Accept %q: Content-Type %q; want %q", tc.accept, ct, tc.wantType)
+		}
+		if got := strings.HasSuffix(string(b), "# EOF\n"); got != tc.wantEOF {
+			t.Errorf("GET /metrics with Accept %q: ends with # EOF = %v; want %v", tc.accept, got, tc.wantEOF)
+		}
 	}
 }

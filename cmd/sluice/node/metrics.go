@@ -1,17 +1,25 @@
 package node
 
 import (
+	"runtime"
+	"runtime/debug"
 	"time"
 
 	"github.com/sluice-io/sluice/cluster"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // metrics are the node's metrics other than the APIs' decisions (see
 // api): the engine's, the store's and the cluster's, on the node's own
-// registry. They receive the measurements of actor.Observer,
-// cluster.Observer and cluster.RouterObserver.
+// registry, with the Go runtime's and the process's and the build info.
+// They receive the measurements of actor.Observer, cluster.Observer and
+// cluster.RouterObserver.
+//
+// Every labelled series whose label values are known is created at zero
+// by newMetrics, so that a scrape shows it before its first event and
+// increase() sees that event.
 type metrics struct {
 	keys          prometheus.Gauge
 	evictions     prometheus.Counter
@@ -111,7 +119,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}, []string{"direction"})
 	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_refused_checks_total",
-		Help: "Checks this node answered UNAVAILABLE rather than decide without showing it may, by reason (no_quorum: no lease from a majority; moving: the key's state has not arrived; owner_down: its owner is down and the policy keeps its keys for it).",
+		Help: "Checks this node answered UNAVAILABLE rather than decide without showing it may, by reason (no_quorum: no lease from a majority; moving: the key's state has not arrived; owner_down: its owner is down and the policy keeps its keys for it; standby: the key's standby did not confirm the write).",
 	}, []string{"reason"})
 	m.unserved = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_unserved_seconds_total",
@@ -141,7 +149,71 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	})
 	reg.MustRegister(m.keys, m.evictions, m.expired, m.queueDepth,
 		m.batchChecks, m.commitLatency, m.commitRecords, m.limitsReloads, m.compactions)
+	for _, c := range []struct {
+		vec    *prometheus.CounterVec
+		values []string
+	}{
+		{m.limitsReloads, []string{"ok", "error"}},
+		{m.forwarded, []string{"ok", "error"}},
+		{m.handoffKeys, []string{"sent", "received", "failed"}},
+		{m.refused, []string{"no_quorum", "moving", "owner_down", "standby"}},
+		{m.unserved, []string{"no_quorum", "waiting"}},
+		{m.renewals, []string{"granted", "refused"}},
+		{m.replicated, []string{"ok", "error"}},
+		{m.membershipChanges, []string{cluster.ChangeJoined.String(), cluster.ChangeUpdated.String(),
+			cluster.ChangeLeft.String(), cluster.ChangeFailed.String()}},
+	} {
+		for _, v := range c.values {
+			c.vec.WithLabelValues(v)
+		}
+	}
+	// A node is a member of its own view: alone, it counts itself. In a
+	// cluster, every membership change sets the gauge (see Changed).
+	m.members.Set(1)
+
+	reg.MustRegister(
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// registerBuildInfo registers sluice_build_info, 1 with the build as its
+// labels.
+func registerBuildInfo(reg prometheus.Registerer, build BuildInfo) {
+	build = build.withDefaults()
+	buildInfo := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "sluice_build_info",
+		Help: "Always 1; its labels say which build the node runs.",
+		ConstLabels: prometheus.Labels{
+			"version":    build.Version,
+			"revision":   build.Revision,
+			"go_version": runtime.Version(),
+		},
+	})
+	buildInfo.Set(1)
+	reg.MustRegister(buildInfo)
+}
+
+// withDefaults fills b's empty fields from the Go build info: the main
+// module's version and the VCS revision "go build" stamped.
+func (b BuildInfo) withDefaults() BuildInfo {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		if b.Version == "" {
+			b.Version = bi.Main.Version
+		}
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && b.Revision == "" {
+				b.Revision = s.Value
+			}
+		}
+	}
+	if b.Version == "" {
+		b.Version = "(devel)"
+	}
+	if b.Revision == "" {
+		b.Revision = "unknown"
+	}
+	return b
 }
 
 // Batch implements actor.Observer.

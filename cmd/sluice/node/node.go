@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
@@ -127,6 +126,7 @@ func New(cfg Config) (n *Node, err error) {
 	}()
 	n.registry = prometheus.NewRegistry()
 	n.metrics = newMetrics(n.registry)
+	registerBuildInfo(n.registry, cfg.Build)
 
 	if cfg.Durability != "memory" {
 		mode, _ := persist.ParseMode(cfg.Durability)
@@ -263,7 +263,7 @@ func New(cfg Config) (n *Node, err error) {
 	reflection.Register(n.admin.srv)
 
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(n.registry, promhttp.HandlerOpts{Registry: n.registry}))
+	mux.Handle("/metrics", n.metricsHandler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if why := n.NotReady(); why != "" {
@@ -380,12 +380,12 @@ func (n *Node) NotReady() string {
 	return ""
 }
 
-// updateHealth sets grpc health from NotReady.
+// updateHealth sets grpc health, for every service, from NotReady.
 func (n *Node) updateHealth() {
 	if n.NotReady() == "" {
-		n.health.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+		n.setHealth(healthpb.HealthCheckResponse_SERVING)
 	} else {
-		n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
+		n.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
 	}
 }
 
