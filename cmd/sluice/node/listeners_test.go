@@ -94,8 +94,8 @@ func TestSeparateListeners(t *testing.T) {
 		served   []string // the others must answer UNIMPLEMENTED
 	}{
 		{"grpc-addr", ts.srv.GRPCAddr(), []string{"native", "envoy", "health"}},
-		{"peer-addr", ts.srv.PeerAddr(), []string{"peer"}},
-		{"admin-addr", ts.srv.AdminAddr(), []string{"admin", "reflection"}},
+		{"peer-addr", ts.srv.PeerAddr(), []string{"peer", "health"}},
+		{"admin-addr", ts.srv.AdminAddr(), []string{"admin", "reflection", "health"}},
 		{"node-2's grpc-addr", tc.nodes[2].srv.GRPCAddr(), []string{"native", "envoy", "health", "admin", "peer", "reflection"}},
 	} {
 		got := serviceCodes(t, dialTest(t, tt.addr))

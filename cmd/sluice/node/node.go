@@ -255,7 +255,9 @@ func New(cfg Config) (n *Node, err error) {
 	n.api.RegisterDecisions(n.grpc.srv)
 	n.health = health.NewServer()
 	n.health.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
-	healthpb.RegisterHealthServer(n.grpc.srv, n.health)
+	for _, l := range n.gRPCs { // probes of the peer and admin ports too
+		healthpb.RegisterHealthServer(l.srv, n.health)
+	}
 	sluicepb.RegisterPeerServiceServer(n.peer.srv, cluster.NewPeerService(n.router.Load))
 	// Reflection is an operator's tool: it goes with the admin service,
 	// and lists the services of its own listener only.
