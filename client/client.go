@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/peer"
@@ -260,6 +261,30 @@ func (c *Client) Close() error {
 		return c.owned.Close()
 	}
 	return nil
+}
+
+// Connect connects to Addr now and waits until the connection is ready,
+// or ctx ends: call it at startup so that the first checks do not pay for
+// the connection (and a wrong address shows at once). It returns nil at
+// once for a Config.Conn, which the caller connects.
+func (c *Client) Connect(ctx context.Context) error {
+	if c.owned == nil {
+		return nil
+	}
+	for {
+		s := c.owned.GetState()
+		switch s {
+		case connectivity.Ready:
+			return nil
+		case connectivity.Idle:
+			c.owned.Connect()
+		case connectivity.Shutdown:
+			return ErrClosed
+		}
+		if !c.owned.WaitForStateChange(ctx, s) {
+			return fmt.Errorf("client: connect to %s: %w (last state %v)", c.cfg.Addr, ctx.Err(), s)
+		}
+	}
 }
 
 // Stats returns the client's counters.

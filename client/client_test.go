@@ -16,10 +16,10 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-io/sluice/client"
-	"github.com/sluice-io/sluice/client/internal/testnode"
 	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/cluster/clustertest"
 	"github.com/sluice-io/sluice/cmd/sluice/node"
+	"github.com/sluice-io/sluice/cmd/sluice/node/nodetest"
 )
 
 // TestMain starts the node the examples call, runs the tests, stops the
@@ -81,7 +81,7 @@ func newClient(t testing.TB, addr string, edit func(*client.Config)) *client.Cli
 // comes from Sluice with a retry_after, the next from the local cache
 // without a call.
 func TestCheckCounts(t *testing.T) {
-	n := testnode.Start(t, "n1", nil)
+	n := nodetest.Start(t, "n1", nil)
 	c := newClient(t, n.Addr, nil)
 	ctx := context.Background()
 	ch := client.Check{Key: "user:42", Limit: 3, Window: time.Minute}
@@ -119,7 +119,7 @@ func TestCheckCounts(t *testing.T) {
 // check sent at once to Sluice by a client without a cache is denied
 // whenever its answer arrives before the cached retry_after ran out.
 func TestCacheOnlyDeniesWhatSluiceDenies(t *testing.T) {
-	n := testnode.Start(t, "n1", nil)
+	n := nodetest.Start(t, "n1", nil)
 	cached := newClient(t, n.Addr, nil)
 	direct := newClient(t, n.Addr, func(c *client.Config) { c.CacheSize = -1 })
 	ctx := context.Background()
@@ -168,7 +168,7 @@ func TestCacheOnlyDeniesWhatSluiceDenies(t *testing.T) {
 // TestCoalescedExact: checks from many goroutines share calls, and one
 // key hit by all of them still allows exactly its limit.
 func TestCoalescedExact(t *testing.T) {
-	n := testnode.Start(t, "n1", nil)
+	n := nodetest.Start(t, "n1", nil)
 	c := newClient(t, n.Addr, func(c *client.Config) {
 		c.MaxInFlight = 1
 		c.BatchWait = time.Millisecond
@@ -208,7 +208,7 @@ func TestCoalescedExact(t *testing.T) {
 // denies the request without spending the client IP's hit, and the IP's
 // own limit applies to every username.
 func TestCheckAllLogin(t *testing.T) {
-	n := testnode.Start(t, "n1", nil)
+	n := nodetest.Start(t, "n1", nil)
 	c := newClient(t, n.Addr, func(c *client.Config) { c.CacheSize = -1 })
 	ctx := context.Background()
 	login := func(ip, user string) []client.Decision {
@@ -259,23 +259,23 @@ func TestFailurePolicies(t *testing.T) {
 		minTime time.Duration // the decision takes at least this long
 	}{
 		{"killed", func(t *testing.T) string {
-			n := testnode.Start(t, "n1", nil)
-			g := testnode.NewGate(t, n.Addr)
+			n := nodetest.Start(t, "n1", nil)
+			g := nodetest.NewGate(t, n.Addr)
 			warm(t, g.Addr)
 			n.Stop()
 			g.Close()
 			return g.Addr
 		}, client.FailureUnreachable, 0},
 		{"slow", func(t *testing.T) string {
-			n := testnode.Start(t, "n1", nil)
-			g := testnode.NewGate(t, n.Addr)
+			n := nodetest.Start(t, "n1", nil)
+			g := nodetest.NewGate(t, n.Addr)
 			warm(t, g.Addr)
 			g.Stall()
 			return g.Addr
 		}, client.FailureTimeout, timeout},
 		{"real node without quorum", func(t *testing.T) string {
 			gossip := "127.0.0.1:" + strconv.Itoa(clustertest.FreePort(t))
-			return testnode.Start(t, "n1", func(c *node.Config) {
+			return nodetest.Start(t, "n1", func(c *node.Config) {
 				cc := cluster.DefaultConfig()
 				cc.GossipAddr = gossip
 				cc.Expect = 3
@@ -283,7 +283,7 @@ func TestFailurePolicies(t *testing.T) {
 			}).Addr
 		}, client.FailureUnavailable, 0},
 		{"overloaded", func(t *testing.T) string {
-			return testnode.NewRefuser(t, status.Error(codes.ResourceExhausted, "actor: overloaded"), -1, "").Addr
+			return nodetest.NewRefuser(t, status.Error(codes.ResourceExhausted, "actor: overloaded"), -1, "").Addr
 		}, client.FailureOverloaded, 0},
 	}
 	for _, tt := range tests {
@@ -341,7 +341,7 @@ func TestPolicyPrecedence(t *testing.T) {
 // TestRetryOnOwnershipMoving: a node that answers "ownership moving" gets
 // one more try within the deadline; a second refusal is the failure.
 func TestRetryOnOwnershipMoving(t *testing.T) {
-	n := testnode.Start(t, "n1", nil)
+	n := nodetest.Start(t, "n1", nil)
 	moving := status.Error(codes.Unavailable, "cluster: ownership moving: the state of 1 key has not arrived")
 	for _, tt := range []struct {
 		fails   int64
@@ -351,7 +351,7 @@ func TestRetryOnOwnershipMoving(t *testing.T) {
 		{1, true, client.FailureNone},
 		{2, false, client.FailureUnavailable},
 	} {
-		r := testnode.NewRefuser(t, moving, tt.fails, n.Addr)
+		r := nodetest.NewRefuser(t, moving, tt.fails, n.Addr)
 		c := newClient(t, r.Addr, func(c *client.Config) { c.OnFailure = client.FailClosed })
 		d, err := c.Check(context.Background(), client.Check{Key: "k", Limit: 5, Window: time.Minute})
 		if d.Allowed != tt.allowed || d.Failure != tt.failure || (err == nil) != tt.allowed {
@@ -362,7 +362,7 @@ func TestRetryOnOwnershipMoving(t *testing.T) {
 		}
 	}
 	// Other refusals are not retried.
-	r := testnode.NewRefuser(t, status.Error(codes.Unavailable, "cluster: no quorum"), 1, n.Addr)
+	r := nodetest.NewRefuser(t, status.Error(codes.Unavailable, "cluster: no quorum"), 1, n.Addr)
 	c := newClient(t, r.Addr, nil)
 	if d, _ := c.Check(context.Background(), client.Check{Key: "k", Limit: 5, Window: time.Minute}); d.Failure != client.FailureUnavailable || c.Stats().Retries != 0 {
 		t.Errorf("no quorum: %+v, %+v; want a failure without a retry", d, c.Stats())
@@ -372,7 +372,7 @@ func TestRetryOnOwnershipMoving(t *testing.T) {
 // TestSourceOwner: once the client learned the name of the node it
 // calls, decisions of that node say SourceOwner.
 func TestSourceOwner(t *testing.T) {
-	n := testnode.Start(t, "n1", nil)
+	n := nodetest.Start(t, "n1", nil)
 	c := newClient(t, n.Addr, nil)
 	deadline := time.Now().Add(generous)
 	for i := 0; ; i++ {
@@ -401,9 +401,9 @@ func TestSourceOwner(t *testing.T) {
 // (SourceForwarded, Node naming the owner).
 func TestSourceForwarded(t *testing.T) {
 	gossip := []string{"127.0.0.1:" + strconv.Itoa(clustertest.FreePort(t)), "127.0.0.1:" + strconv.Itoa(clustertest.FreePort(t))}
-	var nodes []*testnode.Node
+	var nodes []*nodetest.Node
 	for i, name := range []string{"n0", "n1"} {
-		nodes = append(nodes, testnode.Start(t, name, func(c *node.Config) {
+		nodes = append(nodes, nodetest.Start(t, name, func(c *node.Config) {
 			cc := cluster.DefaultConfig()
 			cc.GossipAddr = gossip[i]
 			cc.Join = []string{gossip[0]}
@@ -439,7 +439,7 @@ func TestSourceForwarded(t *testing.T) {
 
 // TestClosed: checks after Close fail with ErrClosed and their policy.
 func TestClosed(t *testing.T) {
-	n := testnode.Start(t, "n1", nil)
+	n := nodetest.Start(t, "n1", nil)
 	c := newClient(t, n.Addr, nil)
 	c.Close()
 	d, err := c.Check(context.Background(), client.Check{Key: "k", Limit: 1, Window: time.Second, OnFailure: client.FailClosed})
@@ -458,7 +458,7 @@ func TestClosed(t *testing.T) {
 // TestInvalidCheck: a check Sluice refuses is FailureRejected, with the
 // server's reason in the error.
 func TestInvalidCheck(t *testing.T) {
-	n := testnode.Start(t, "n1", nil)
+	n := nodetest.Start(t, "n1", nil)
 	c := newClient(t, n.Addr, nil)
 	d, err := c.Check(context.Background(), client.Check{Key: "k", Limit: 1, Window: time.Second, Cost: 5})
 	if status.Code(err) != codes.InvalidArgument || d.Failure != client.FailureRejected || !d.Allowed {
@@ -470,7 +470,7 @@ func TestInvalidCheck(t *testing.T) {
 // back and clears the key's cached denial, so the next check is allowed
 // at once; without the token it is refused.
 func TestRefund(t *testing.T) {
-	n := testnode.Start(t, "n1", func(c *node.Config) { c.RefundToken = "r3fund" })
+	n := nodetest.Start(t, "n1", func(c *node.Config) { c.RefundToken = "r3fund" })
 	ctx := context.Background()
 	ch := client.Check{Key: "job:7", Limit: 1, Window: time.Hour}
 	c := newClient(t, n.Addr, func(c *client.Config) { c.Token = "r3fund" })

@@ -46,6 +46,9 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer c.Close()
+	if err := c.Connect(context.Background()); err != nil {
+		log.Fatal(err) // no point starting without Sluice; or go on, failing open
+	}
 
 	// Three requests a minute per user.
 	check := client.Check{Key: "user:42", Limit: 3, Window: time.Minute}
@@ -80,6 +83,9 @@ func ExampleClient_CheckAll() {
 		log.Fatal(err)
 	}
 	defer c.Close()
+	if err := c.Connect(context.Background()); err != nil {
+		log.Fatal(err)
+	}
 
 	login := func(ip, user string) bool {
 		ds, err := c.CheckAll(context.Background(), []client.Check{

@@ -50,6 +50,9 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer c.Close()
+	if err := c.Connect(context.Background()); err != nil {
+		log.Fatal(err) // no point starting without Sluice; or go on, failing open
+	}
 
 	login, err := httplimit.New(httplimit.Config{
 		Client: c,

@@ -23,7 +23,7 @@ import (
 
 	"github.com/sluice-io/sluice/client"
 	"github.com/sluice-io/sluice/client/httplimit"
-	"github.com/sluice-io/sluice/client/internal/testnode"
+	"github.com/sluice-io/sluice/cmd/sluice/node/nodetest"
 )
 
 // TestMain starts the examples' node, runs the tests and checks that no
@@ -127,7 +127,7 @@ func do(t testing.TB, method, url string, header map[string]string, body string)
 // Retry-After = retry_after + headroom + jitter, no-store, and a problem
 // body that gives the wait and nothing about the rule.
 func TestCountsAndHeaders(t *testing.T) {
-	n := testnode.Start(t, "n1", nil)
+	n := nodetest.Start(t, "n1", nil)
 	url := serve(t, httplimit.Config{
 		Client: newClient(t, n.Addr, nil),
 		Rules:  []httplimit.Rule{{Name: "per_ip", Key: httplimit.ClientIP(), Limit: 3, Window: time.Minute}},
@@ -248,7 +248,7 @@ func (f *fixedDenial) CheckAll(ctx context.Context, checks []client.Check, _ ...
 // TestKeysApart: each value of a key has its own counter, and two rules
 // on the same key never share one.
 func TestKeysApart(t *testing.T) {
-	n := testnode.Start(t, "n1", nil)
+	n := nodetest.Start(t, "n1", nil)
 	url := serve(t, httplimit.Config{
 		Client: newClient(t, n.Addr, nil),
 		Rules: []httplimit.Rule{
@@ -281,7 +281,7 @@ func TestKeysApart(t *testing.T) {
 // the address's limit holds across usernames; the handler still gets the
 // whole body, form or JSON.
 func TestLoginRule(t *testing.T) {
-	n := testnode.Start(t, "n1", nil)
+	n := nodetest.Start(t, "n1", nil)
 	url := serve(t, httplimit.Config{
 		Client:         newClient(t, n.Addr, nil),
 		TrustedProxies: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
@@ -336,7 +336,7 @@ func url_(s string) string { return url.QueryEscape(s) }
 // the peer is a trusted proxy; otherwise every request is counted under
 // the peer, whatever it claims.
 func TestForwardedTrust(t *testing.T) {
-	n := testnode.Start(t, "n1", nil)
+	n := nodetest.Start(t, "n1", nil)
 	c := newClient(t, n.Addr, nil)
 	rule := []httplimit.Rule{{Name: "per_ip", Key: httplimit.ClientIP(), Limit: 2, Window: time.Minute}}
 	untrusted := serve(t, httplimit.Config{Client: c, Rules: rule, KeyPrefix: "untrusted|"})
@@ -361,7 +361,7 @@ func TestForwardedTrust(t *testing.T) {
 // never denies, shows no header and does not stop the enforced rule from
 // counting.
 func TestShadowRule(t *testing.T) {
-	n := testnode.Start(t, "n1", nil)
+	n := nodetest.Start(t, "n1", nil)
 	var logs syncBuffer
 	var mu sync.Mutex
 	var shadowDenied int

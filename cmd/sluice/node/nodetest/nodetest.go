@@ -1,10 +1,10 @@
-// Package testnode starts what the tests of the client, the HTTP
+// Package nodetest starts what the tests of the client, the HTTP
 // middleware and sluice edge talk to: a real Sluice node in-process on
 // 127.0.0.1:0, a gate in front of it that can stall or refuse
 // connections (Sluice slow, Sluice killed), and a gRPC server that answers
 // every check with a given error first (a node answering UNAVAILABLE).
 // Tests only.
-package testnode
+package nodetest
 
 import (
 	"context"
