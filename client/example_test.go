@@ -41,6 +41,7 @@ func startExampleNode() (stop func(), err error) {
 func Example() {
 	cfg := client.DefaultConfig()
 	cfg.Addr = sluiceAddr
+	cfg.Timeout = time.Second // for the test run's sake; the default 20 ms is the one to keep
 	c, err := client.New(cfg)
 	if err != nil {
 		log.Fatal(err)
@@ -78,6 +79,7 @@ func Example() {
 func ExampleClient_CheckAll() {
 	cfg := client.DefaultConfig()
 	cfg.Addr = sluiceAddr
+	cfg.Timeout = time.Second // for the test run's sake; the default 20 ms is the one to keep
 	c, err := client.New(cfg)
 	if err != nil {
 		log.Fatal(err)

@@ -101,6 +101,7 @@ Exit codes: 0 success (check: allowed), 1 error, 2 check denied,
 		c.overrideCommand(),
 		c.membersCommand(),
 		c.benchCommand(),
+		c.edgeCommand(),
 		c.versionCommand(),
 	)
 	return root
