@@ -360,6 +360,23 @@ func (c *Client) Check(ctx context.Context, ch Check, opts ...Option) (Decision,
 			return d, nil
 		}
 	}
+	// Fast path: with a call slot free and nothing queued (and no
+	// BatchWait asked for), send the check at once from this goroutine,
+	// sparing the hand-offs to the batcher. Under load the slots are busy
+	// and checks queue up into batches.
+	select {
+	case c.slots <- struct{}{}:
+		if len(c.queue) == 0 && c.cfg.BatchWait == 0 {
+			resp, info, err := c.direct(ctx, []Check{ch}, s.deadline, false)
+			<-c.slots
+			if err == nil {
+				return c.decided(&ch, resp.Decisions[0], &info), nil
+			}
+			return c.failed(&ch, s.policy, err), fmt.Errorf("client: check %s: %w", quoteKey(ch.Key), err)
+		}
+		<-c.slots
+	default:
+	}
 	cl := &call{check: ch, deadline: s.deadline, reply: make(chan result, 1)}
 	timer := time.NewTimer(time.Until(s.deadline))
 	defer timer.Stop()
@@ -425,16 +442,29 @@ func (c *Client) CheckAll(ctx context.Context, checks []Check, opts ...Option) (
 			}
 		}
 	}
+	resp, info, err := c.direct(ctx, checks, s.deadline, true)
+	if err != nil {
+		return c.failedAll(checks, out, s.policy, err)
+	}
+	for i := range checks {
+		out[i] = c.decided(&checks[i], resp.Decisions[i], &info)
+	}
+	return out, nil
+}
+
+// direct sends checks in a call of their own, on the caller's goroutine,
+// under deadline; Close cuts it.
+func (c *Client) direct(ctx context.Context, checks []Check, deadline time.Time, allOrNothing bool) (*sluicepb.CheckResponse, callInfo, error) {
 	select {
 	case <-c.done:
-		return c.failedAll(checks, out, s.policy, ErrClosed)
+		return nil, callInfo{}, ErrClosed
 	default:
 	}
-	ctx, cancel := context.WithDeadline(ctx, s.deadline)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	stop := context.AfterFunc(c.ctx, cancel)
 	defer stop()
-	req := &sluicepb.CheckRequest{Checks: make([]*sluicepb.Check, len(checks)), AllOrNothing: true}
+	req := &sluicepb.CheckRequest{Checks: make([]*sluicepb.Check, len(checks)), AllOrNothing: allOrNothing}
 	pcs := make([]sluicepb.Check, len(checks))
 	for i := range checks {
 		req.Checks[i] = toProto(&checks[i], &pcs[i])
@@ -443,16 +473,10 @@ func (c *Client) CheckAll(ctx context.Context, checks []Check, opts ...Option) (
 	if err == nil && len(resp.Decisions) != len(checks) {
 		err = fmt.Errorf("client: %d decisions for %d checks", len(resp.Decisions), len(checks))
 	}
-	if err != nil {
-		if c.ctx.Err() != nil {
-			err = ErrClosed
-		}
-		return c.failedAll(checks, out, s.policy, err)
+	if err != nil && c.ctx.Err() != nil {
+		err = ErrClosed
 	}
-	for i := range checks {
-		out[i] = c.decided(&checks[i], resp.Decisions[i], &info)
-	}
-	return out, nil
+	return resp, info, err
 }
 
 func (c *Client) failedAll(checks []Check, out []Decision, policy Policy, err error) ([]Decision, error) {
