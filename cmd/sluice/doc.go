@@ -12,7 +12,7 @@
 //
 // # Environment
 //
-// Every flag of serve, and every connection flag of the client commands
+// Every flag of serve and edge, and every connection flag of the client commands
 // (--addr, --admin-token, --timeout, --tls*, --insecure, --output), also
 // reads the environment variable SLUICE_<FLAG>: upper case, dashes turned
 // into underscores (--data-dir reads SLUICE_DATA_DIR). A flag given on the
