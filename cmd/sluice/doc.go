@@ -7,11 +7,12 @@
 //	sluice override set|list|rm      change a key's limit without a deploy
 //	sluice members                   list the cluster's members and their share of keys
 //	sluice bench                     load a node and report decisions/s and latency
+//	sluice edge                      a rate-limiting reverse proxy in front of an origin
 //	sluice version                   print the version, commit and Go version
 //
 // # Environment
 //
-// Every flag of serve, and every connection flag of the client commands
+// Every flag of serve and edge, and every connection flag of the client commands
 // (--addr, --admin-token, --timeout, --tls*, --insecure, --output), also
 // reads the environment variable SLUICE_<FLAG>: upper case, dashes turned
 // into underscores (--data-dir reads SLUICE_DATA_DIR). A flag given on the

@@ -78,7 +78,7 @@ func (c *cli) rootCommand() *cobra.Command {
 Run a node with "sluice serve"; ask it for decisions and look at or change
 its state with the other commands, which talk gRPC to --addr.
 
-Every flag of serve, and the connection flags of the other commands, also
+Every flag of serve and edge, and the connection flags of the other commands, also
 read the environment variable SLUICE_<FLAG> (--data-dir: SLUICE_DATA_DIR);
 the command line wins.
 
@@ -102,6 +102,7 @@ Exit codes: 0 success (check: allowed), 1 error, 2 check denied,
 		c.membersCommand(),
 		c.benchCommand(),
 		c.limitsCommand(),
+		c.edgeCommand(),
 		c.versionCommand(),
 	)
 	return root

@@ -1,0 +1,725 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+)
+
+// Errors of the client.
+var (
+	// ErrClosed is the error of a check made after Close (or cut by it).
+	ErrClosed = errors.New("client: closed")
+)
+
+// Defaults of Config.
+const (
+	// DefaultTimeout is the deadline of a decision: 20 ms, Envoy's default
+	// for its rate-limit filter. A decision takes a fraction of a
+	// millisecond on one node and a few in a loaded cluster, so 20 ms is
+	// rarely reached by a healthy Sluice, and it costs little of a request
+	// budget (hundreds of ms) when Sluice is sick. Past it the failure
+	// policy decides.
+	DefaultTimeout = 20 * time.Millisecond
+	// DefaultMaxBatch is the most checks one coalesced call carries.
+	DefaultMaxBatch = 100
+	// DefaultMaxInFlight is the most coalesced calls in flight at once.
+	DefaultMaxInFlight = 4
+	// DefaultCacheSize is the most keys the local denial cache holds.
+	DefaultCacheSize = 100_000
+)
+
+// Config configures a Client. Build it with DefaultConfig and set Addr
+// (or Conn); it is not modified after New.
+type Config struct {
+	// Addr is the gRPC address of a Sluice node, host:port. Any node of a
+	// cluster will do: it forwards checks to their owners. Required unless
+	// Conn is set.
+	Addr string
+	// Conn, if set, is used instead of dialing Addr: a connection the
+	// caller built and closes (Close leaves it open).
+	Conn grpc.ClientConnInterface
+	// DialOptions are passed to grpc.NewClient when dialing Addr. Without
+	// transport credentials among them, the connection is plaintext.
+	DialOptions []grpc.DialOption
+	// Token, if set, is sent with every call as "authorization: Bearer
+	// <token>": the refund token (or admin token) a node with one requires
+	// for refunds. Without TLS it travels in clear. Default: none.
+	Token string
+	// Timeout is the deadline of one decision, counted from the moment
+	// Check (or CheckAll) is called, queueing and the retry included; a
+	// context deadline that comes earlier wins. Default DefaultTimeout
+	// (20 ms).
+	Timeout time.Duration
+	// OnFailure is the decision of a check that Sluice did not decide,
+	// unless the check or the call sets one. Default FailOpen.
+	OnFailure Policy
+	// MaxBatch is the most checks one call to Sluice carries when Check
+	// coalesces concurrent checks. Default DefaultMaxBatch (100); 1 sends
+	// each check in a call of its own. Keep it at or under the server's
+	// --max-batch (1000 by default).
+	MaxBatch int
+	// BatchWait is how long a call waits for more checks to join it once
+	// the first is there, unless it is full. 0 (the default) waits for
+	// nothing: a call takes the checks queued while the calls in flight
+	// (MaxInFlight) were busy, so that batches grow with the load and an
+	// idle client adds no delay.
+	BatchWait time.Duration
+	// MaxInFlight is the most coalesced calls in flight at once; checks
+	// made while all of them are busy wait for the next call. Default
+	// DefaultMaxInFlight (4).
+	MaxInFlight int
+	// CacheSize is the most keys the local denial cache holds (about;
+	// when full, entries are evicted, expired ones first). Default
+	// DefaultCacheSize; negative disables the cache.
+	CacheSize int
+	// LearnNode lets the client ask the node it calls for its name (one
+	// AdminService.ListMembers per connection), so that decisions say
+	// SourceOwner or SourceForwarded instead of SourceSluice. A node with
+	// an admin token refuses the question unless Token is that token; the
+	// client then stops asking. Default true.
+	LearnNode bool
+	// Now tells the time for the denial cache; nil is time.Now.
+	Now func() time.Time
+	// Logger receives the client's rare logs (a node name it could not
+	// learn); nil discards them.
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the defaults: a 20 ms deadline, fail open,
+// coalesced calls of up to 100 checks, a denial cache of 100,000 keys.
+func DefaultConfig() Config {
+	return Config{
+		Timeout:     DefaultTimeout,
+		OnFailure:   FailOpen,
+		MaxBatch:    DefaultMaxBatch,
+		MaxInFlight: DefaultMaxInFlight,
+		CacheSize:   DefaultCacheSize,
+		LearnNode:   true,
+	}
+}
+
+// Validate reports every field that cannot work, at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Addr == "" && c.Conn == nil {
+		errs = append(errs, errors.New("client: config: Addr is empty: give the gRPC address of a Sluice node"))
+	}
+	if c.Timeout < 0 {
+		errs = append(errs, fmt.Errorf("client: config: Timeout %v is negative", c.Timeout))
+	}
+	if c.OnFailure > FailClosed {
+		errs = append(errs, fmt.Errorf("client: config: OnFailure %v: want FailOpen or FailClosed", c.OnFailure))
+	}
+	if c.MaxBatch < 0 || c.MaxInFlight < 0 || c.BatchWait < 0 {
+		errs = append(errs, errors.New("client: config: MaxBatch, MaxInFlight and BatchWait must not be negative"))
+	}
+	return errors.Join(errs...)
+}
+
+// Client asks Sluice for decisions over the native API (sluice.v1). It is
+// safe for concurrent use; make one per process and share it.
+type Client struct {
+	cfg    Config
+	conn   grpc.ClientConnInterface
+	owned  *grpc.ClientConn // closed by Close; nil for Config.Conn
+	rl     sluicepb.RateLimitServiceClient
+	admin  sluicepb.AdminServiceClient
+	callOp []grpc.CallOption
+	cache  *denialCache
+	now    func() time.Time
+	log    *slog.Logger
+
+	queue chan *call
+	slots chan struct{}
+
+	ctx    context.Context // canceled by Close: cuts calls in flight
+	cancel context.CancelFunc
+	done   chan struct{} // closed by Close
+	mu     sync.Mutex    // guards closed and wg.Add
+	closed bool
+	wg     sync.WaitGroup
+
+	named    atomic.Pointer[namedConn]
+	learning atomic.Bool
+	learnOff atomic.Bool
+	learnAt  atomic.Int64 // unix ns of the last attempt
+
+	stats stats
+}
+
+// stats are the counters behind Stats.
+type stats struct {
+	checks, calls, batched, retries, cacheDenials, failures atomic.Uint64
+}
+
+// Stats counts what a Client did since New.
+type Stats struct {
+	// Checks is the number of checks asked (Check and CheckAll).
+	Checks uint64
+	// Calls is the number of gRPC calls sent, retries included.
+	Calls uint64
+	// Batched is the number of checks those calls carried.
+	Batched uint64
+	// Retries is the number of calls sent again after "ownership moving".
+	Retries uint64
+	// CacheDenials is the number of checks the denial cache answered.
+	CacheDenials uint64
+	// Failures is the number of checks Sluice did not decide.
+	Failures uint64
+	// CacheKeys is the number of keys in the denial cache now.
+	CacheKeys int
+}
+
+// New returns a Client of cfg. It does not connect: the first call does,
+// and a lost connection is made again by the next calls.
+func New(cfg Config) (*Client, error) {
+	d := DefaultConfig()
+	if cfg.Timeout == 0 {
+		cfg.Timeout = d.Timeout
+	}
+	if cfg.OnFailure == PolicyDefault {
+		cfg.OnFailure = d.OnFailure
+	}
+	if cfg.MaxBatch == 0 {
+		cfg.MaxBatch = d.MaxBatch
+	}
+	if cfg.MaxInFlight == 0 {
+		cfg.MaxInFlight = d.MaxInFlight
+	}
+	if cfg.CacheSize == 0 {
+		cfg.CacheSize = d.CacheSize
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Client{cfg: cfg, now: cfg.Now, log: cfg.Logger}
+	if c.now == nil {
+		c.now = time.Now
+	}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	c.conn = cfg.Conn
+	if c.conn == nil {
+		opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...)
+		cc, err := grpc.NewClient(cfg.Addr, opts...)
+		if err != nil {
+			return nil, fmt.Errorf("client: dial %s: %w", cfg.Addr, err)
+		}
+		c.conn, c.owned = cc, cc
+	}
+	c.rl = sluicepb.NewRateLimitServiceClient(c.conn)
+	c.admin = sluicepb.NewAdminServiceClient(c.conn)
+	if cfg.Token != "" {
+		c.callOp = []grpc.CallOption{grpc.PerRPCCredentials(bearer(cfg.Token))}
+	}
+	if cfg.CacheSize > 0 {
+		c.cache = newDenialCache(cfg.CacheSize, c.now)
+	}
+	c.queue = make(chan *call, cfg.MaxBatch*cfg.MaxInFlight*2)
+	c.slots = make(chan struct{}, cfg.MaxInFlight)
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	c.done = make(chan struct{})
+	c.wg.Add(1)
+	go c.batchLoop()
+	return c, nil
+}
+
+// Close stops the client: checks in flight and later ones fail with
+// ErrClosed (and their failure policy), and the connection it dialed is
+// closed. It is idempotent.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	close(c.done)
+	c.cancel()
+	c.mu.Unlock()
+	c.wg.Wait()
+	if c.owned != nil {
+		return c.owned.Close()
+	}
+	return nil
+}
+
+// Connect connects to Addr now and waits until the connection is ready,
+// or ctx ends: call it at startup so that the first checks do not pay for
+// the connection (and a wrong address shows at once). It returns nil at
+// once for a Config.Conn, which the caller connects.
+func (c *Client) Connect(ctx context.Context) error {
+	if c.owned == nil {
+		return nil
+	}
+	for {
+		s := c.owned.GetState()
+		switch s {
+		case connectivity.Ready:
+			return nil
+		case connectivity.Idle:
+			c.owned.Connect()
+		case connectivity.Shutdown:
+			return ErrClosed
+		}
+		if !c.owned.WaitForStateChange(ctx, s) {
+			return fmt.Errorf("client: connect to %s: %w (last state %v)", c.cfg.Addr, ctx.Err(), s)
+		}
+	}
+}
+
+// Stats returns the client's counters.
+func (c *Client) Stats() Stats {
+	s := Stats{
+		Checks:       c.stats.checks.Load(),
+		Calls:        c.stats.calls.Load(),
+		Batched:      c.stats.batched.Load(),
+		Retries:      c.stats.retries.Load(),
+		CacheDenials: c.stats.cacheDenials.Load(),
+		Failures:     c.stats.failures.Load(),
+	}
+	if c.cache != nil {
+		s.CacheKeys = c.cache.len()
+	}
+	return s
+}
+
+// Option changes one call.
+type Option struct {
+	timeout time.Duration
+	policy  Policy
+}
+
+// WithTimeout sets the deadline of one call instead of Config.Timeout.
+func WithTimeout(d time.Duration) Option { return Option{timeout: d} }
+
+// WithPolicy sets the failure policy of the checks of one call that set
+// none, instead of Config.OnFailure.
+func WithPolicy(p Policy) Option { return Option{policy: p} }
+
+// callSettings are a call's deadline and default policy.
+type callSettings struct {
+	deadline time.Time
+	policy   Policy
+}
+
+func (c *Client) settings(ctx context.Context, opts []Option) callSettings {
+	s := callSettings{policy: c.cfg.OnFailure}
+	timeout := c.cfg.Timeout
+	for _, o := range opts {
+		if o.timeout > 0 {
+			timeout = o.timeout
+		}
+		if o.policy != PolicyDefault {
+			s.policy = o.policy
+		}
+	}
+	s.deadline = time.Now().Add(timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(s.deadline) {
+		s.deadline = d
+	}
+	return s
+}
+
+// Check decides one check. Checks made at the same time from many
+// goroutines are coalesced into calls of up to Config.MaxBatch checks.
+// A check that Sluice denied less than its retry_after ago is denied again
+// from the local cache, without a call.
+//
+// The decision is always usable: when Sluice does not decide (unreachable,
+// too slow, an error), it is the failure policy's (Decision.Source is
+// SourceFailure) and err says what went wrong. Callers that only need
+// to let a request through or not read Decision.Allowed and log err.
+func (c *Client) Check(ctx context.Context, ch Check, opts ...Option) (Decision, error) {
+	c.stats.checks.Add(1)
+	s := c.settings(ctx, opts)
+	if c.cache != nil {
+		if ch.Refund {
+			c.cache.forget(ch.Key)
+		} else if d, ok := c.cache.lookup(&ch); ok {
+			c.stats.cacheDenials.Add(1)
+			return d, nil
+		}
+	}
+	// Fast path: with a call slot free and nothing queued (and no
+	// BatchWait asked for), send the check at once from this goroutine,
+	// sparing the hand-offs to the batcher. Under load the slots are busy
+	// and checks queue up into batches.
+	select {
+	case c.slots <- struct{}{}:
+		if len(c.queue) == 0 && c.cfg.BatchWait == 0 {
+			resp, info, err := c.direct(ctx, []Check{ch}, s.deadline, false)
+			<-c.slots
+			if err == nil {
+				return c.decided(&ch, resp.Decisions[0], &info), nil
+			}
+			return c.failed(&ch, s.policy, err), fmt.Errorf("client: check %s: %w", quoteKey(ch.Key), err)
+		}
+		<-c.slots
+	default:
+	}
+	cl := &call{check: ch, deadline: s.deadline, reply: make(chan result, 1)}
+	timer := time.NewTimer(time.Until(s.deadline))
+	defer timer.Stop()
+	var err error
+	select {
+	case c.queue <- cl:
+		select {
+		case r := <-cl.reply:
+			if r.err == nil {
+				return c.decided(&ch, r.dec, &r.info), nil
+			}
+			err = r.err
+		case <-timer.C:
+			err = context.DeadlineExceeded
+		case <-ctx.Done():
+			err = ctx.Err()
+		case <-c.done:
+			err = ErrClosed
+		}
+	case <-timer.C:
+		err = context.DeadlineExceeded
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-c.done:
+		err = ErrClosed
+	}
+	return c.failed(&ch, s.policy, err), fmt.Errorf("client: check %s: %w", quoteKey(ch.Key), err)
+}
+
+// CheckAll decides checks together, all or nothing: their hits are
+// recorded only if every one of them is allowed. If any is denied, none is
+// recorded and every decision has Allowed false; the checks that would
+// have fitted on their own have RetryAfter 0. This is how a request
+// limited by several rules (per client IP and per username on a login
+// form) spends nothing on a rule when another refuses it.
+//
+// CheckAll makes one call of its own (it is not coalesced). If the cache
+// holds a denial of one of the checks, every decision comes from the cache
+// and no call is made; the other checks' Remaining is then -1 (unknown).
+// When Sluice does not decide, each check gets its own failure policy, and
+// err says what went wrong.
+func (c *Client) CheckAll(ctx context.Context, checks []Check, opts ...Option) ([]Decision, error) {
+	c.stats.checks.Add(uint64(len(checks)))
+	out := make([]Decision, len(checks))
+	if len(checks) == 0 {
+		return out, nil
+	}
+	s := c.settings(ctx, opts)
+	if c.cache != nil {
+		for i := range checks {
+			if checks[i].Refund {
+				c.cache.forget(checks[i].Key)
+			}
+		}
+		for i := range checks {
+			if d, ok := c.cache.lookup(&checks[i]); ok {
+				c.stats.cacheDenials.Add(uint64(len(checks)))
+				for j := range checks {
+					out[j] = Decision{Limit: checks[j].Limit, Remaining: -1, Source: SourceCache}
+				}
+				out[i] = d
+				return out, nil
+			}
+		}
+	}
+	resp, info, err := c.direct(ctx, checks, s.deadline, true)
+	if err != nil {
+		return c.failedAll(checks, out, s.policy, err)
+	}
+	for i := range checks {
+		out[i] = c.decided(&checks[i], resp.Decisions[i], &info)
+	}
+	return out, nil
+}
+
+// direct sends checks in a call of their own, on the caller's goroutine,
+// under deadline; Close cuts it.
+func (c *Client) direct(ctx context.Context, checks []Check, deadline time.Time, allOrNothing bool) (*sluicepb.CheckResponse, callInfo, error) {
+	select {
+	case <-c.done:
+		return nil, callInfo{}, ErrClosed
+	default:
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	stop := context.AfterFunc(c.ctx, cancel)
+	defer stop()
+	req := &sluicepb.CheckRequest{Checks: make([]*sluicepb.Check, len(checks)), AllOrNothing: allOrNothing}
+	pcs := make([]sluicepb.Check, len(checks))
+	for i := range checks {
+		req.Checks[i] = toProto(&checks[i], &pcs[i])
+	}
+	resp, info, err := c.invoke(ctx, req)
+	if err == nil && len(resp.Decisions) != len(checks) {
+		err = fmt.Errorf("client: %d decisions for %d checks", len(resp.Decisions), len(checks))
+	}
+	if err != nil && c.ctx.Err() != nil {
+		err = ErrClosed
+	}
+	return resp, info, err
+}
+
+func (c *Client) failedAll(checks []Check, out []Decision, policy Policy, err error) ([]Decision, error) {
+	for i := range checks {
+		out[i] = c.failed(&checks[i], policy, err)
+	}
+	return out, fmt.Errorf("client: check %d keys, first %s: %w", len(checks), quoteKey(checks[0].Key), err)
+}
+
+// decided turns Sluice's decision on ch into a Decision and caches it if
+// it is a denial.
+func (c *Client) decided(ch *Check, pd *sluicepb.Decision, info *callInfo) Decision {
+	d := Decision{
+		Allowed:    pd.Allowed,
+		Limit:      pd.Limit,
+		Remaining:  pd.Remaining,
+		RetryAfter: pd.RetryAfter.AsDuration(),
+		ResetAfter: pd.ResetAfter.AsDuration(),
+		Node:       pd.Node,
+		Source:     c.source(info, pd.Node),
+	}
+	if c.cache != nil {
+		c.cache.store(ch, &d, info.sent)
+	}
+	return d
+}
+
+// failed is the decision of a check Sluice did not decide because of err.
+func (c *Client) failed(ch *Check, policy Policy, err error) Decision {
+	c.stats.failures.Add(1)
+	if ch.OnFailure != PolicyDefault {
+		policy = ch.OnFailure
+	}
+	return Decision{
+		Allowed:   policy != FailClosed || ch.Refund,
+		Remaining: -1,
+		Source:    SourceFailure,
+		Failure:   classify(err),
+		Policy:    policy,
+	}
+}
+
+// classify says which failure err is.
+func classify(err error) Failure {
+	switch {
+	case errors.Is(err, ErrClosed):
+		return FailureClosed
+	case errors.Is(err, context.DeadlineExceeded):
+		return FailureTimeout
+	case errors.Is(err, context.Canceled):
+		return FailureCanceled
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return FailureRejected
+	}
+	switch st.Code() {
+	case codes.DeadlineExceeded:
+		return FailureTimeout
+	case codes.Canceled:
+		return FailureCanceled
+	case codes.ResourceExhausted:
+		return FailureOverloaded
+	case codes.Unavailable:
+		if fromNode(st.Message()) {
+			return FailureUnavailable
+		}
+		return FailureUnreachable
+	}
+	return FailureRejected
+}
+
+// fromNode reports whether an UNAVAILABLE message is a node's answer (it
+// may not decide now), not gRPC's own (no connection). A node's reasons
+// are its packages' errors: "cluster: no quorum", "cluster: ownership
+// moving", "sluice: node shutting down", ...
+func fromNode(msg string) bool {
+	return strings.HasPrefix(msg, "cluster: ") || strings.HasPrefix(msg, "sluice: ") || strings.HasPrefix(msg, "actor: ")
+}
+
+// moving reports whether err is a node's "ownership moving" refusal, which
+// a second try may get past.
+func moving(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unavailable && strings.HasPrefix(st.Message(), "cluster: ownership moving")
+}
+
+// callInfo is what a call's decisions share.
+type callInfo struct {
+	sent time.Time // when the call (or its retry) left
+	peer peer.Peer // the connection it went over
+}
+
+// invoke sends req, and sends it once more if the node answered that
+// ownership of a key is moving and the deadline leaves time for it.
+func (c *Client) invoke(ctx context.Context, req *sluicepb.CheckRequest) (*sluicepb.CheckResponse, callInfo, error) {
+	var info callInfo
+	opts := append(c.callOp[:len(c.callOp):len(c.callOp)], grpc.Peer(&info.peer))
+	info.sent = c.now()
+	c.stats.calls.Add(1)
+	c.stats.batched.Add(uint64(len(req.Checks)))
+	resp, err := c.rl.Check(ctx, req, opts...)
+	if err != nil && moving(err) {
+		// The new owner is waiting for the key's state: give it a moment,
+		// within the deadline.
+		pause := 2 * time.Millisecond
+		if d, ok := ctx.Deadline(); ok {
+			pause = min(pause, time.Until(d)/4)
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, info, err
+		}
+		c.stats.retries.Add(1)
+		c.stats.calls.Add(1)
+		c.stats.batched.Add(uint64(len(req.Checks)))
+		info.sent = c.now()
+		resp, err = c.rl.Check(ctx, req, opts...)
+	}
+	return resp, info, err
+}
+
+// toProto fills pc from ch and returns it.
+func toProto(ch *Check, pc *sluicepb.Check) *sluicepb.Check {
+	pc.Key = []byte(ch.Key)
+	pc.Limit = ch.Limit
+	if ch.Window != 0 {
+		pc.Window = durationpb.New(ch.Window)
+	}
+	pc.Algorithm = sluicepb.Algorithm(ch.Algorithm)
+	cost := ch.cost()
+	pc.Cost = &cost
+	pc.Refund = ch.Refund
+	pc.Penalty = ch.Penalty
+	return pc
+}
+
+// quoteKey quotes at most 64 bytes of a key for an error message.
+func quoteKey(key string) string {
+	if len(key) > 64 {
+		return fmt.Sprintf("%q...", key[:64])
+	}
+	return fmt.Sprintf("%q", key)
+}
+
+// bearer sends a token as "authorization: Bearer <token>".
+type bearer string
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"authorization": "Bearer " + string(b)}, nil
+}
+
+// RequireTransportSecurity is false: the operator chooses whether the
+// connection is TLS (Config.DialOptions).
+func (b bearer) RequireTransportSecurity() bool { return false }
+
+var _ credentials.PerRPCCredentials = bearer("")
+
+// namedConn is the name of the node at the other end of one connection.
+type namedConn struct {
+	remote, local net.Addr
+	name          string
+}
+
+// Node returns the name of the node the client calls (its --node-name),
+// once it learned it (Config.LearnNode), else "".
+func (c *Client) Node() string {
+	if n := c.named.Load(); n != nil {
+		return n.name
+	}
+	return ""
+}
+
+// source says whether a decision that went over the connection of info
+// was made by the node called or forwarded, if the client knows that
+// node's name; else it starts learning it.
+func (c *Client) source(info *callInfo, owner string) Source {
+	n := c.named.Load()
+	if n != nil && sameAddr(n.remote, info.peer.Addr) && sameAddr(n.local, info.peer.LocalAddr) {
+		if owner == n.name {
+			return SourceOwner
+		}
+		return SourceForwarded
+	}
+	c.learn(info.peer)
+	return SourceSluice
+}
+
+// sameAddr reports whether a and b are the same end of a connection.
+// gRPC gives every call of one connection the same address values, so a
+// pointer comparison tells connections apart; a new connection, even to
+// the same node, has new ones.
+func sameAddr(a, b net.Addr) bool {
+	if a == nil || b == nil {
+		return false
+	}
+	ta, ok1 := a.(*net.TCPAddr)
+	tb, ok2 := b.(*net.TCPAddr)
+	if ok1 && ok2 {
+		return ta == tb
+	}
+	return a.Network() == b.Network() && a.String() == b.String()
+}
+
+// learn asks, in the background, the node at the other end of p for its
+// name: at most one question at a time and one a second.
+func (c *Client) learn(p peer.Peer) {
+	if !c.cfg.LearnNode || c.learnOff.Load() || p.Addr == nil {
+		return
+	}
+	now := time.Now().UnixNano()
+	if now-c.learnAt.Load() < int64(time.Second) || !c.learning.CompareAndSwap(false, true) {
+		return
+	}
+	c.learnAt.Store(now)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		c.learning.Store(false)
+		return
+	}
+	c.wg.Add(1)
+	go func() {
+		defer c.wg.Done()
+		defer c.learning.Store(false)
+		ctx, cancel := context.WithTimeout(c.ctx, time.Second)
+		defer cancel()
+		var got peer.Peer
+		opts := append(c.callOp[:len(c.callOp):len(c.callOp)], grpc.Peer(&got))
+		resp, err := c.admin.ListMembers(ctx, &sluicepb.ListMembersRequest{}, opts...)
+		if err != nil {
+			switch status.Code(err) {
+			case codes.Unauthenticated, codes.PermissionDenied, codes.Unimplemented:
+				c.learnOff.Store(true)
+				c.log.Info("client: cannot learn the name of the node it calls; decisions say SourceSluice instead of owner or forwarded", "err", err)
+			}
+			return
+		}
+		if resp.Node != "" && sameAddr(got.Addr, p.Addr) && sameAddr(got.LocalAddr, p.LocalAddr) {
+			c.named.Store(&namedConn{remote: p.Addr, local: p.LocalAddr, name: resp.Node})
+		}
+	}()
+}

@@ -1,0 +1,94 @@
+// Package client is the Go client of Sluice: it asks a Sluice node "may
+// these hits go through?" over the native gRPC API (sluice.v1) and gives
+// back a decision that is always usable, even when Sluice is slow or
+// down.
+//
+// Make one Client per process and share it between goroutines:
+//
+//	cfg := client.DefaultConfig()
+//	cfg.Addr = "127.0.0.1:8081" // any node of the cluster
+//	c, err := client.New(cfg)
+//	...
+//	d, err := c.Check(ctx, client.Check{Key: "user:42", Limit: 100, Window: time.Minute})
+//	if err != nil {
+//		log.Print(err) // Sluice did not decide; d is the failure policy's answer
+//	}
+//	if !d.Allowed {
+//		// refuse, and tell the caller to come back after d.RetryAfter
+//	}
+//
+// For HTTP servers, package httplimit (below this one) turns rules into
+// net/http middleware with the response headers and the 429 done right.
+//
+// # What a decision guarantees
+//
+//   - A deadline. Every Check and CheckAll returns within Config.Timeout
+//     (20 ms by default, Envoy's default for its rate-limit filter), or the
+//     context's deadline if that comes first, whatever Sluice does:
+//     queueing, the call and its retry included.
+//   - A decision, always. When Sluice does not decide (unreachable, past
+//     the deadline, an error), the decision is made by the check's failure
+//     policy: FailOpen (the default: a limiter outage must not become an
+//     outage of what it protects) or FailClosed (for what must never go
+//     over its limit, like a login form). Set it per check
+//     (Check.OnFailure), per call (WithPolicy) or per client
+//     (Config.OnFailure); the most specific wins. The decision says how it
+//     was made (Decision.Source) and, on a failure, which one
+//     (Decision.Failure) and which policy answered (Decision.Policy);
+//     the error says what went wrong.
+//   - One retry on "ownership moving". In a cluster, a key whose owner is
+//     changing is refused for a moment (UNAVAILABLE "cluster: ownership
+//     moving"). The client sends the call once more after a short pause
+//     (2 ms, or a quarter of the time left), within the same deadline.
+//     Other refusals are not retried: "no quorum" or "still joining" last
+//     longer than any deadline worth waiting.
+//   - Exactness is Sluice's: the client never allows what Sluice denied,
+//     except by the FailOpen policy when Sluice did not decide.
+//
+// # The local denial cache
+//
+// A key over its limit stays over it until its retry_after, since denied
+// hits are not recorded: knocking on a closed door changes nothing. So the
+// client remembers each denial (key, limit, window, algorithm, cost) until
+// its retry_after, counted from the moment the call left, which ends no
+// later than Sluice's own, and denies the same check, or one that costs
+// more, without a call (Decision.Source is SourceCache). A client under
+// attack by one key then costs Sluice one call per retry_after for it, not
+// one per request. The cache holds at most Config.CacheSize keys.
+//
+// It only ever denies what Sluice denied, until retry_after. What it
+// cannot see: an operator's reset of the key, an override that raises its
+// limit, or a refund made by another client, all of which would let the
+// key in sooner; the cache goes on denying until retry_after. A refund made
+// through this client clears the key's entry. Peeks and penalty checks
+// never use the cache.
+//
+// # Batching
+//
+// Batches are where Sluice is fastest: one call decides many checks at
+// the cost of about one. Check coalesces the checks of concurrent callers:
+// at most Config.MaxInFlight calls are in flight, and the checks made
+// while they are busy leave together in the next call, up to
+// Config.MaxBatch of them. An idle client sends each check at once; a busy
+// one sends larger batches. Config.BatchWait makes a call wait a little
+// for more checks even when a slot is free. Each check of a coalesced call
+// is decided on its own; CheckAll sends its checks in a call of their own,
+// all or nothing.
+//
+// # Owner or forwarded
+//
+// Any node accepts any check and forwards it to the key's owner, whose name
+// is in Decision.Node. To say whether the node it called decided itself
+// (SourceOwner) or forwarded (SourceForwarded), the client learns that
+// node's name: once per connection it asks the node (AdminService
+// ListMembers), in the background. Until it knows, and always when the node
+// requires an admin token that Config.Token is not, decisions say
+// SourceSluice. Config.LearnNode turns this off.
+//
+// # Concurrency and lifecycle
+//
+// A Client is safe for concurrent use. New does not connect; the first
+// call does, and gRPC reconnects as needed. Close cuts the calls in flight
+// (their checks fail with ErrClosed and their policy), waits for the
+// client's goroutines and closes the connection it dialed.
+package client

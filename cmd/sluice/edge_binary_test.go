@@ -1,0 +1,124 @@
+//go:build unix
+
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestBinaryEdgeSIGTERM: the sluice edge binary, on SIGTERM, stops
+// accepting, lets the request in flight reach the origin and come back,
+// and exits 0.
+func TestBinaryEdgeSIGTERM(t *testing.T) {
+	t.Parallel()
+	bin := sluiceBinary(t)
+	n := startNode(t, env{})
+	release := make(chan struct{})
+	var arrived atomic.Int64
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived.Add(1)
+		<-release
+		fmt.Fprint(w, "done")
+	}))
+	defer origin.Close()
+	defer func() {
+		select {
+		case <-release:
+		default:
+			close(release)
+		}
+	}()
+
+	ready := filepath.Join(t.TempDir(), "ready.json")
+	logs := &syncBuffer{}
+	cmd := exec.Command(bin, "edge", "--listen", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--ready-file", ready,
+		"--origin", origin.URL, "--sluice", n.grpcAddr, "--key", "ip", "--limit", "100", "--window", "1m", "--decision-timeout", "5s")
+	cmd.Env = []string{}
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		select {
+		case <-exited:
+		default:
+			cmd.Process.Kill()
+			<-exited
+		}
+		if t.Failed() {
+			t.Logf("sluice edge output:\n%s", logs)
+		}
+	})
+	var info edgeReady
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		b, err := os.ReadFile(ready)
+		if err == nil && json.Unmarshal(b, &info) == nil {
+			break
+		}
+		if err != nil && !errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
+			t.Fatalf("no ready file: %v", err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	type result struct {
+		status int
+		body   string
+		err    error
+	}
+	inflight := make(chan result, 1)
+	go func() {
+		resp, err := http.Get("http://" + info.Listen + "/slow")
+		if err != nil {
+			inflight <- result{err: err}
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		inflight <- result{status: resp.StatusCode, body: string(b)}
+	}()
+	for deadline := time.Now().Add(10 * time.Second); arrived.Load() == 0; {
+		if time.Now().After(deadline) {
+			t.Fatal("the request never reached the origin")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if _, err := http.Get("http://" + info.Listen + "/"); err != nil {
+			break // the listener is closed
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the edge still accepts connections 10s after SIGTERM")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(release)
+	if r := <-inflight; r.err != nil || r.status != 200 || r.body != "done" {
+		t.Errorf("the request in flight at SIGTERM got %d %q %v; want 200 done", r.status, r.body, r.err)
+	}
+	select {
+	case <-exited:
+		if code := cmd.ProcessState.ExitCode(); code != 0 {
+			t.Errorf("sluice edge exited with %d after SIGTERM; want 0", code)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("sluice edge still running 15s after SIGTERM")
+	}
+}
