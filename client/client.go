@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
@@ -541,7 +542,7 @@ func classify(err error) Failure {
 	case codes.ResourceExhausted:
 		return FailureOverloaded
 	case codes.Unavailable:
-		if fromNode(st.Message()) {
+		if fromNode(st) {
 			return FailureUnavailable
 		}
 		return FailureUnreachable
@@ -549,11 +550,33 @@ func classify(err error) Failure {
 	return FailureRejected
 }
 
-// fromNode reports whether an UNAVAILABLE message is a node's answer (it
-// may not decide now), not gRPC's own (no connection). A node's reasons
-// are its packages' errors: "cluster: no quorum", "cluster: ownership
-// moving", "sluice: node shutting down", ...
-func fromNode(msg string) bool {
+// The ErrorInfo a node puts on its UNAVAILABLE answers: its domain, and
+// the reason of "ownership moving" (the server's cluster.ErrorDomain and
+// cluster.ReasonMoving).
+const (
+	errorDomain  = "sluice.io"
+	reasonMoving = "OWNERSHIP_MOVING"
+)
+
+// reason returns the reason of the node's ErrorInfo on st, or "".
+func reason(st *status.Status) string {
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == errorDomain {
+			return ei.GetReason()
+		}
+	}
+	return ""
+}
+
+// fromNode reports whether an UNAVAILABLE status is a node's answer (it
+// may not decide now), not gRPC's own (no connection): it carries the
+// node's ErrorInfo or, from a node too old for that, a message of one of
+// its packages ("cluster: no quorum", "sluice: node shutting down", ...).
+func fromNode(st *status.Status) bool {
+	if reason(st) != "" {
+		return true
+	}
+	msg := st.Message()
 	return strings.HasPrefix(msg, "cluster: ") || strings.HasPrefix(msg, "sluice: ") || strings.HasPrefix(msg, "actor: ")
 }
 
@@ -561,7 +584,13 @@ func fromNode(msg string) bool {
 // a second try may get past.
 func moving(err error) bool {
 	st, ok := status.FromError(err)
-	return ok && st.Code() == codes.Unavailable && strings.HasPrefix(st.Message(), "cluster: ownership moving")
+	if !ok || st.Code() != codes.Unavailable {
+		return false
+	}
+	if r := reason(st); r != "" {
+		return r == reasonMoving
+	}
+	return strings.HasPrefix(st.Message(), "cluster: ownership moving")
 }
 
 // callInfo is what a call's decisions share.

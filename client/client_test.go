@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -342,7 +343,24 @@ func TestPolicyPrecedence(t *testing.T) {
 // one more try within the deadline; a second refusal is the failure.
 func TestRetryOnOwnershipMoving(t *testing.T) {
 	n := nodetest.Start(t, "n1", nil)
-	moving := status.Error(codes.Unavailable, "cluster: ownership moving: the state of 1 key has not arrived")
+	// A node says why in an ErrorInfo; older ones in the message alone.
+	st, err := status.New(codes.Unavailable, "the key is moving").WithDetails(&errdetails.ErrorInfo{Domain: "sluice.io", Reason: "OWNERSHIP_MOVING"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, moving := range []error{st.Err(), status.Error(codes.Unavailable, "cluster: ownership moving: the state of 1 key has not arrived")} {
+		testRetryOnOwnershipMoving(t, n, moving)
+	}
+	// Other refusals are not retried.
+	r := nodetest.NewRefuser(t, status.Error(codes.Unavailable, "cluster: no quorum"), 1, n.Addr)
+	c := newClient(t, r.Addr, nil)
+	if d, _ := c.Check(context.Background(), client.Check{Key: "k", Limit: 5, Window: time.Minute}); d.Failure != client.FailureUnavailable || c.Stats().Retries != 0 {
+		t.Errorf("no quorum: %+v, %+v; want a failure without a retry", d, c.Stats())
+	}
+}
+
+func testRetryOnOwnershipMoving(t *testing.T, n *nodetest.Node, moving error) {
+	t.Helper()
 	for _, tt := range []struct {
 		fails   int64
 		allowed bool
@@ -355,17 +373,11 @@ func TestRetryOnOwnershipMoving(t *testing.T) {
 		c := newClient(t, r.Addr, func(c *client.Config) { c.OnFailure = client.FailClosed })
 		d, err := c.Check(context.Background(), client.Check{Key: "k", Limit: 5, Window: time.Minute})
 		if d.Allowed != tt.allowed || d.Failure != tt.failure || (err == nil) != tt.allowed {
-			t.Errorf("%d refusals: Check = %+v, %v; want allowed %v, failure %v", tt.fails, d, err, tt.allowed, tt.failure)
+			t.Errorf("%v, %d refusals: Check = %+v, %v; want allowed %v, failure %v", moving, tt.fails, d, err, tt.allowed, tt.failure)
 		}
 		if s := c.Stats(); s.Retries != 1 || s.Calls != 2 || r.Calls.Load() != 2 {
 			t.Errorf("%d refusals: %+v, %d calls received; want 1 retry, 2 calls", tt.fails, s, r.Calls.Load())
 		}
-	}
-	// Other refusals are not retried.
-	r := nodetest.NewRefuser(t, status.Error(codes.Unavailable, "cluster: no quorum"), 1, n.Addr)
-	c := newClient(t, r.Addr, nil)
-	if d, _ := c.Check(context.Background(), client.Check{Key: "k", Limit: 5, Window: time.Minute}); d.Failure != client.FailureUnavailable || c.Stats().Retries != 0 {
-		t.Errorf("no quorum: %+v, %+v; want a failure without a retry", d, c.Stats())
 	}
 }
 
