@@ -47,6 +47,7 @@ func (e *envoyService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimit
 	start := time.Now()
 	resp, err := s.shouldRateLimit(ctx, req)
 	s.metrics.envoy.latency.Observe(time.Since(start).Seconds())
+	s.answered(start, len(req.GetDescriptors()), err)
 	if err != nil {
 		s.metrics.envoy.errored.Add(float64(max(len(req.GetDescriptors()), 1)))
 		return nil, toStatus(err)
@@ -211,7 +212,9 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			return nil, err
 		}
 	}
-	return s.envoyResponse(descs, out), nil
+	resp := s.envoyResponse(descs, out)
+	s.recordEnvoy(now, descs, resp)
+	return resp, nil
 }
 
 // envoyOutcome is the decision on one descriptor that has a limit.

@@ -22,6 +22,7 @@ func (n *nativeService) Check(ctx context.Context, req *sluicepb.CheckRequest) (
 	start := time.Now()
 	resp, err := n.check(ctx, req)
 	s.metrics.native.latency.Observe(time.Since(start).Seconds())
+	s.answered(start, len(req.GetChecks()), err)
 	if err != nil {
 		s.metrics.native.errored.Add(float64(max(len(req.GetChecks()), 1)))
 		return nil, toStatus(err)
@@ -74,6 +75,7 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest) (
 	}
 	s.metrics.native.allowed.Add(float64(allowed))
 	s.metrics.native.denied.Add(float64(len(out) - allowed))
+	s.recordNative(now, checks, out)
 	return resp, nil
 }
 
