@@ -22,8 +22,8 @@ type Config struct {
 	// GRPCAddr is where the gRPC API listens (native, Envoy RLS v3, admin,
 	// health, reflection). Default 127.0.0.1:8081.
 	GRPCAddr string
-	// HTTPAddr is where /metrics, /healthz and /readyz listen. Default
-	// 127.0.0.1:8080. Empty disables the HTTP listener.
+	// HTTPAddr is where /metrics, /healthz, /readyz and the web UI (/ui/)
+	// listen. Default 127.0.0.1:8080. Empty disables the HTTP listener.
 	HTTPAddr string
 	// DataDir holds the data file, sluice.db. Default "sluice-data".
 	DataDir string

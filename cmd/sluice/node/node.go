@@ -30,6 +30,7 @@ import (
 	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/ui"
 )
 
 // Node is one Sluice node: its store, engine and limits file, its cluster
@@ -208,6 +209,7 @@ func New(cfg Config) (n *Node, err error) {
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	mux.Handle(ui.Prefix, ui.New(ui.Config{AdminToken: cfg.AdminToken, Clock: cfg.Clock, Logger: n.log}, n.api))
 	if cfg.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
