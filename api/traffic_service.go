@@ -19,44 +19,49 @@ import (
 // What a node counts for the operator's view (api/traffic): every check
 // decided by the native and Envoy APIs of the node that was asked (not by
 // the owner a check was forwarded to, so that the cluster counts each
-// check once), and every decision request with its latency.
+// check once), and every decision request with its latency: one call to
+// the recorder per request.
 
-// recordNative counts the decisions of a native request.
-func (s *Server) recordNative(now time.Time, checks []actor.Check, out []actor.Decision) {
-	if s.traffic == nil {
-		return
-	}
-	for i := range checks {
-		s.traffic.Decided(now, checks[i].Key, !out[i].Allowed)
-	}
+// trafficCall is what a decision request leaves for the count: the time
+// it was decided at and its checks, set by check or shouldRateLimit as far
+// as they got.
+type trafficCall struct {
+	now time.Time
+	// A native request's checks and decisions.
+	checks []actor.Check
+	out    []actor.Decision
+	// An Envoy request's descriptors and response.
+	descs []envoyDescriptor
+	resp  *rlsv3.RateLimitResponse
 }
 
-// recordEnvoy counts the decisions of an Envoy request: the descriptors
-// that have a limit, denied when OVER_LIMIT (so shadow-mode denials are
-// not).
-func (s *Server) recordEnvoy(now time.Time, descs []envoyDescriptor, resp *rlsv3.RateLimitResponse) {
-	if s.traffic == nil {
-		return
-	}
-	for i := range descs {
-		if d := &descs[i]; d.kind == envoyCheck || d.kind == envoyBlocked {
-			s.traffic.Decided(now, d.key, resp.Statuses[i].Code == rlsv3.RateLimitResponse_OVER_LIMIT)
-		}
-	}
-}
-
-// answered counts a decision request that started at start, with n checks
-// (descriptors), and failed if err is not nil.
-func (s *Server) answered(start time.Time, n int, err error) {
+// record counts a decision request of n checks (or descriptors) that
+// started at start and failed if err is not nil, with one call to the
+// recorder.
+func (s *Server) record(t *trafficCall, start time.Time, n int, err error) {
 	if s.traffic == nil {
 		return
 	}
 	latency := time.Since(start)
-	errs := 0
-	if err != nil {
-		errs = max(n, 1)
+	if t.now.IsZero() {
+		t.now = s.clock.Now() // refused before the clock was read
 	}
-	s.traffic.Answered(s.clock.Now(), errs, latency)
+	if err != nil {
+		s.traffic.Request(t.now, latency, max(n, 1), 0, nil)
+		return
+	}
+	if t.resp != nil {
+		// Envoy: the descriptors that have a limit count, denied when
+		// OVER_LIMIT (so shadow-mode denials do not).
+		s.traffic.Request(t.now, latency, 0, len(t.descs), func(i int) (string, bool, bool) {
+			d := &t.descs[i]
+			return d.key, t.resp.Statuses[i].Code == rlsv3.RateLimitResponse_OVER_LIMIT, d.kind == envoyCheck || d.kind == envoyBlocked
+		})
+		return
+	}
+	s.traffic.Request(t.now, latency, 0, len(t.checks), func(i int) (string, bool, bool) {
+		return t.checks[i].Key, !t.out[i].Allowed, true
+	})
 }
 
 // Bounds of GetTraffic.

@@ -17,11 +17,12 @@
 //
 // # Concurrency
 //
-// Decided and Answered are on the decision path and must stay cheap: the
-// Recorder is split into stripes, each with its own mutex, sketches and
-// counters. A key goes to the stripe its hash picks, so that a key's
-// counts usually sit in one sketch; if that stripe is busy, the next free
-// one takes it (TryLock), so a decision never waits for another; only when
-// every stripe is busy does it wait for its own. Snapshot merges the
+// Request is on the decision path and must stay cheap: one call per
+// decision request, one mutex, no allocation. The Recorder is split into
+// stripes, each with its own mutex, sketches and counters. A request goes
+// to the stripe its first key's hash picks, so that a key's counts usually
+// sit in one sketch; if that stripe is busy, the next free one takes it
+// (TryLock), so a request never waits for another; only when every stripe
+// is busy does it wait for its own. Snapshot merges the
 // stripes with topk.Merge, whose bounds hold for any split of the stream.
 package traffic

@@ -155,31 +155,50 @@ func (st *stripe) second(unix int64) *second {
 	return s
 }
 
-// Decided counts a decision on key at now, denied or not. The Recorder
-// keeps key (it does not copy it).
-func (r *Recorder) Decided(now time.Time, key string, denied bool) {
-	h := maphash.String(r.seed, key)
-	st := r.lock(h)
-	b := r.bucket(st, r.bucketID(now))
-	b.decisions.AddHashed(key, h, 1)
-	s := st.second(now.Unix())
-	s.decisions++
-	if denied {
-		b.denials.AddHashed(key, h, 1)
-		s.denials++
+// Request counts one decision request answered at now after latency: its
+// n checks, each of which check describes (its key, whether it was denied,
+// and whether it counts at all: a descriptor without a limit does not),
+// and errors, the checks that failed (0 when the request was answered; a
+// request that failed decided nothing). The Recorder keeps the keys (it
+// does not copy them).
+//
+// The request takes one stripe: the one its first counted key hashes to
+// if it is free (so that a key's counts usually sit in one sketch), else
+// the next free one.
+func (r *Recorder) Request(now time.Time, latency time.Duration, errors, n int, check func(i int) (key string, denied, counted bool)) {
+	var preferred uint64
+	first := n
+	for i := range n {
+		if key, _, ok := check(i); ok {
+			preferred, first = maphash.String(r.seed, key), i
+			break
+		}
 	}
-	st.mu.Unlock()
-}
-
-// Answered counts a request answered at now after latency; errors is how
-// many of its checks failed (0 when it was answered).
-func (r *Recorder) Answered(now time.Time, errors int, latency time.Duration) {
-	st := r.lock(rand.Uint64())
+	if first == n {
+		preferred = rand.Uint64()
+	}
+	st := r.lock(preferred)
 	b := r.bucket(st, r.bucketID(now))
+	s := st.second(now.Unix())
+	for i := first; i < n; i++ {
+		key, denied, ok := check(i)
+		if !ok {
+			continue
+		}
+		h := preferred
+		if i != first {
+			h = maphash.String(r.seed, key)
+		}
+		b.decisions.AddHashed(key, h, 1)
+		s.decisions++
+		if denied {
+			b.denials.AddHashed(key, h, 1)
+			s.denials++
+		}
+	}
 	b.latency[latencyBucket(latency)]++
 	b.requests++
 	b.maxLatency = max(b.maxLatency, latency)
-	s := st.second(now.Unix())
 	s.requests++
 	s.errors += uint64(max(errors, 0))
 	st.mu.Unlock()

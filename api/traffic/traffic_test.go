@@ -3,6 +3,7 @@ package traffic
 import (
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,20 +20,30 @@ func newRecorder(t testing.TB, cfg Config) *Recorder {
 	return r
 }
 
+// request counts a request of the given checks (keys, each denied if its
+// name ends in "!"), answered after latency.
+func request(r *Recorder, now time.Time, latency time.Duration, keys ...string) {
+	r.Request(now, latency, 0, len(keys), func(i int) (string, bool, bool) {
+		k, denied := strings.CutSuffix(keys[i], "!")
+		return k, denied, k != "-" // "-" is a descriptor without a limit
+	})
+}
+
 // TestSnapshot: the top keys, per-second counts and latency of what was
 // recorded, read back.
 func TestSnapshot(t *testing.T) {
 	r := newRecorder(t, Config{})
 	now := t0.Add(3 * time.Second) // 3 s into a bucket
 	for i := range 10 {
-		r.Decided(now, "hot", i >= 7)
+		key := "hot"
+		if i >= 7 {
+			key = "hot!"
+		}
+		request(r, now, time.Duration(i+1)*10*time.Millisecond, key)
 	}
-	r.Decided(now, "cold", false)
-	r.Decided(now.Add(-time.Second), "cold", true)
-	for i := range 100 {
-		r.Answered(now, 0, time.Duration(i+1)*time.Millisecond)
-	}
-	r.Answered(now, 2, time.Millisecond)
+	request(r, now, time.Millisecond, "-", "cold", "-")
+	request(r, now.Add(-time.Second), time.Millisecond, "cold!")
+	r.Request(now, time.Millisecond, 2, 0, nil) // a request that failed
 	s := r.Snapshot(now, 10, 3)
 	if got, want := s.Window, 53*time.Second; got != want {
 		t.Errorf("Window = %v; want %v (five whole buckets and 3 s)", got, want)
@@ -45,17 +56,17 @@ func TestSnapshot(t *testing.T) {
 	}
 	want := []Second{
 		{Unix: now.Unix() - 2},
-		{Unix: now.Unix() - 1, Decisions: 1, Denials: 1},
-		{Unix: now.Unix(), Decisions: 11, Denials: 3, Errors: 2, Requests: 101},
+		{Unix: now.Unix() - 1, Decisions: 1, Denials: 1, Requests: 1},
+		{Unix: now.Unix(), Decisions: 11, Denials: 3, Errors: 2, Requests: 12},
 	}
 	if fmt.Sprint(s.Seconds) != fmt.Sprint(want) {
 		t.Errorf("Seconds = %+v; want %+v", s.Seconds, want)
 	}
+	// 13 latencies: 1 ms three times, then 10, 20, ... 100 ms.
 	l := s.Latency
-	if l.Requests != 101 || l.Max != 100*time.Millisecond ||
-		l.P50 < 50*time.Millisecond || l.P50 > 63*time.Millisecond ||
-		l.P99 < 99*time.Millisecond || l.P99 > 100*time.Millisecond {
-		t.Errorf("Latency = %+v; want 101 requests, p50 in [50ms, 62.5ms], p99 in [99ms, 100ms], max 100ms", l)
+	if l.Requests != 13 || l.Max != 100*time.Millisecond ||
+		l.P50 < 40*time.Millisecond || l.P50 > 50*time.Millisecond || l.P99 != 100*time.Millisecond {
+		t.Errorf("Latency = %+v; want 13 requests, p50 in [40ms, 50ms], p99 and max 100ms", l)
 	}
 }
 
@@ -63,13 +74,13 @@ func TestSnapshot(t *testing.T) {
 // a slot the clock comes back to starts from zero.
 func TestOldCountsLeave(t *testing.T) {
 	r := newRecorder(t, Config{Seconds: 10})
-	r.Decided(t0, "old", true)
-	r.Answered(t0, 1, time.Second)
+	request(r, t0, time.Second, "old!")
+	r.Request(t0, time.Second, 1, 0, nil)
 	later := t0.Add(time.Minute)
-	r.Decided(later, "new", false)
+	request(r, later, time.Millisecond, "new")
 	s := r.Snapshot(later, 10, 10)
-	if got := fmt.Sprint(s.Decisions.Entries); got != "[{new 1 0}]" || len(s.Denials.Entries) != 0 || s.Latency.Requests != 0 {
-		t.Errorf("a minute later: Decisions = %s, Denials = %v, Latency = %+v; want only new, no denials, no requests", got, s.Denials.Entries, s.Latency)
+	if got := fmt.Sprint(s.Decisions.Entries); got != "[{new 1 0}]" || len(s.Denials.Entries) != 0 || s.Latency.Requests != 1 {
+		t.Errorf("a minute later: Decisions = %s, Denials = %v, Latency = %+v; want only new, no denials, one request", got, s.Denials.Entries, s.Latency)
 	}
 	var total uint64
 	for _, sec := range s.Seconds {
@@ -98,7 +109,10 @@ func TestConcurrentBounds(t *testing.T) {
 	for w := range workers {
 		wg.Go(func() {
 			for i, k := range keys[w] {
-				r.Decided(t0, k, i%3 == 0)
+				if i%3 == 0 {
+					k += "!"
+				}
+				request(r, t0, time.Millisecond, k)
 			}
 		})
 	}
@@ -146,10 +160,10 @@ func TestLatencyBuckets(t *testing.T) {
 	}
 }
 
-// BenchmarkDecided is the cost of counting one decision, from as many
-// goroutines as GOMAXPROCS: on one hot key, and on skewed traffic over
-// 100,000 keys (most of them new to the sketches, the worst case).
-func BenchmarkDecided(b *testing.B) {
+// BenchmarkRequest is the cost of counting a request of one check, from
+// as many goroutines as GOMAXPROCS: on one hot key, and on skewed traffic
+// over 100,000 keys (most of them new to the sketches, the worst case).
+func BenchmarkRequest(b *testing.B) {
 	stream := make([]string, 1<<16)
 	z := rand.NewZipf(rand.New(rand.NewPCG(1, 2)), 1.1, 1, 100_000)
 	for i := range stream {
@@ -168,7 +182,8 @@ func BenchmarkDecided(b *testing.B) {
 			b.RunParallel(func(pb *testing.PB) {
 				i := rand.IntN(1 << 16)
 				for pb.Next() {
-					r.Decided(t0, bc.key(i), i%8 == 0)
+					key, denied := bc.key(i), i%8 == 0
+					r.Request(t0, time.Millisecond, 0, 1, func(int) (string, bool, bool) { return key, denied, true })
 					i++
 				}
 			})
