@@ -34,7 +34,7 @@ type overview struct {
 	ReadAt    string      `json:"readAt"`
 	Members   []member    `json:"members"`
 	Changes   []change    `json:"changes"`
-	Series    series      `json:"series"`
+	Series    series      `json:"series"` // the whole seconds before now
 	Decisions topList     `json:"topDecisions"`
 	Denials   topList     `json:"topDenials"`
 	Totals    rateFigures `json:"totals"`
@@ -69,12 +69,15 @@ type rateFigures struct {
 
 // change is one membership change.
 type change struct {
-	At      string `json:"at"`
-	Epoch   uint64 `json:"epoch"`
-	Kind    string `json:"kind"`
-	Member  string `json:"member"`
-	State   string `json:"state"`
-	Members int    `json:"members"`
+	At string `json:"at"`
+	// AgoMs is how long ago the node saw it, by the node's wall clock
+	// (which At is in too).
+	AgoMs   float64 `json:"agoMs"`
+	Epoch   uint64  `json:"epoch"`
+	Kind    string  `json:"kind"`
+	Member  string  `json:"member"`
+	State   string  `json:"state"`
+	Members int     `json:"members"`
 }
 
 // series is the cluster's counts per second, oldest first.
@@ -143,12 +146,13 @@ func (h *Handler) overview(r *http.Request) (any, error) {
 		Changes:   []change{},
 	}
 	for _, c := range h.b.MembershipChanges() {
-		out.Changes = append(out.Changes, change{At: fmtTime(c.At), Epoch: c.Epoch, Kind: c.Kind.String(), Member: c.Member, State: c.State.String(), Members: c.Members})
+		out.Changes = append(out.Changes, change{At: fmtTime(c.At), AgoMs: ms(time.Since(c.At)), Epoch: c.Epoch, Kind: c.Kind.String(), Member: c.Member, State: c.State.String(), Members: c.Members})
 	}
 	slices.Reverse(out.Changes) // newest first
 
-	// The series ends at the latest second any node read (clocks differ a
-	// little), and holds seconds seconds.
+	// The series ends at the last whole second of the latest node (clocks
+	// differ a little: the nodes' last seconds are partial), and holds
+	// seconds seconds.
 	var end int64
 	for _, n := range tr.Nodes {
 		if k := len(n.Seconds); k > 0 {
@@ -158,6 +162,7 @@ func (h *Handler) overview(r *http.Request) (any, error) {
 	if end == 0 {
 		end = now.Unix()
 	}
+	end--
 	out.Series = series{Start: end - int64(seconds) + 1, Decisions: make([]uint64, seconds), Denials: make([]uint64, seconds), Errors: make([]uint64, seconds)}
 	traffic := make(map[string]*sluicepb.NodeTraffic)
 	for _, n := range tr.Nodes {

@@ -166,7 +166,7 @@ async function renderCluster() {
   drawTop("denials", d.topDenials, "denials");
 
   const changes = d.changes.map((c) => el("tr", {},
-    el("td", {}, fmtTime(c.at)), el("td", { class: "num" }, c.epoch), el("td", {}, c.member),
+    el("td", { title: fmtTime(c.at) }, fmtDur(c.agoMs) + " ago"), el("td", { class: "num" }, c.epoch), el("td", {}, c.member),
     el("td", {}, c.kind), el("td", {}, el("span", { class: "state state-" + c.state }, c.state)),
     el("td", { class: "num" }, c.members)));
   fill(document.querySelector("#changes tbody"), changes, "none seen (a single node, or no change since this node started)", 6);
@@ -306,9 +306,14 @@ async function renderKey() {
 // drawTimeline draws a sliding log over [−window, +window] around now:
 // the hits left of now, and right of now when their capacity returns.
 function drawTimeline(root, k) {
-  const W = 960, H = 250, L = 50, R = 20, win = k.windowMs;
+  const W = 960, H = 270, L = 50, R = 20, win = k.windowMs;
   const x = (t) => L + ((t + win) / (2 * win)) * (W - L - R);
-  const hitsTop = 20, hitsBottom = 100, capTop = 150, capBottom = 220;
+  const hitsTop = 20, hitsBottom = 100, capTop = 170, capBottom = 240;
+  // A label right of x, or left of it near the right edge.
+  const label = (at, y, text) => {
+    const right = x(at) > W - R - 160;
+    return svg("text", { x: x(at) + (right ? -4 : 4), y, "text-anchor": right ? "end" : "start" }, text);
+  };
   const maxRun = Math.max(1, ...k.runs.map((r) => r.count));
   const parts = [
     svg("text", { x: x(-win) + 4, y: 12 }, "hits in the window (" + fmtInt(k.used) + ")"),
@@ -345,15 +350,15 @@ function drawTimeline(root, k) {
   parts.push(svg("text", { x: x(0) - 6, y: capTop + 4, "text-anchor": "end" }, fmtInt(k.limit)));
   parts.push(svg("text", { x: x(0) - 6, y: capBottom, "text-anchor": "end" }, "0"));
   parts.push(svg("text", { x: x(0) - 6, y: (capTop + capBottom) / 2 + 4, "text-anchor": "end" }, "remaining now: " + fmtInt(k.remaining)));
-  parts.push(svg("text", { x: x(0) + 4, y: capBottom - 6 }, "capacity as hits leave the window"));
+  parts.push(svg("text", { x: x(0) + 4, y: capTop - 38 }, "capacity returning as hits leave the window"));
   parts.push(svg("polyline", { class: "capacity", points: pts.join(" ") }));
   if (k.retryAfterMs > 0) {
     parts.push(svg("line", { class: "retry", x1: x(k.retryAfterMs), x2: x(k.retryAfterMs), y1: capTop - 4, y2: capBottom }));
-    parts.push(svg("text", { x: x(k.retryAfterMs) + 4, y: capTop - 8 }, "retry after " + fmtDur(k.retryAfterMs)));
+    parts.push(label(k.retryAfterMs, capTop - 8, "retry after " + fmtDur(k.retryAfterMs)));
   }
   if (k.resetAfterMs > 0) {
     parts.push(svg("line", { class: "reset", x1: x(k.resetAfterMs), x2: x(k.resetAfterMs), y1: capTop - 4, y2: capBottom }));
-    parts.push(svg("text", { x: x(k.resetAfterMs) + 4, y: capTop - 22 }, "reset after " + fmtDur(k.resetAfterMs)));
+    parts.push(label(k.resetAfterMs, capTop - 22, "reset after " + fmtDur(k.resetAfterMs)));
   }
   root.replaceChildren(...parts);
 }

@@ -163,8 +163,9 @@ func TestUISingleNode(t *testing.T) {
 		m.DecisionsPerSec != 3.8 || m.DenialsPerSec != 2.5 || m.Requests != 38 || m.MaxMs <= 0 {
 		t.Errorf("member = %+v; want test-node alive, share 1, up 3.5 s, 3.8 decisions/s, 2.5 denials/s over 10 s, 38 requests", m)
 	}
-	if got, want := fmt.Sprint(o.Series.Decisions), "[0 0 0 0 0 0 30 0 8 0]"; got != want || o.Series.Start != epoch.Unix()-6 {
-		t.Errorf("series decisions = %s from %d; want %s from %d", got, o.Series.Start, want, epoch.Unix()-6)
+	// The series: the whole seconds before the current one.
+	if got, want := fmt.Sprint(o.Series.Decisions), "[0 0 0 0 0 0 0 30 0 8]"; got != want || o.Series.Start != epoch.Unix()-7 {
+		t.Errorf("series decisions = %s from %d; want %s from %d", got, o.Series.Start, want, epoch.Unix()-7)
 	}
 	if got, want := fmt.Sprint(m.Decisions), fmt.Sprint(o.Series.Decisions); got != want {
 		t.Errorf("member decisions = %s; want the series of the only node, %s", got, want)
