@@ -102,46 +102,55 @@ func TestTrafficAdminToken(t *testing.T) {
 	}
 }
 
-// BenchmarkNativeCheck is the decision path of the native API in-process
-// (validation, engine, response; no gRPC transport) for one check, with
-// and without counting it for the operator's view, on one hot key and on
-// skewed keys (Zipf over 100,000). Compare the two with benchstat;
-// cpu-ns/op, the CPU time of the whole process (actors included) per
-// call, is steadier than ns/op on a machine other work shares.
+// BenchmarkNativeCheck is the decision path of the native API for one
+// check, with and without counting it for the operator's view, on one hot
+// key and on skewed keys (Zipf over 100,000): in-process (validation,
+// engine, response; no transport), and through gRPC on 127.0.0.1 (client
+// included). Compare them with benchstat; cpu-ns/op, the CPU time of the
+// whole process (actors, and the client for gRPC) per call, is steadier
+// than ns/op on a machine other work shares.
 func BenchmarkNativeCheck(b *testing.B) {
-	for _, keys := range []string{"hot", "zipf"} {
-		for _, on := range []bool{false, true} {
-			b.Run(fmt.Sprintf("keys=%s/traffic=%v", keys, on), func(b *testing.B) {
-				ts := newTestServer(b, func(c *testConfig) { c.Durability = "memory" })
-				if !on {
-					ts.srv.traffic = nil
-				}
-				n := &nativeService{s: ts.srv}
-				reqs := make([]*sluicepb.CheckRequest, 1<<12)
-				z := rand.NewZipf(rand.New(rand.NewPCG(1, 1)), 1.1, 1, 100_000)
-				for i := range reqs {
-					key := "hot"
-					if keys == "zipf" {
-						key = fmt.Sprintf("tenant:%d", z.Uint64())
+	for _, via := range []string{"inproc", "grpc"} {
+		for _, keys := range []string{"hot", "zipf"} {
+			for _, on := range []bool{false, true} {
+				b.Run(fmt.Sprintf("via=%s/keys=%s/traffic=%v", via, keys, on), func(b *testing.B) {
+					ts := newTestServer(b, func(c *testConfig) { c.Durability = "memory" })
+					if !on {
+						ts.srv.traffic = nil
 					}
-					reqs[i] = &sluicepb.CheckRequest{Checks: []*sluicepb.Check{apitest.Check(key, 1<<40, time.Minute, 1)}}
-				}
-				ctx := context.Background()
-				b.ReportAllocs()
-				b.ResetTimer()
-				cpu := cpuTime()
-				defer func() { b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op") }()
-				b.RunParallel(func(pb *testing.PB) {
-					i := 0
-					for pb.Next() {
-						if _, err := n.Check(ctx, reqs[i&(len(reqs)-1)]); err != nil {
-							b.Error(err)
-							return
+					check := (&nativeService{s: ts.srv}).Check
+					if via == "grpc" {
+						client := sluicepb.NewRateLimitServiceClient(ts.conn)
+						check = func(ctx context.Context, req *sluicepb.CheckRequest) (*sluicepb.CheckResponse, error) {
+							return client.Check(ctx, req)
 						}
-						i++
 					}
+					reqs := make([]*sluicepb.CheckRequest, 1<<12)
+					z := rand.NewZipf(rand.New(rand.NewPCG(1, 1)), 1.1, 1, 100_000)
+					for i := range reqs {
+						key := "hot"
+						if keys == "zipf" {
+							key = fmt.Sprintf("tenant:%d", z.Uint64())
+						}
+						reqs[i] = &sluicepb.CheckRequest{Checks: []*sluicepb.Check{apitest.Check(key, 1<<40, time.Minute, 1)}}
+					}
+					ctx := context.Background()
+					b.ReportAllocs()
+					b.ResetTimer()
+					cpu := cpuTime()
+					defer func() { b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op") }()
+					b.RunParallel(func(pb *testing.PB) {
+						i := 0
+						for pb.Next() {
+							if _, err := check(ctx, reqs[i&(len(reqs)-1)]); err != nil {
+								b.Error(err)
+								return
+							}
+							i++
+						}
+					})
 				})
-			})
+			}
 		}
 	}
 }
