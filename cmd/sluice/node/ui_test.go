@@ -310,4 +310,18 @@ func TestUICluster(t *testing.T) {
 			t.Errorf("node-%d: key shared = %+v; want 60 used, answered by its owner %s, standby %s", i, k, owner, standby)
 		}
 	}
+
+	// A member that does not answer is listed with the error; the others'
+	// figures and counts are still there.
+	tc.nodes[2].srv.StopServing()
+	var o uiOverview
+	if code, body := uiGet(t, tc.nodes[0].srv.HTTPAddr(), "api/overview", "", &o); code != 200 {
+		t.Fatalf("GET overview with node-2 not serving = %d %s", code, body)
+	}
+	if len(o.Members) != 3 || o.Members[0].Error != "" || o.Members[1].Error != "" || o.Members[2].Error == "" {
+		t.Errorf("members with node-2 not serving = %+v; want node-0 and node-1 with figures, node-2 with an error", o.Members)
+	}
+	if got, want := o.TopDecisions.String(), "shared=30±0@"+owner+" "; got != want {
+		t.Errorf("top decisions with node-2 not serving = %s; want %s (node-0's 10 and node-1's 20)", got, want)
+	}
 }
