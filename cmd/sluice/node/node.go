@@ -30,7 +30,7 @@ import (
 	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
-	"github.com/sluice-io/sluice/ui"
+	"github.com/sluice-io/sluice/api/ui"
 )
 
 // Node is one Sluice node: its store, engine and limits file, its cluster

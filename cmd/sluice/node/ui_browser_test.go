@@ -22,7 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
-	"github.com/sluice-io/sluice/ui/chromium"
+	"github.com/sluice-io/sluice/api/ui/chromium"
 )
 
 // screenshotDir is where TestUIPages writes its screenshots when
