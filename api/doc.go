@@ -15,6 +15,13 @@
 // from its owner, listings cover every node, overrides are set on every
 // node and kept in the data file's meta bucket "overrides".
 //
+// The operator's view (TrafficService, and the web UI through Traffic):
+// each node counts the checks its decision APIs decide, and the requests
+// with their latency, in an api/traffic Recorder (striped, so that
+// decisions do not wait for each other, and bounded); GetTraffic asks
+// every live member for its figures and merges their top lists (api/topk),
+// whose error bounds survive the merge.
+//
 // The package wires nothing: the node (cmd/sluice/node) opens the store,
 // starts the engine, joins the cluster and serves these services with
 // Register and Interceptors (which require the admin token on admin and

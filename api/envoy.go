@@ -45,8 +45,10 @@ type envoyService struct {
 func (e *envoyService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	s := e.s
 	start := time.Now()
-	resp, err := s.shouldRateLimit(ctx, req)
+	var t trafficCall
+	resp, err := s.shouldRateLimit(ctx, req, &t)
 	s.metrics.envoy.latency.Observe(time.Since(start).Seconds())
+	s.record(&t, start, len(req.GetDescriptors()), err)
 	if err != nil {
 		s.metrics.envoy.errored.Add(float64(max(len(req.GetDescriptors()), 1)))
 		return nil, toStatus(err)
@@ -100,7 +102,7 @@ type envoyDescriptor struct {
 // shouldRateLimit validates req, resolves each descriptor's limit, decides
 // them in one engine call and builds the response. On error nothing was
 // recorded.
-func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest, t *trafficCall) (*rlsv3.RateLimitResponse, error) {
 	n := len(req.Descriptors)
 	switch {
 	case req.Domain == "":
@@ -115,6 +117,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		cfg = s.limits.Current() // one snapshot for the whole request
 	}
 	now := s.clock.Now()
+	t.now = now
 	bounds := s.engineLimits()
 
 	descs := make([]envoyDescriptor, n)
@@ -211,7 +214,9 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			return nil, err
 		}
 	}
-	return s.envoyResponse(descs, out), nil
+	resp := s.envoyResponse(descs, out)
+	t.descs, t.resp = descs, resp
+	return resp, nil
 }
 
 // envoyOutcome is the decision on one descriptor that has a limit.

@@ -13,11 +13,13 @@ import (
 )
 
 // Method prefixes of the services that need the admin token when one is
-// set: the admin API, and the internal peer service (forwarded checks and
-// handoffs must not be injectable by anyone who reaches the port).
+// set: the admin API, the traffic report (it names the keys), and the
+// internal peer service (forwarded checks and handoffs must not be
+// injectable by anyone who reaches the port).
 const (
-	adminPrefix = "/sluice.v1.AdminService/"
-	peerPrefix  = "/sluice.v1.PeerService/"
+	adminPrefix   = "/sluice.v1.AdminService/"
+	trafficPrefix = "/sluice.v1.TrafficService/"
+	peerPrefix    = "/sluice.v1.PeerService/"
 )
 
 // authorize requires the admin token on admin and peer calls when one is
@@ -38,7 +40,7 @@ func (s *Server) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.Strea
 }
 
 func (s *Server) checkToken(ctx context.Context, method string) error {
-	if s.cfg.AdminToken == "" || !strings.HasPrefix(method, adminPrefix) && !strings.HasPrefix(method, peerPrefix) {
+	if s.cfg.AdminToken == "" || !strings.HasPrefix(method, adminPrefix) && !strings.HasPrefix(method, trafficPrefix) && !strings.HasPrefix(method, peerPrefix) {
 		return nil
 	}
 	md, _ := metadata.FromIncomingContext(ctx)

@@ -21,8 +21,10 @@ type nativeService struct {
 func (n *nativeService) Check(ctx context.Context, req *sluicepb.CheckRequest) (*sluicepb.CheckResponse, error) {
 	s := n.s
 	start := time.Now()
-	resp, err := n.check(ctx, req)
+	var t trafficCall
+	resp, err := n.check(ctx, req, &t)
 	s.metrics.native.latency.Observe(time.Since(start).Seconds())
+	s.record(&t, start, len(req.GetChecks()), err)
 	if err != nil {
 		s.metrics.native.errored.Add(float64(max(len(req.GetChecks()), 1)))
 		return nil, toStatus(err)
@@ -30,7 +32,7 @@ func (n *nativeService) Check(ctx context.Context, req *sluicepb.CheckRequest) (
 	return resp, nil
 }
 
-func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest) (*sluicepb.CheckResponse, error) {
+func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest, t *trafficCall) (*sluicepb.CheckResponse, error) {
 	s := n.s
 	if len(req.Checks) == 0 {
 		return nil, badInput("no checks: send at least one check")
@@ -39,6 +41,7 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest) (
 		return nil, badInput("%d checks in one call; the maximum is %d: split the batch", len(req.Checks), max)
 	}
 	now := s.clock.Now()
+	t.now = now
 	checks := make([]actor.Check, len(req.Checks))
 	refunds := false
 	for i, pc := range req.Checks {
@@ -75,6 +78,7 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest) (
 	}
 	s.metrics.native.allowed.Add(float64(allowed))
 	s.metrics.native.denied.Add(float64(len(out) - allowed))
+	t.checks, t.out = checks, out
 	return resp, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -14,6 +15,7 @@ import (
 	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/actor/clock"
 	"github.com/sluice-io/sluice/api/limits"
+	"github.com/sluice-io/sluice/api/traffic"
 	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
@@ -37,6 +39,9 @@ type Config struct {
 	// Limits bounds what a check may ask for: the engine's
 	// (actor.Config.Limits), so that the APIs refuse what the engine would.
 	Limits actor.Limits
+	// Traffic sizes the counts of the operator's view (TrafficService, the
+	// web UI); zero fields are traffic.DefaultConfig's.
+	Traffic traffic.Config
 }
 
 // Deps are the parts of the node the services adapt. The node (see
@@ -86,6 +91,8 @@ type Server struct {
 	membership func() *cluster.Membership
 	grpcAddr   func() string
 	clustered  bool
+	traffic    *traffic.Recorder // nil only in benchmarks that measure its cost
+	started    time.Time
 }
 
 // New builds the services and loads the overrides kept in d.Store.
@@ -117,11 +124,14 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: d.Logger, clock: d.Clock, store: d.Store, engine: d.Engine, limits: d.Limits,
 		router: d.Router, membership: d.Membership, grpcAddr: d.GRPCAddr, clustered: d.Clustered,
-		metrics: newMetrics(d.Registry),
+		metrics: newMetrics(d.Registry), started: d.Clock.Now(),
+	}
+	var err error
+	if s.traffic, err = traffic.New(cfg.Traffic); err != nil {
+		return nil, err
 	}
 	var overrides []*Override
 	if s.store != nil {
-		var err error
 		if overrides, err = loadOverrides(s.store); err != nil {
 			return nil, err
 		}
@@ -130,8 +140,8 @@ func New(cfg Config, d Deps) (*Server, error) {
 	return s, nil
 }
 
-// Register registers the native, Envoy and admin services on g. Build g
-// with Interceptors, so that the admin token is checked.
+// Register registers the native, Envoy, admin and traffic services on g.
+// Build g with Interceptors, so that the admin token is checked.
 func (s *Server) Register(g *grpc.Server) {
 	s.RegisterDecisions(g)
 	s.RegisterAdmin(g)
@@ -144,10 +154,11 @@ func (s *Server) RegisterDecisions(g *grpc.Server) {
 	rlsv3.RegisterRateLimitServiceServer(g, &envoyService{s: s})
 }
 
-// RegisterAdmin registers the admin service on g, built with Interceptors
-// so that the admin token is checked.
+// RegisterAdmin registers the admin and traffic services on g, built with
+// Interceptors so that the admin token is checked.
 func (s *Server) RegisterAdmin(g *grpc.Server) {
 	sluicepb.RegisterAdminServiceServer(g, &adminService{s: s})
+	sluicepb.RegisterTrafficServiceServer(g, &trafficService{s: s})
 }
 
 // Interceptors returns the options that recover handlers' panics, require

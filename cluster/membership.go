@@ -68,6 +68,8 @@ type Membership struct {
 	reborn   bool    // the roster holds a newer entry for this node: take a new incarnation
 	unsent   bool    // announcing this node's metadata timed out: announce it again
 
+	changes []Change // the last changes of the live members (Changes); under stateMu
+
 	view  atomic.Pointer[View]
 	local atomic.Pointer[Member]
 
@@ -571,6 +573,7 @@ func (m *Membership) nodeUp(n *memberlist.Node, kind ChangeKind) {
 	m.live[n.Name] = mem
 	delete(m.departed, n.Name)
 	v := m.publishLocked(mem)
+	m.recordChangeLocked(kind, mem, v)
 	m.stateMu.Unlock()
 	m.obs.Changed(kind, v.Epoch, v.Len())
 	m.log.Info("member "+kind.String(), "member", mem.Name, "gossip", mem.GossipAddr, "grpc", mem.GRPCAddr, "peer", mem.PeerAddr,
@@ -600,6 +603,7 @@ func (m *Membership) nodeDown(n *memberlist.Node) {
 		m.forgetOldestDepartedLocked()
 	}
 	v := m.publishLocked(mem)
+	m.recordChangeLocked(kind, mem, v)
 	m.stateMu.Unlock()
 	m.obs.Changed(kind, v.Epoch, v.Len())
 	m.log.Info("member "+kind.String(), "member", mem.Name, "gossip", mem.GossipAddr, "epoch", v.Epoch, "members", v.Len())

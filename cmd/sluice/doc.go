@@ -6,6 +6,7 @@
 //	sluice key get|list|reset|envoy  look at and reset live key state
 //	sluice override set|list|rm      change a key's limit without a deploy
 //	sluice members                   list the cluster's members and their share of keys
+//	sluice top                       watch the busiest and most denied keys and each node's rates
 //	sluice bench                     load a node and report decisions/s and latency
 //	sluice edge                      a rate-limiting reverse proxy in front of an origin
 //	sluice version                   print the version, commit and Go version

@@ -2,7 +2,8 @@
 // file (persist), starts the engine (actor), reads the limits file, joins
 // the cluster (cluster: membership, leases, router, handoff), builds the
 // gRPC services (api) and serves them with grpc health, reflection and the
-// HTTP endpoints (/metrics, /healthz, /readyz, /debug/pprof/), and stops
+// HTTP endpoints (/metrics, /healthz, /readyz, the operator's web pages
+// under /ui/ (package ui), /debug/pprof/), and stops
 // all of it in order. It is the only place that wires these packages
 // together: `sluice serve` builds a Config from its flags and runs a Node,
 // and the end-to-end tests start the same Node in-process on 127.0.0.1:0.

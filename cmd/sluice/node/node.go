@@ -27,6 +27,7 @@ import (
 	"github.com/sluice-io/sluice/actor/clock"
 	"github.com/sluice-io/sluice/api"
 	"github.com/sluice-io/sluice/api/limits"
+	"github.com/sluice-io/sluice/api/ui"
 	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
@@ -274,6 +275,7 @@ func New(cfg Config) (n *Node, err error) {
 		}
 		fmt.Fprintln(w, "ready")
 	})
+	mux.Handle(ui.Prefix, ui.New(ui.Config{AdminToken: cfg.AdminToken, Clock: cfg.Clock, Logger: n.log}, n.api))
 	if cfg.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

@@ -1,0 +1,47 @@
+package ui
+
+import (
+	"bytes"
+	"testing"
+)
+
+// TestKeyForms: printable and parseKey are each other's inverse, for any
+// bytes, and parseKey refuses a lone backslash.
+func TestKeyForms(t *testing.T) {
+	for _, key := range [][]byte{[]byte("tenant:42"), []byte(`a\b`), {0, 0xff, '\\', 'x', '4', '1'}, []byte("edge|k=v")} {
+		p := printable(key)
+		got, err := parseKey(p)
+		if err != nil || !bytes.Equal(got, key) {
+			t.Errorf("parseKey(printable(%q) = %q) = %q, %v; want %q", key, p, got, err, key)
+		}
+	}
+	if got, err := parseKey(`\X41\x4a`); err == nil || got != nil {
+		t.Errorf(`parseKey(\X41\x4a) = %q, %v; want an error (\X is not an escape)`, got, err)
+	}
+	if got, _ := parseKey(`\x4A\x4a`); string(got) != "JJ" {
+		t.Errorf(`parseKey(\x4A\x4a) = %q; want JJ (either case)`, got)
+	}
+	for _, bad := range []string{`\`, `a\q`, `\x4`, `\xzz`} {
+		if _, err := parseKey(bad); err == nil {
+			t.Errorf("parseKey(%q) = nil error; want one", bad)
+		}
+	}
+}
+
+// FuzzParseKey: parseKey never panics, and what it reads prints back to a
+// form it reads the same.
+func FuzzParseKey(f *testing.F) {
+	for _, s := range []string{"a", `\\`, `\x00`, `\`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		key, err := parseKey(s)
+		if err != nil {
+			return
+		}
+		again, err := parseKey(printable(key))
+		if err != nil || !bytes.Equal(again, key) {
+			t.Fatalf("parseKey(printable(%q)) = %q, %v", key, again, err)
+		}
+	})
+}
