@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -15,7 +17,16 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
-	"go.yaml.in/yaml/v3"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	k8syaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
 )
 
 // k8sDir holds the Kubernetes manifests, from this package's directory.
@@ -26,40 +37,50 @@ const k8sDir = "../../scripts/k8s"
 // gossip, then the data file is flushed.
 const leaveMargin = 10 * time.Second
 
-// TestKubernetesManifests: the manifests in scripts/k8s parse, and agree
-// with the binary and with one another: the container runs "sluice serve"
-// with flags and SLUICE_* variables serve really has, with values it
-// accepts; every port the flags name is a container port and is what the
-// Services and probes use; the probes ask grpc health on the gRPC port; the
-// join address is the headless Service, which publishes not-ready pods and
-// carries gossip over TCP and UDP; the grace period outlasts a graceful
-// stop; the data volume is mounted at --data-dir.
+// TestKubernetesManifests: the manifests in scripts/k8s decode strictly
+// into the Kubernetes API types (an unknown or misspelt field, or a key
+// given twice, fails), and agree with the binary and with one another (see
+// checkManifests). kustomization.yaml lists every manifest but the
+// examples and those whose kinds need a CRD.
 func TestKubernetesManifests(t *testing.T) {
 	t.Parallel()
-	docs, files := loadManifests(t)
+	docs := loadManifestDir(t, k8sDir)
 
 	t.Run("kustomization", func(t *testing.T) {
-		k := docs.get(t, "Kustomization", "")
-		var listed []string
-		for _, r := range k.list(t, "resources") {
-			listed = append(listed, r.(string))
-		}
+		k := one[*kustomization](t, docs, "")
+		listed := slices.Sorted(slices.Values(k.Resources))
 		var want []string
-		for _, f := range files {
-			if f != "kustomization.yaml" && !strings.HasSuffix(f, ".example.yaml") {
-				want = append(want, f)
+		for _, d := range docs {
+			if d.file == "kustomization.yaml" || strings.HasSuffix(d.file, ".example.yaml") || !d.builtin {
+				continue
+			}
+			if !slices.Contains(want, d.file) {
+				want = append(want, d.file)
 			}
 		}
-		slices.Sort(listed)
+		slices.Sort(want)
 		if !slices.Equal(listed, want) {
-			t.Errorf("kustomization.yaml resources = %v; want every manifest but the examples: %v", listed, want)
+			t.Errorf("kustomization.yaml resources = %v; want every manifest of built-in kinds but the examples: %v", listed, want)
 		}
 	})
 
-	sts := docs.get(t, "StatefulSet", "sluice")
-	pod := sts.obj(t, "spec", "template", "spec")
+	checkManifests(t, docs)
+}
+
+// checkManifests checks one rendering of the manifests (scripts/k8s, or
+// the Helm chart's output): the container runs "sluice serve" with flags
+// and SLUICE_* variables serve really has, each set once, with values it
+// accepts; the Go runtime's memory limit sits under the container's; every
+// port the flags name is a container port and is what the Services and
+// probes use; readiness follows grpc health on the gRPC port; the join
+// address is the headless Service, which publishes not-ready pods and
+// carries gossip over TCP and UDP; the grace period outlasts a graceful
+// stop; the data volume is mounted at --data-dir.
+func checkManifests(t *testing.T, docs manifests) {
+	sts := one[*appsv1.StatefulSet](t, docs, "")
+	pod := &sts.Spec.Template.Spec
 	c := container(t, pod, "sluice")
-	podLabels := sts.obj(t, "spec", "template", "metadata", "labels")
+	podLabels := sts.Spec.Template.Labels
 	fs := serveFlags(t, c)
 	addr := func(flag string) int {
 		t.Helper()
@@ -75,20 +96,20 @@ func TestKubernetesManifests(t *testing.T) {
 	if fs.Lookup("gossip-addr").Value.String() == "" || fs.Lookup("join").Value.String() == "" {
 		t.Fatalf("container args set no --gossip-addr or --join: the pods would not form a cluster")
 	}
-	ports := containerPorts(t, c)
+	ports := c.Ports
 
 	t.Run("container ports", func(t *testing.T) {
 		for _, p := range []struct {
 			flag     string
 			port     int
-			protocol string
+			protocol corev1.Protocol
 		}{
-			{"grpc-addr", grpcPort, "TCP"},
-			{"http-addr", httpPort, "TCP"},
-			{"gossip-addr", gossipPort, "TCP"},
-			{"gossip-addr", gossipPort, "UDP"},
+			{"grpc-addr", grpcPort, corev1.ProtocolTCP},
+			{"http-addr", httpPort, corev1.ProtocolTCP},
+			{"gossip-addr", gossipPort, corev1.ProtocolTCP},
+			{"gossip-addr", gossipPort, corev1.ProtocolUDP},
 		} {
-			if !slices.ContainsFunc(ports, func(cp containerPort) bool { return cp.port == p.port && cp.protocol == p.protocol }) {
+			if _, ok := resolvePort(intstr.FromInt(p.port), p.protocol, ports); !ok {
 				t.Errorf("--%s listens on %s %d; the container ports %v do not expose it", p.flag, p.protocol, p.port, ports)
 			}
 		}
@@ -99,39 +120,69 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 	})
 
+	t.Run("go runtime", func(t *testing.T) {
+		// GOMEMLIMIT is a soft limit: under the container's memory limit,
+		// with room for what the Go runtime does not count (the data
+		// file's mapped pages, the kernel's buffers), so that the runtime
+		// collects harder before the kernel kills the node.
+		limit := c.Resources.Limits.Memory()
+		var got *corev1.EnvVar
+		for i, e := range c.Env {
+			if e.Name == "GOMEMLIMIT" {
+				got = &c.Env[i]
+			}
+		}
+		switch {
+		case got == nil:
+			t.Errorf("container sets no GOMEMLIMIT")
+		case got.ValueFrom != nil:
+			t.Errorf("GOMEMLIMIT comes from %s; want a literal value under the memory limit %v", envText(*got), limit)
+		case limit.IsZero():
+			t.Errorf("container has no memory limit for GOMEMLIMIT %s to sit under", got.Value)
+		default:
+			n, err := parseGoMemLimit(got.Value)
+			if lim := limit.Value(); err != nil || n < lim/2 || n > lim*95/100 {
+				t.Errorf("GOMEMLIMIT=%s (%v); want between half and 95%% of the memory limit %v (%d bytes)", got.Value, err, limit, lim)
+			}
+		}
+	})
+
 	t.Run("probes", func(t *testing.T) {
 		// Readiness follows grpc health, which is SERVING only while the
 		// node holds a lease and its gained keys arrived. Liveness and startup
 		// must not: a node without quorum (a minority side, a cluster
 		// starting) is alive, and restarting it would not help.
-		if probe, ok := c["readinessProbe"].(map[string]any); !ok {
+		if probe := c.ReadinessProbe; probe == nil {
 			t.Errorf("container has no readinessProbe")
 		} else {
-			got, ok := dig(probe, "grpc", "port").(int)
-			if !ok || got != grpcPort {
-				t.Errorf("readinessProbe = %v; want a grpc probe (grpc health) on port %d, the port of --grpc-addr", probe, grpcPort)
-			}
-			if svc, ok := dig(probe, "grpc", "service").(string); ok && svc != "" {
-				t.Errorf("readinessProbe asks grpc health for service %q; the node reports its health under \"\"", svc)
+			if probe.GRPC == nil || int(probe.GRPC.Port) != grpcPort {
+				t.Errorf("readinessProbe = %+v; want a grpc probe (grpc health) on port %d, the port of --grpc-addr", probe.ProbeHandler, grpcPort)
+			} else if svc := probe.GRPC.Service; svc != nil && *svc != "" {
+				t.Errorf("readinessProbe asks grpc health for service %q; the node reports its health under \"\"", *svc)
 			}
 		}
-		for _, name := range []string{"livenessProbe", "startupProbe"} {
-			probe, ok := c[name].(map[string]any)
-			if !ok {
+		for name, probe := range map[string]*corev1.Probe{"livenessProbe": c.LivenessProbe, "startupProbe": c.StartupProbe} {
+			if probe == nil {
 				t.Errorf("container has no %s", name)
 				continue
 			}
-			path, _ := dig(probe, "httpGet", "path").(string)
-			port, _ := dig(probe, "httpGet", "port").(int)
-			if path != "/healthz" || port != httpPort {
-				t.Errorf("%s = %v; want GET /healthz on port %d, the port of --http-addr (not grpc health: it says whether the node may decide, not whether it is alive)", name, probe, httpPort)
+			get := probe.HTTPGet
+			if get == nil || get.Path != "/healthz" {
+				t.Errorf("%s = %+v; want GET /healthz on port %d, the port of --http-addr (not grpc health: it says whether the node may decide, not whether it is alive)", name, probe.ProbeHandler, httpPort)
+				continue
+			}
+			if p, ok := resolvePort(get.Port, corev1.ProtocolTCP, ports); !ok || int(p.ContainerPort) != httpPort {
+				t.Errorf("%s asks port %v; want %d, the port of --http-addr", name, get.Port.String(), httpPort)
 			}
 		}
 	})
 
 	t.Run("expect", func(t *testing.T) {
-		replicas, _ := dig(sts.m, "spec", "replicas").(int)
-		if got := fs.Lookup("expect").Value.String(); got != strconv.Itoa(replicas) {
+		replicas := int32(1)
+		if sts.Spec.Replicas != nil {
+			replicas = *sts.Spec.Replicas
+		}
+		if got := fs.Lookup("expect").Value.String(); got != strconv.Itoa(int(replicas)) {
 			t.Errorf("--expect=%s; want the StatefulSet's replicas, %d (scale both together)", got, replicas)
 		}
 	})
@@ -141,23 +192,23 @@ func TestKubernetesManifests(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		grace, ok := pod["terminationGracePeriodSeconds"].(int)
-		if want := timeout + leaveMargin; !ok || time.Duration(grace)*time.Second <= want {
+		grace := pod.TerminationGracePeriodSeconds
+		if want := timeout + leaveMargin; grace == nil || time.Duration(*grace)*time.Second <= want {
 			t.Errorf("terminationGracePeriodSeconds = %v; want more than --shutdown-timeout %v + %v of leaving, or the kubelet kills nodes mid-handoff",
-				pod["terminationGracePeriodSeconds"], timeout, leaveMargin)
+				grace, timeout, leaveMargin)
 		}
 	})
 
 	t.Run("data volume", func(t *testing.T) {
 		dataDir := fs.Lookup("data-dir").Value.String()
 		claims := map[string]bool{}
-		for _, vc := range sts.list(t, "spec", "volumeClaimTemplates") {
-			claims[dig(vc, "metadata", "name").(string)] = true
+		for _, vc := range sts.Spec.VolumeClaimTemplates {
+			claims[vc.Name] = true
 		}
 		var mounts []string
-		for _, m := range listAt(c, "volumeMounts") {
-			if claims[dig(m, "name").(string)] {
-				mounts = append(mounts, dig(m, "mountPath").(string))
+		for _, m := range c.VolumeMounts {
+			if claims[m.Name] {
+				mounts = append(mounts, m.MountPath)
 			}
 		}
 		if len(mounts) != 1 || filepath.Clean(mounts[0]) != filepath.Clean(dataDir) {
@@ -166,22 +217,22 @@ func TestKubernetesManifests(t *testing.T) {
 	})
 
 	t.Run("statefulset", func(t *testing.T) {
-		if got := sts.str("spec", "podManagementPolicy"); got != "Parallel" {
+		if got := sts.Spec.PodManagementPolicy; got != appsv1.ParallelPodManagement {
 			t.Errorf("podManagementPolicy = %q; want Parallel", got)
 		}
-		if !subset(sts.obj(t, "spec", "selector", "matchLabels"), podLabels) {
-			t.Errorf("selector %v does not match the pod labels %v", sts.obj(t, "spec", "selector"), podLabels)
+		if sts.Spec.Selector == nil || !subset(sts.Spec.Selector.MatchLabels, podLabels) {
+			t.Errorf("selector %v does not match the pod labels %v", sts.Spec.Selector, podLabels)
 		}
-		nonRoot := dig(pod, "securityContext", "runAsNonRoot") == true || dig(c, "securityContext", "runAsNonRoot") == true
-		if !nonRoot || dig(c, "securityContext", "readOnlyRootFilesystem") != true {
-			t.Errorf("securityContext: runAsNonRoot %v, readOnlyRootFilesystem %v; want both true", nonRoot, dig(c, "securityContext", "readOnlyRootFilesystem"))
+		nonRoot := pod.SecurityContext != nil && isTrue(pod.SecurityContext.RunAsNonRoot) ||
+			c.SecurityContext != nil && isTrue(c.SecurityContext.RunAsNonRoot)
+		readOnly := c.SecurityContext != nil && isTrue(c.SecurityContext.ReadOnlyRootFilesystem)
+		if !nonRoot || !readOnly {
+			t.Errorf("securityContext: runAsNonRoot %v, readOnlyRootFilesystem %v; want both true", nonRoot, readOnly)
 		}
-		for _, r := range []string{"requests", "limits"} {
-			if _, ok := dig(c, "resources", r).(map[string]any); !ok {
-				t.Errorf("container has no resource %s", r)
-			}
+		if len(c.Resources.Requests) == 0 || len(c.Resources.Limits) == 0 {
+			t.Errorf("container resources %v; want requests and limits", c.Resources)
 		}
-		if _, ok := c["command"]; !ok {
+		if len(c.Command) == 0 {
 			b, err := os.ReadFile(filepath.Join(k8sDir, "Dockerfile"))
 			if err != nil || !strings.Contains(string(b), `ENTRYPOINT ["/sluice"]`) {
 				t.Errorf("the container sets no command, so the image's entrypoint must be the sluice binary; Dockerfile: %v", err)
@@ -189,36 +240,38 @@ func TestKubernetesManifests(t *testing.T) {
 		}
 	})
 
-	headlessName := sts.str("spec", "serviceName")
+	headlessName := sts.Spec.ServiceName
 	t.Run("services", func(t *testing.T) {
-		for _, d := range docs {
-			if d.kind() != "Service" {
-				continue
+		var client *corev1.Service
+		for _, svc := range all[*corev1.Service](docs) {
+			if !subset(svc.Spec.Selector, podLabels) {
+				t.Errorf("Service %s selects %v; the pods carry %v", svc.Name, svc.Spec.Selector, podLabels)
 			}
-			svc := d
-			if !subset(svc.obj(t, "spec", "selector"), podLabels) {
-				t.Errorf("Service %s selects %v; the pods carry %v", svc.name(), svc.obj(t, "spec", "selector"), podLabels)
-			}
-			for _, p := range svc.list(t, "spec", "ports") {
-				if _, ok := targetPort(p.(map[string]any), ports); !ok {
-					t.Errorf("Service %s port %v targets no container port of %v", svc.name(), p, ports)
+			for _, p := range svc.Spec.Ports {
+				if _, ok := serviceTarget(p, ports); !ok {
+					t.Errorf("Service %s port %s (%v) targets no container port of %v", svc.Name, p.Name, p.TargetPort.String(), ports)
 				}
 			}
-		}
-		headless := docs.get(t, "Service", headlessName)
-		if headless.str("spec", "clusterIP") != "None" || dig(headless.m, "spec", "publishNotReadyAddresses") != true {
-			t.Errorf("Service %s (the StatefulSet's serviceName): clusterIP %q, publishNotReadyAddresses %v; want None and true, so that pods find one another before they are ready",
-				headlessName, headless.str("spec", "clusterIP"), dig(headless.m, "spec", "publishNotReadyAddresses"))
-		}
-		for _, want := range []containerPort{{port: gossipPort, protocol: "TCP"}, {port: gossipPort, protocol: "UDP"}, {port: grpcPort, protocol: "TCP"}} {
-			if !servesPort(t, headless, ports, want) {
-				t.Errorf("Service %s exposes no %s port to container port %d", headlessName, want.protocol, want.port)
+			if svc.Name != headlessName {
+				client = svc
 			}
 		}
-		client := docs.get(t, "Service", "sluice")
-		for _, want := range []containerPort{{port: grpcPort, protocol: "TCP"}, {port: httpPort, protocol: "TCP"}} {
-			if !servesPort(t, client, ports, want) {
-				t.Errorf("Service sluice exposes no %s port to container port %d", want.protocol, want.port)
+		headless := one[*corev1.Service](t, docs, headlessName)
+		if headless.Spec.ClusterIP != corev1.ClusterIPNone || !headless.Spec.PublishNotReadyAddresses {
+			t.Errorf("Service %s (the StatefulSet's serviceName): clusterIP %q, publishNotReadyAddresses %v; want None and true, so that pods find one another before they are ready",
+				headlessName, headless.Spec.ClusterIP, headless.Spec.PublishNotReadyAddresses)
+		}
+		for _, want := range []corev1.ContainerPort{{ContainerPort: int32(gossipPort), Protocol: corev1.ProtocolTCP}, {ContainerPort: int32(gossipPort), Protocol: corev1.ProtocolUDP}, {ContainerPort: int32(grpcPort), Protocol: corev1.ProtocolTCP}} {
+			if !servesPort(headless, ports, want) {
+				t.Errorf("Service %s exposes no %s port to container port %d", headlessName, want.Protocol, want.ContainerPort)
+			}
+		}
+		if client == nil {
+			t.Fatalf("no Service for the clients besides the headless %s", headlessName)
+		}
+		for _, want := range []corev1.ContainerPort{{ContainerPort: int32(grpcPort), Protocol: corev1.ProtocolTCP}, {ContainerPort: int32(httpPort), Protocol: corev1.ProtocolTCP}} {
+			if !servesPort(client, ports, want) {
+				t.Errorf("Service %s exposes no %s port to container port %d", client.Name, want.Protocol, want.ContainerPort)
 			}
 		}
 	})
@@ -239,30 +292,34 @@ func TestKubernetesManifests(t *testing.T) {
 	})
 
 	t.Run("pod disruption budget", func(t *testing.T) {
-		pdb := docs.get(t, "PodDisruptionBudget", "sluice")
-		if got := dig(pdb.m, "spec", "maxUnavailable"); got != 1 {
+		pdb := one[*policyv1.PodDisruptionBudget](t, docs, "")
+		if got := pdb.Spec.MaxUnavailable; got == nil || *got != intstr.FromInt(1) {
 			t.Errorf("PodDisruptionBudget maxUnavailable = %v; want 1", got)
 		}
-		if !subset(pdb.obj(t, "spec", "selector", "matchLabels"), podLabels) {
-			t.Errorf("PodDisruptionBudget selects %v; the pods carry %v", pdb.obj(t, "spec", "selector"), podLabels)
+		if pdb.Spec.Selector == nil || !subset(pdb.Spec.Selector.MatchLabels, podLabels) {
+			t.Errorf("PodDisruptionBudget selects %v; the pods carry %v", pdb.Spec.Selector, podLabels)
 		}
 	})
 
 	t.Run("secrets", func(t *testing.T) {
-		for _, e := range listAt(c, "env") {
-			ref, ok := dig(e, "valueFrom", "secretKeyRef").(map[string]any)
-			if !ok {
+		for _, e := range c.Env {
+			if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
 				continue
 			}
-			secret := docs.get(t, "Secret", ref["name"].(string))
-			key := ref["key"].(string)
-			if dig(secret.m, "stringData", key) == nil && dig(secret.m, "data", key) == nil {
-				t.Errorf("env %v reads key %q of Secret %s (%s), which has no such key", dig(e, "name"), key, secret.name(), secret.file)
+			ref := e.ValueFrom.SecretKeyRef
+			// The Secret may be the operator's own (not among the
+			// manifests); when it is here, it has the key.
+			if secret, ok := find[*corev1.Secret](docs, ref.Name); ok {
+				_, inString := secret.StringData[ref.Key]
+				_, inData := secret.Data[ref.Key]
+				if !inString && !inData {
+					t.Errorf("env %s reads key %q of Secret %s, which has no such key", e.Name, ref.Key, secret.Name)
+				}
 			}
 			// The admin token is required (a node serving its peer service
 			// on 0.0.0.0 refuses to start without it); the others are not.
-			if required := dig(e, "name") == "SLUICE_ADMIN_TOKEN"; required == (ref["optional"] == true) {
-				t.Errorf("env %v: secretKeyRef optional is %v; want %v", dig(e, "name"), ref["optional"], !required)
+			if required := e.Name == "SLUICE_ADMIN_TOKEN"; required == isTrue(ref.Optional) {
+				t.Errorf("env %s: secretKeyRef optional is %v; want %v", e.Name, isTrue(ref.Optional), !required)
 			}
 		}
 	})
@@ -271,29 +328,33 @@ func TestKubernetesManifests(t *testing.T) {
 // serveFlags checks the container's args and SLUICE_* variables against
 // the flags of "sluice serve" and returns serve's flags set from them, as
 // the node would see them in a pod (with sample values for the variables
-// the args refer to).
-func serveFlags(t *testing.T, c map[string]any) *pflag.FlagSet {
+// the args refer to). A variable or flag given twice is an error: the
+// kubelet keeps the last variable of a name and the flags the last value,
+// so the first is dead text that a reader believes.
+func serveFlags(t *testing.T, c *corev1.Container) *pflag.FlagSet {
 	t.Helper()
 	cl := &cli{stdout: io.Discard, stderr: io.Discard, getenv: func(string) string { return "" }}
 	fs := cl.serveCommand().Flags()
 
-	env := map[string]map[string]any{}
-	for _, e := range listAt(c, "env") {
-		e := e.(map[string]any)
-		env[e["name"].(string)] = e
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		if prev, ok := env[e.Name]; ok {
+			t.Errorf("container env %s is set twice (%s, then %s); the kubelet keeps the last one", e.Name, envText(prev), envText(e))
+		}
+		env[e.Name] = e
 	}
 	// The kubelet expands $(VAR) from the container's env; an undefined
 	// one stays as it is, which no flag would want.
 	ref := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
 	sample := map[string]string{"POD_NAME": "sluice-0", "POD_IP": "10.1.2.3", "POD_NAMESPACE": "default"}
-	args := listAt(c, "args")
-	if len(args) == 0 || args[0] != "serve" {
-		t.Fatalf("container args %v; want serve and its flags", args)
+	if len(c.Args) == 0 || c.Args[0] != "serve" {
+		t.Fatalf("container args %v; want serve and its flags", c.Args)
 	}
-	for _, a := range args[1:] {
-		arg := ref.ReplaceAllStringFunc(a.(string), func(m string) string {
+	seen := map[string]string{}
+	for _, a := range c.Args[1:] {
+		arg := ref.ReplaceAllStringFunc(a, func(m string) string {
 			name := ref.FindStringSubmatch(m)[1]
-			if env[name] == nil {
+			if _, ok := env[name]; !ok {
 				t.Errorf("container arg %q refers to $(%s), which the container's env does not define", a, name)
 			}
 			if v, ok := sample[name]; ok {
@@ -306,6 +367,10 @@ func serveFlags(t *testing.T, c map[string]any) *pflag.FlagSet {
 			t.Errorf("container arg %q: want --flag=value", a)
 			continue
 		}
+		if prev, ok := seen[name]; ok {
+			t.Errorf("container args set --%s twice (%q, then %q); the last one wins", name, prev, a)
+		}
+		seen[name] = a
 		if fs.Lookup(name) == nil {
 			t.Errorf("container arg %q: sluice serve has no flag --%s", a, name)
 			continue
@@ -321,7 +386,13 @@ func serveFlags(t *testing.T, c map[string]any) *pflag.FlagSet {
 			flagOf[vars[0]] = f.Name
 		}
 	})
-	for name, e := range env {
+	for _, name := range slices.Sorted(func(yield func(string) bool) {
+		for n := range env {
+			if !yield(n) {
+				return
+			}
+		}
+	}) {
 		if !strings.HasPrefix(name, "SLUICE_") {
 			continue
 		}
@@ -334,71 +405,95 @@ func serveFlags(t *testing.T, c map[string]any) *pflag.FlagSet {
 			t.Errorf("container env %s and arg --%s both set --%s; the arg silently wins", name, flag, flag)
 			continue
 		}
-		if v, ok := e["value"].(string); ok {
-			if err := fs.Set(flag, v); err != nil {
-				t.Errorf("container env %s=%q: sluice serve refuses it for --%s: %v", name, v, flag, err)
+		if e := env[name]; e.ValueFrom == nil {
+			if err := fs.Set(flag, e.Value); err != nil {
+				t.Errorf("container env %s=%q: sluice serve refuses it for --%s: %v", name, e.Value, flag, err)
 			}
 		}
 	}
 	return fs
 }
 
-type containerPort struct {
-	name     string
-	port     int
-	protocol string
+// envText describes where a variable's value comes from.
+func envText(e corev1.EnvVar) string {
+	if e.ValueFrom == nil {
+		return strconv.Quote(e.Value)
+	}
+	switch f := e.ValueFrom; {
+	case f.FieldRef != nil:
+		return "fieldRef " + f.FieldRef.FieldPath
+	case f.ResourceFieldRef != nil:
+		return "resourceFieldRef " + f.ResourceFieldRef.Resource
+	case f.SecretKeyRef != nil:
+		return "secret " + f.SecretKeyRef.Name + "/" + f.SecretKeyRef.Key
+	case f.ConfigMapKeyRef != nil:
+		return "config map " + f.ConfigMapKeyRef.Name + "/" + f.ConfigMapKeyRef.Key
+	}
+	return "valueFrom"
 }
 
-func containerPorts(t *testing.T, c map[string]any) []containerPort {
-	t.Helper()
-	var ports []containerPort
-	for _, p := range listAt(c, "ports") {
-		p := p.(map[string]any)
-		cp := containerPort{protocol: "TCP"}
-		cp.name, _ = p["name"].(string)
-		cp.port, _ = p["containerPort"].(int)
-		if proto, ok := p["protocol"].(string); ok {
-			cp.protocol = proto
-		}
-		ports = append(ports, cp)
+// parseGoMemLimit parses GOMEMLIMIT as the Go runtime does: a number of
+// bytes with an optional unit B, KiB, MiB, GiB or TiB.
+func parseGoMemLimit(s string) (int64, error) {
+	m := regexp.MustCompile(`^([0-9]+)(B|KiB|MiB|GiB|TiB)?$`).FindStringSubmatch(s)
+	if m == nil {
+		return 0, fmt.Errorf("GOMEMLIMIT %q: want a number of bytes with an optional unit B, KiB, MiB, GiB or TiB", s)
 	}
-	return ports
+	n, err := strconv.ParseInt(m[1], 10, 64)
+	if err != nil {
+		return 0, err
+	}
+	shift := map[string]uint{"": 0, "B": 0, "KiB": 10, "MiB": 20, "GiB": 30, "TiB": 40}[m[2]]
+	return n << shift, nil
 }
 
-// targetPort resolves a Service port to the container port it sends to.
-func targetPort(p map[string]any, ports []containerPort) (containerPort, bool) {
-	protocol := "TCP"
-	if s, ok := p["protocol"].(string); ok {
-		protocol = s
-	}
-	target := p["targetPort"]
-	if target == nil {
-		target = p["port"]
-	}
+// resolvePort finds the container port that port (a number or a name)
+// and protocol (empty is TCP) designate.
+func resolvePort(port intstr.IntOrString, protocol corev1.Protocol, ports []corev1.ContainerPort) (corev1.ContainerPort, bool) {
 	for _, cp := range ports {
-		if cp.protocol == protocol && (target == cp.name || target == cp.port) {
+		if cmpProtocol(cp.Protocol) != cmpProtocol(protocol) {
+			continue
+		}
+		if port.Type == intstr.String && port.StrVal == cp.Name || port.Type == intstr.Int && port.IntVal == cp.ContainerPort {
 			return cp, true
 		}
 	}
-	return containerPort{}, false
+	return corev1.ContainerPort{}, false
+}
+
+// cmpProtocol is p with its default, TCP.
+func cmpProtocol(p corev1.Protocol) corev1.Protocol {
+	if p == "" {
+		return corev1.ProtocolTCP
+	}
+	return p
+}
+
+// serviceTarget resolves a Service port to the container port it sends to.
+func serviceTarget(p corev1.ServicePort, ports []corev1.ContainerPort) (corev1.ContainerPort, bool) {
+	target := p.TargetPort
+	if target == (intstr.IntOrString{}) {
+		target = intstr.FromInt32(p.Port)
+	}
+	return resolvePort(target, p.Protocol, ports)
 }
 
 // servesPort reports whether svc has a port sending to the container port
 // want (its port and protocol).
-func servesPort(t *testing.T, svc manifest, ports []containerPort, want containerPort) bool {
-	for _, p := range svc.list(t, "spec", "ports") {
-		if cp, ok := targetPort(p.(map[string]any), ports); ok && cp.port == want.port && cp.protocol == want.protocol {
+func servesPort(svc *corev1.Service, ports []corev1.ContainerPort, want corev1.ContainerPort) bool {
+	for _, p := range svc.Spec.Ports {
+		if cp, ok := serviceTarget(p, ports); ok && cp.ContainerPort == want.ContainerPort && cmpProtocol(cp.Protocol) == cmpProtocol(want.Protocol) {
 			return true
 		}
 	}
 	return false
 }
 
-func container(t *testing.T, pod map[string]any, name string) map[string]any {
+func container(t *testing.T, pod *corev1.PodSpec, name string) *corev1.Container {
 	t.Helper()
-	for _, c := range listAt(pod, "containers") {
-		if c := c.(map[string]any); c["name"] == name {
-			return c
+	for i := range pod.Containers {
+		if pod.Containers[i].Name == name {
+			return &pod.Containers[i]
 		}
 	}
 	t.Fatalf("the pod template has no container %q", name)
@@ -407,132 +502,187 @@ func container(t *testing.T, pod map[string]any, name string) map[string]any {
 
 // subset reports whether every label of sel is in labels (and sel has
 // some).
-func subset(sel, labels map[string]any) bool {
+func subset(sel, labels map[string]string) bool {
 	if len(sel) == 0 {
 		return false
 	}
 	for k, v := range sel {
-		if labels[k] != v {
+		if w, ok := labels[k]; !ok || w != v {
 			return false
 		}
 	}
 	return true
 }
 
-// manifest is one YAML document of scripts/k8s.
+func isTrue(b *bool) bool { return b != nil && *b }
+
+// kustomization is the part of a kustomization.yaml the tests read;
+// decoding it strictly refuses any other field.
+type kustomization struct {
+	APIVersion string   `json:"apiVersion"`
+	Kind       string   `json:"kind"`
+	Resources  []string `json:"resources"`
+	Images     []struct {
+		Name    string `json:"name"`
+		NewName string `json:"newName,omitempty"`
+		NewTag  string `json:"newTag,omitempty"`
+	} `json:"images,omitempty"`
+}
+
+// GetName: a kustomization has no name.
+func (*kustomization) GetName() string { return "" }
+
+// manifest is one YAML document: a Kubernetes API object (*appsv1.StatefulSet,
+// *corev1.Service, ...), or one of the types above for the kinds the
+// Kubernetes API does not have.
 type manifest struct {
-	file string
-	m    map[string]any
-}
-
-func (d manifest) kind() string { s, _ := d.m["kind"].(string); return s }
-func (d manifest) name() string { s, _ := dig(d.m, "metadata", "name").(string); return s }
-
-func (d manifest) obj(t *testing.T, path ...any) map[string]any {
-	t.Helper()
-	v, ok := dig(d.m, path...).(map[string]any)
-	if !ok {
-		t.Fatalf("%s %s (%s): %v is not a mapping", d.kind(), d.name(), d.file, path)
-	}
-	return v
-}
-
-func (d manifest) list(t *testing.T, path ...any) []any {
-	t.Helper()
-	v, ok := dig(d.m, path...).([]any)
-	if !ok {
-		t.Fatalf("%s %s (%s): %v is not a list", d.kind(), d.name(), d.file, path)
-	}
-	return v
-}
-
-func (d manifest) str(path ...any) string {
-	s, _ := dig(d.m, path...).(string)
-	return s
+	file    string // the file it came from
+	index   int    // its place in the file, from 0
+	builtin bool   // a kind of the Kubernetes API itself, no CRD needed
+	obj     interface{ GetName() string }
 }
 
 type manifests []manifest
 
-// get returns the document of that kind and name (any name if empty).
-func (ds manifests) get(t *testing.T, kind, name string) manifest {
-	t.Helper()
+// find returns the document of type T and that name (any name if empty).
+func find[T interface{ GetName() string }](ds manifests, name string) (T, bool) {
 	for _, d := range ds {
-		if d.kind() == kind && (name == "" || d.name() == name) {
-			return d
+		if o, ok := d.obj.(T); ok && (name == "" || o.GetName() == name) {
+			return o, true
 		}
 	}
-	t.Fatalf("scripts/k8s holds no %s %q", kind, name)
-	return manifest{}
+	var zero T
+	return zero, false
 }
 
-// loadManifests parses every YAML document of scripts/k8s/*.yaml and
-// returns them with the file names, sorted.
-func loadManifests(t *testing.T) (manifests, []string) {
+// one is find, failing the test when there is none.
+func one[T interface{ GetName() string }](t *testing.T, ds manifests, name string) T {
 	t.Helper()
-	paths, err := filepath.Glob(filepath.Join(k8sDir, "*.yaml"))
+	o, ok := find[T](ds, name)
+	if !ok {
+		t.Fatalf("the manifests hold no %T %q", o, name)
+	}
+	return o
+}
+
+// all returns every document of type T.
+func all[T any](ds manifests) []T {
+	var out []T
+	for _, d := range ds {
+		if o, ok := d.obj.(T); ok {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// loadManifestDir decodes every YAML document of dir/*.yaml.
+func loadManifestDir(t *testing.T, dir string) manifests {
+	t.Helper()
+	paths, err := filepath.Glob(filepath.Join(dir, "*.yaml"))
 	if err != nil || len(paths) == 0 {
-		t.Fatalf("no manifests in %s: %v", k8sDir, err)
+		t.Fatalf("no manifests in %s: %v", dir, err)
 	}
 	var docs manifests
-	var files []string
 	for _, path := range paths {
-		file := filepath.Base(path)
-		files = append(files, file)
-		f, err := os.Open(path)
+		b, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		dec := yaml.NewDecoder(f)
-		for i := 0; ; i++ {
-			var m map[string]any
-			err := dec.Decode(&m)
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				f.Close()
-				t.Fatalf("%s, document %d: %v", file, i, err)
-			}
-			if m == nil {
-				continue
-			}
-			d := manifest{file: file, m: m}
-			if d.kind() == "" || (d.name() == "" && d.kind() != "Kustomization") || m["apiVersion"] == nil {
-				t.Errorf("%s, document %d: want apiVersion, kind and metadata.name", file, i)
-			}
-			docs = append(docs, d)
-		}
-		f.Close()
+		docs = append(docs, decodeManifests(t, filepath.Base(path), b)...)
 	}
-	return docs, files
+	return docs
 }
 
-// dig walks v through map keys (string) and list indexes (int); nil when
-// the path does not exist.
-func dig(v any, path ...any) any {
-	for _, p := range path {
-		switch k := p.(type) {
-		case string:
-			m, ok := v.(map[string]any)
-			if !ok {
-				return nil
-			}
-			v = m[k]
-		case int:
-			l, ok := v.([]any)
-			if !ok || k >= len(l) {
-				return nil
-			}
-			v = l[k]
+// decodeManifests decodes the YAML documents of one file (or of a
+// rendering) strictly: the kinds of the Kubernetes API into their Go
+// types, a Kustomization and a ServiceMonitor into the structs above. An
+// unknown field, a key given twice or an unknown kind fails the test.
+func decodeManifests(t *testing.T, file string, data []byte) manifests {
+	t.Helper()
+	scheme := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{appsv1.AddToScheme, corev1.AddToScheme, policyv1.AddToScheme, networkingv1.AddToScheme} {
+		if err := add(scheme); err != nil {
+			t.Fatal(err)
+		}
+	}
+	decoder := serializer.NewCodecFactory(scheme, serializer.EnableStrict).UniversalDeserializer()
+	var docs manifests
+	r := k8syaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for i := 0; ; i++ {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s, document %d: %v", file, i, err)
+		}
+		var m map[string]any
+		if err := yaml.Unmarshal(doc, &m); err != nil {
+			t.Fatalf("%s, document %d: %v", file, i, err)
+		}
+		if m == nil {
+			i--
+			continue // comments only
+		}
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal(doc, &tm); err != nil {
+			t.Fatalf("%s, document %d: %v", file, i, err)
+		}
+		d := manifest{file: file, index: i}
+		switch tm.GroupVersionKind().GroupKind().String() {
+		case "Kustomization.kustomize.config.k8s.io":
+			k := &kustomization{}
+			err, d.obj = yaml.UnmarshalStrict(doc, k), k
+		case "ServiceMonitor.monitoring.coreos.com":
+			sm := &serviceMonitor{}
+			err, d.obj = yaml.UnmarshalStrict(doc, sm), sm
 		default:
-			panic(fmt.Sprintf("dig: path element %v", p))
+			var obj runtime.Object
+			obj, _, err = decoder.Decode(doc, nil, nil)
+			if err == nil {
+				o, ok := obj.(interface{ GetName() string })
+				if !ok {
+					t.Fatalf("%s, document %d: %T has no name", file, i, obj)
+				}
+				d.obj, d.builtin = o, true
+			}
 		}
+		if err != nil {
+			t.Errorf("%s, document %d (%s %s): %v", file, i, tm.APIVersion, tm.Kind, err)
+			continue
+		}
+		if d.obj.GetName() == "" && tm.Kind != "Kustomization" {
+			t.Errorf("%s, document %d (%s): want metadata.name", file, i, tm.Kind)
+		}
+		docs = append(docs, d)
 	}
-	return v
+	return docs
 }
 
-// listAt is the list at key of m, nil if there is none.
-func listAt(m map[string]any, key string) []any {
-	l, _ := m[key].([]any)
-	return l
+// serviceMonitor is the part of a Prometheus operator ServiceMonitor
+// (monitoring.coreos.com/v1) that the manifests use; decoding it strictly
+// refuses any other field. The operator's Go types are not in this
+// module's graph, and are not worth their dependencies for a test.
+type serviceMonitor struct {
+	APIVersion string            `json:"apiVersion"`
+	Kind       string            `json:"kind"`
+	Metadata   metav1.ObjectMeta `json:"metadata"`
+	Spec       struct {
+		Selector          metav1.LabelSelector `json:"selector"`
+		NamespaceSelector *struct {
+			Any        bool     `json:"any,omitempty"`
+			MatchNames []string `json:"matchNames,omitempty"`
+		} `json:"namespaceSelector,omitempty"`
+		Endpoints []struct {
+			Port          string `json:"port"`
+			Path          string `json:"path,omitempty"`
+			Scheme        string `json:"scheme,omitempty"`
+			Interval      string `json:"interval,omitempty"`
+			ScrapeTimeout string `json:"scrapeTimeout,omitempty"`
+		} `json:"endpoints"`
+	} `json:"spec"`
 }
+
+// GetName is the ServiceMonitor's name.
+func (s *serviceMonitor) GetName() string { return s.Metadata.Name }
