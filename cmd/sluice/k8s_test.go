@@ -301,6 +301,81 @@ func checkManifests(t *testing.T, docs manifests) {
 		}
 	})
 
+	t.Run("scheduling", func(t *testing.T) {
+		// One pod per machine, required: a machine that fails costs one
+		// node. Spread over zones where there are zones, preferred only:
+		// nodes without a zone label, or a zone down, must not leave pods
+		// pending.
+		var perHost bool
+		if a := pod.Affinity; a != nil && a.PodAntiAffinity != nil {
+			for _, term := range a.PodAntiAffinity.RequiredDuringSchedulingIgnoredDuringExecution {
+				perHost = perHost || term.TopologyKey == corev1.LabelHostname && selectsPods(term.LabelSelector, podLabels)
+			}
+		}
+		if !perHost {
+			t.Errorf("no required pod anti-affinity on %s selecting the pods %v: two nodes could share a machine", corev1.LabelHostname, podLabels)
+		}
+		var zones bool
+		for _, c := range pod.TopologySpreadConstraints {
+			if c.TopologyKey == corev1.LabelTopologyZone && selectsPods(c.LabelSelector, podLabels) {
+				zones = true
+				if c.WhenUnsatisfiable != corev1.ScheduleAnyway || c.MaxSkew != 1 {
+					t.Errorf("zone spread: whenUnsatisfiable %s, maxSkew %d; want ScheduleAnyway and 1 (a cluster without zones must still schedule)", c.WhenUnsatisfiable, c.MaxSkew)
+				}
+			}
+		}
+		if !zones {
+			t.Errorf("topologySpreadConstraints %+v; want one on %s selecting the pods", pod.TopologySpreadConstraints, corev1.LabelTopologyZone)
+		}
+		if a := pod.AutomountServiceAccountToken; a == nil || *a {
+			t.Errorf("automountServiceAccountToken = %v; want false (a node never calls the Kubernetes API)", a)
+		}
+	})
+
+	t.Run("network policy", func(t *testing.T) {
+		policy := one[*networkingv1.NetworkPolicy](t, docs, "")
+		l := listeners{grpc: grpcPort, peer: grpcPort, admin: grpcPort, http: httpPort, gossip: gossipPort}
+		if v := fs.Lookup("peer-addr").Value.String(); v != "" {
+			l.peer = addr("peer-addr")
+		}
+		if v := fs.Lookup("admin-addr").Value.String(); v != "" {
+			l.admin = addr("admin-addr")
+		}
+		checkNetworkPolicy(t, policy, podLabels, ports, l)
+	})
+
+	t.Run("service monitor", func(t *testing.T) {
+		sm, ok := find[*serviceMonitor](docs, "")
+		if !ok {
+			t.Skip("no ServiceMonitor among these manifests")
+		}
+		if len(sm.Spec.Endpoints) != 1 {
+			t.Fatalf("ServiceMonitor %s has endpoints %+v; want one", sm.GetName(), sm.Spec.Endpoints)
+		}
+		ep := sm.Spec.Endpoints[0]
+		var targets []string
+		for _, svc := range all[*corev1.Service](docs) {
+			if !selectsPods(&sm.Spec.Selector, svc.Labels) {
+				continue
+			}
+			for _, p := range svc.Spec.Ports {
+				if p.Name != ep.Port {
+					continue
+				}
+				if cp, ok := serviceTarget(p, ports); !ok || int(cp.ContainerPort) != httpPort {
+					t.Errorf("ServiceMonitor port %q is Service %s's port to %v; want the port of --http-addr, %d", ep.Port, svc.Name, p.TargetPort.String(), httpPort)
+				}
+				targets = append(targets, svc.Name)
+			}
+		}
+		if len(targets) != 1 {
+			t.Errorf("ServiceMonitor %s scrapes port %q of Services %v; want exactly one (each pod scraped once)", sm.GetName(), ep.Port, targets)
+		}
+		if ep.Path != "/metrics" {
+			t.Errorf("ServiceMonitor path %q; want /metrics", ep.Path)
+		}
+	})
+
 	t.Run("secrets", func(t *testing.T) {
 		for _, e := range c.Env {
 			if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
@@ -412,6 +487,180 @@ func serveFlags(t *testing.T, c *corev1.Container) *pflag.FlagSet {
 		}
 	}
 	return fs
+}
+
+// listeners are the ports a node listens on (peer and admin are grpc's
+// unless they have listeners of their own).
+type listeners struct {
+	grpc, peer, admin, http, gossip int
+	// probes are the ports the kubelet's probes ask.
+	probes []int
+}
+
+// checkNetworkPolicy checks that policy lets each port be reached by
+// those who need it and no one else: gossip by the pods only; the peer and
+// admin services by the pods (forwarded checks, handoffs, leases, admin
+// calls fanned out), the decision port by clients too; metrics by a
+// namespace (Prometheus'), not everyone; the probes' ports by everyone
+// (the kubelet's traffic comes from the node, which no selector names).
+func checkNetworkPolicy(t *testing.T, policy *networkingv1.NetworkPolicy, podLabels map[string]string, ports []corev1.ContainerPort, l listeners) {
+	t.Helper()
+	if !selectsPods(&policy.Spec.PodSelector, podLabels) {
+		t.Errorf("NetworkPolicy %s selects %v; the pods carry %v", policy.Name, policy.Spec.PodSelector, podLabels)
+	}
+	if !slices.Contains(policy.Spec.PolicyTypes, networkingv1.PolicyTypeIngress) {
+		t.Errorf("NetworkPolicy %s policyTypes %v; want Ingress", policy.Name, policy.Spec.PolicyTypes)
+	}
+	for i, rule := range policy.Spec.Ingress {
+		for _, p := range rule.Ports {
+			if p.Port == nil {
+				continue
+			}
+			if _, ok := resolvePort(*p.Port, ptrOr(p.Protocol, corev1.ProtocolTCP), ports); !ok {
+				t.Errorf("NetworkPolicy %s, ingress rule %d: port %s %s is no container port of %v", policy.Name, i, ptrOr(p.Protocol, corev1.ProtocolTCP), p.Port.String(), ports)
+			}
+		}
+	}
+	get := func(port int, protocol corev1.Protocol) reach {
+		return policyReach(policy, podLabels, ports, port, protocol)
+	}
+	for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
+		if r := get(l.gossip, proto); !r.pods || r.everyone || len(r.namespaces) > 0 || r.other {
+			t.Errorf("gossip %s %d is reachable by %+v; want the pods only", proto, l.gossip, r)
+		}
+	}
+	for _, s := range []struct {
+		what string
+		port int
+	}{{"the peer service", l.peer}, {"the admin service (admin calls fan out)", l.admin}} {
+		if r := get(s.port, corev1.ProtocolTCP); !r.pods && !r.everyone {
+			t.Errorf("%s on %d is reachable by %+v; want the pods among them", s.what, s.port, r)
+		}
+	}
+	if l.peer != l.grpc {
+		if r := get(l.peer, corev1.ProtocolTCP); r.everyone || len(r.namespaces) > 0 || r.other {
+			t.Errorf("the peer service on its own port %d is reachable by %+v; want the pods only", l.peer, r)
+		}
+	}
+	if r := get(l.grpc, corev1.ProtocolTCP); !r.everyone && len(r.namespaces) == 0 && !r.other {
+		t.Errorf("the decision port %d is reachable by %+v; want the clients too", l.grpc, r)
+	}
+	if r := get(l.http, corev1.ProtocolTCP); r.everyone || len(r.namespaces) == 0 {
+		t.Errorf("metrics on %d are reachable by %+v; want a namespace (Prometheus'), not everyone", l.http, r)
+	}
+	for _, p := range l.probes {
+		if r := get(p, corev1.ProtocolTCP); !r.everyone {
+			t.Errorf("the probes' port %d is reachable by %+v; want everyone (the kubelet's traffic comes from the node)", p, r)
+		}
+	}
+}
+
+// reach is who a NetworkPolicy lets reach a port.
+type reach struct {
+	everyone   bool     // any source
+	pods       bool     // the Sluice pods
+	namespaces []string // the pods of these namespaces (by kubernetes.io/metadata.name)
+	other      bool     // some other source (other pods, an IP block)
+}
+
+// policyReach says who policy lets reach port/protocol of the pods it
+// selects.
+func policyReach(policy *networkingv1.NetworkPolicy, podLabels map[string]string, ports []corev1.ContainerPort, port int, protocol corev1.Protocol) reach {
+	var r reach
+	for _, rule := range policy.Spec.Ingress {
+		match := len(rule.Ports) == 0
+		for _, p := range rule.Ports {
+			if ptrOr(p.Protocol, corev1.ProtocolTCP) != protocol {
+				continue
+			}
+			if p.Port == nil {
+				match = true
+				continue
+			}
+			cp, ok := resolvePort(*p.Port, protocol, ports)
+			end := cp.ContainerPort
+			if p.EndPort != nil {
+				end = *p.EndPort
+			}
+			match = match || ok && int(cp.ContainerPort) <= port && port <= int(end)
+		}
+		if !match {
+			continue
+		}
+		if len(rule.From) == 0 {
+			r.everyone = true
+		}
+		for _, from := range rule.From {
+			switch {
+			case from.IPBlock != nil:
+				r.other = true
+			case from.NamespaceSelector == nil && from.PodSelector != nil:
+				if selectsPods(from.PodSelector, podLabels) {
+					r.pods = true
+				} else {
+					r.other = true
+				}
+			case from.PodSelector == nil && from.NamespaceSelector != nil:
+				ns := from.NamespaceSelector
+				name, ok := ns.MatchLabels[corev1.LabelMetadataName]
+				switch {
+				case len(ns.MatchLabels) == 0 && len(ns.MatchExpressions) == 0:
+					r.everyone = true // every namespace's pods
+				case ok && len(ns.MatchLabels) == 1 && len(ns.MatchExpressions) == 0:
+					r.namespaces = append(r.namespaces, name)
+				default:
+					r.other = true
+				}
+			default:
+				r.other = true
+			}
+		}
+	}
+	return r
+}
+
+// selectsPods reports whether sel (matchLabels only) selects pods that
+// carry labels.
+func selectsPods(sel *metav1.LabelSelector, labels map[string]string) bool {
+	return sel != nil && len(sel.MatchExpressions) == 0 && subset(sel.MatchLabels, labels)
+}
+
+func ptrOr[T any](p *T, def T) T {
+	if p == nil {
+		return def
+	}
+	return *p
+}
+
+// TestSecurityDocNetworkPolicy: the NetworkPolicy docs/security.md shows,
+// for nodes whose peer and admin services have ports of their own (8082,
+// 8083), decodes strictly and lets each port be reached by those who need
+// it (checkNetworkPolicy), like the one in scripts/k8s.
+func TestSecurityDocNetworkPolicy(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../docs/security.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found bool
+	for _, block := range regexp.MustCompile("(?s)```yaml\n(.*?)```").FindAllStringSubmatch(string(b), -1) {
+		if !strings.Contains(block[1], "kind: NetworkPolicy") {
+			continue
+		}
+		found = true
+		docs := decodeManifests(t, "docs/security.md", []byte(block[1]))
+		policy := one[*networkingv1.NetworkPolicy](t, docs, "")
+		ports := []corev1.ContainerPort{
+			{Name: "grpc", ContainerPort: 8081}, {Name: "peer", ContainerPort: 8082}, {Name: "admin", ContainerPort: 8083},
+			{Name: "http", ContainerPort: 8080},
+			{Name: "gossip-tcp", ContainerPort: 7946}, {Name: "gossip-udp", ContainerPort: 7946, Protocol: corev1.ProtocolUDP},
+		}
+		podLabels := map[string]string{"app.kubernetes.io/name": "sluice", "app.kubernetes.io/component": "node"}
+		checkNetworkPolicy(t, policy, podLabels, ports, listeners{grpc: 8081, peer: 8082, admin: 8083, http: 8080, gossip: 7946})
+	}
+	if !found {
+		t.Fatal("docs/security.md shows no NetworkPolicy")
+	}
 }
 
 // envText describes where a variable's value comes from.
