@@ -3,10 +3,14 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"cmp"
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,6 +21,9 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -27,6 +34,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	k8syaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/api/apitest"
 )
 
 // k8sDir holds the Kubernetes manifests, from this package's directory.
@@ -72,7 +81,9 @@ func TestKubernetesManifests(t *testing.T) {
 // and SLUICE_* variables serve really has, each set once, with values it
 // accepts; the Go runtime's memory limit sits under the container's; every
 // port the flags name is a container port and is what the Services and
-// probes use; readiness follows grpc health on the gRPC port; the join
+// probes use; the probes ask the plain-HTTP health listener (readiness
+// /readyz); the pods are spread one per machine and across zones; the
+// NetworkPolicy opens each port to those who need it; the join
 // address is the headless Service, which publishes not-ready pods and
 // carries gossip over TCP and UDP; the grace period outlasts a graceful
 // stop; the data volume is mounted at --data-dir.
@@ -148,31 +159,39 @@ func checkManifests(t *testing.T, docs manifests) {
 	})
 
 	t.Run("probes", func(t *testing.T) {
-		// Readiness follows grpc health, which is SERVING only while the
-		// node holds a lease and its gained keys arrived. Liveness and startup
-		// must not: a node without quorum (a minority side, a cluster
-		// starting) is alive, and restarting it would not help.
-		if probe := c.ReadinessProbe; probe == nil {
-			t.Errorf("container has no readinessProbe")
-		} else {
-			if probe.GRPC == nil || int(probe.GRPC.Port) != grpcPort {
-				t.Errorf("readinessProbe = %+v; want a grpc probe (grpc health) on port %d, the port of --grpc-addr", probe.ProbeHandler, grpcPort)
-			} else if svc := probe.GRPC.Service; svc != nil && *svc != "" {
-				t.Errorf("readinessProbe asks grpc health for service %q; the node reports its health under \"\"", *svc)
-			}
+		// The probes ask the health listener, which answers in plain HTTP
+		// whatever the TLS settings (the kubelet can neither present a
+		// client certificate nor speak TLS to a gRPC probe): readiness
+		// /readyz, which says whether the node may decide (it holds a
+		// lease and its gained keys arrived); liveness and startup
+		// /healthz, which answers as long as the process serves, since a
+		// node without quorum (a minority side, a cluster starting) is
+		// alive and restarting it would not help.
+		f := fs.Lookup("health-addr")
+		if f == nil || f.Value.String() == "" {
+			t.Fatalf("container args set no --health-addr: the probes would need the TLS ports")
 		}
-		for name, probe := range map[string]*corev1.Probe{"livenessProbe": c.LivenessProbe, "startupProbe": c.StartupProbe} {
-			if probe == nil {
-				t.Errorf("container has no %s", name)
+		healthPort := addr("health-addr")
+		if _, ok := resolvePort(intstr.FromInt(healthPort), corev1.ProtocolTCP, ports); !ok {
+			t.Errorf("--health-addr listens on %d; the container ports %v do not expose it", healthPort, ports)
+		}
+		for _, p := range []struct {
+			name  string
+			probe *corev1.Probe
+			path  string
+		}{{"startupProbe", c.StartupProbe, "/healthz"}, {"readinessProbe", c.ReadinessProbe, "/readyz"}, {"livenessProbe", c.LivenessProbe, "/healthz"}} {
+			if p.probe == nil {
+				t.Errorf("container has no %s", p.name)
 				continue
 			}
-			get := probe.HTTPGet
-			if get == nil || get.Path != "/healthz" {
-				t.Errorf("%s = %+v; want GET /healthz on port %d, the port of --http-addr (not grpc health: it says whether the node may decide, not whether it is alive)", name, probe.ProbeHandler, httpPort)
-				continue
+			get := p.probe.HTTPGet
+			ok := get != nil && get.Path == p.path && cmp.Or(get.Scheme, corev1.URISchemeHTTP) == corev1.URISchemeHTTP
+			if ok {
+				cp, found := resolvePort(get.Port, corev1.ProtocolTCP, ports)
+				ok = found && int(cp.ContainerPort) == healthPort
 			}
-			if p, ok := resolvePort(get.Port, corev1.ProtocolTCP, ports); !ok || int(p.ContainerPort) != httpPort {
-				t.Errorf("%s asks port %v; want %d, the port of --http-addr", name, get.Port.String(), httpPort)
+			if !ok {
+				t.Errorf("%s = %s; want httpGet HTTP %s on port %d, the port of --health-addr", p.name, probeText(p.probe), p.path, healthPort)
 			}
 		}
 	})
@@ -335,6 +354,13 @@ func checkManifests(t *testing.T, docs manifests) {
 	t.Run("network policy", func(t *testing.T) {
 		policy := one[*networkingv1.NetworkPolicy](t, docs, "")
 		l := listeners{grpc: grpcPort, peer: grpcPort, admin: grpcPort, http: httpPort, gossip: gossipPort}
+		for _, p := range []*corev1.Probe{c.StartupProbe, c.ReadinessProbe, c.LivenessProbe} {
+			if p != nil && p.HTTPGet != nil {
+				if cp, ok := resolvePort(p.HTTPGet.Port, corev1.ProtocolTCP, ports); ok {
+					l.probes = append(l.probes, int(cp.ContainerPort))
+				}
+			}
+		}
 		if v := fs.Lookup("peer-addr").Value.String(); v != "" {
 			l.peer = addr("peer-addr")
 		}
@@ -634,7 +660,7 @@ func ptrOr[T any](p *T, def T) T {
 
 // TestSecurityDocNetworkPolicy: the NetworkPolicy docs/security.md shows,
 // for nodes whose peer and admin services have ports of their own (8082,
-// 8083), decodes strictly and lets each port be reached by those who need
+// 8083) and whose probes ask --health-addr (8084), decodes strictly and lets each port be reached by those who need
 // it (checkNetworkPolicy), like the one in scripts/k8s.
 func TestSecurityDocNetworkPolicy(t *testing.T) {
 	t.Parallel()
@@ -652,11 +678,11 @@ func TestSecurityDocNetworkPolicy(t *testing.T) {
 		policy := one[*networkingv1.NetworkPolicy](t, docs, "")
 		ports := []corev1.ContainerPort{
 			{Name: "grpc", ContainerPort: 8081}, {Name: "peer", ContainerPort: 8082}, {Name: "admin", ContainerPort: 8083},
-			{Name: "http", ContainerPort: 8080},
+			{Name: "http", ContainerPort: 8080}, {Name: "health", ContainerPort: 8084},
 			{Name: "gossip-tcp", ContainerPort: 7946}, {Name: "gossip-udp", ContainerPort: 7946, Protocol: corev1.ProtocolUDP},
 		}
 		podLabels := map[string]string{"app.kubernetes.io/name": "sluice", "app.kubernetes.io/component": "node"}
-		checkNetworkPolicy(t, policy, podLabels, ports, listeners{grpc: 8081, peer: 8082, admin: 8083, http: 8080, gossip: 7946})
+		checkNetworkPolicy(t, policy, podLabels, ports, listeners{grpc: 8081, peer: 8082, admin: 8083, http: 8080, gossip: 7946, probes: []int{8084}})
 	}
 	if !found {
 		t.Fatal("docs/security.md shows no NetworkPolicy")
@@ -935,3 +961,136 @@ type serviceMonitor struct {
 
 // GetName is the ServiceMonitor's name.
 func (s *serviceMonitor) GetName() string { return s.Metadata.Name }
+
+// TestKubernetesProbesWithTLS: a node serving TLS and requiring client
+// certificates (docs/security.md's advice) answers the probes of the
+// manifests, asked as the kubelet asks them: without a client
+// certificate, HTTPS without verifying the server, gRPC in plain text
+// (the kubelet's gRPC probe cannot speak TLS).
+func TestKubernetesProbesWithTLS(t *testing.T) {
+	t.Parallel()
+	docs := loadManifestDir(t, k8sDir)
+	c := container(t, &one[*appsv1.StatefulSet](t, docs, "").Spec.Template.Spec, "sluice")
+	checkProbesWithTLS(t, c)
+}
+
+// checkProbesWithTLS starts a node with c's listeners on 127.0.0.1 and
+// TLS with client certificates required, and asks it c's probes.
+func checkProbesWithTLS(t *testing.T, c *corev1.Container) {
+	t.Helper()
+	fs := serveFlags(t, c)
+	cert, key := apitest.Cert(t, t.TempDir(), "node")
+	args := []string{"--tls-cert", cert, "--tls-key", key, "--tls-client-ca", cert, "--durability", "memory"}
+	if f := fs.Lookup("health-addr"); f != nil && f.Value.String() != "" {
+		args = append(args, "--health-addr", "127.0.0.1:0")
+	}
+	n := startNode(t, nil, args...)
+	// The manifests' ports, by the flag that sets them, to this node's
+	// listeners.
+	bound := map[int32]string{}
+	for flag, got := range map[string]string{"grpc-addr": n.grpcAddr, "http-addr": n.httpAddr, "health-addr": n.healthAddr} {
+		if f := fs.Lookup(flag); f != nil && f.Value.String() != "" {
+			_, p, _ := net.SplitHostPort(f.Value.String())
+			port, _ := strconv.Atoi(p)
+			bound[int32(port)] = got
+		}
+	}
+	for _, p := range []struct {
+		name  string
+		probe *corev1.Probe
+	}{{"startupProbe", c.StartupProbe}, {"readinessProbe", c.ReadinessProbe}, {"livenessProbe", c.LivenessProbe}} {
+		if p.probe == nil {
+			continue
+		}
+		if err := kubeletProbe(p.probe, c.Ports, bound); err != nil {
+			t.Errorf("%s (%s) of a node with --tls-cert and --tls-client-ca: %v", p.name, probeText(p.probe), err)
+		}
+	}
+}
+
+// probeText describes what a probe asks.
+func probeText(probe *corev1.Probe) string {
+	switch h := probe.ProbeHandler; {
+	case h.HTTPGet != nil:
+		return fmt.Sprintf("httpGet %s port %s %s", cmp.Or(h.HTTPGet.Scheme, corev1.URISchemeHTTP), h.HTTPGet.Port.String(), h.HTTPGet.Path)
+	case h.GRPC != nil:
+		return fmt.Sprintf("grpc port %d service %q", h.GRPC.Port, ptrOr(h.GRPC.Service, ""))
+	case h.TCPSocket != nil:
+		return "tcpSocket port " + h.TCPSocket.Port.String()
+	case h.Exec != nil:
+		return fmt.Sprintf("exec %q", h.Exec.Command)
+	}
+	return "no handler"
+}
+
+// kubeletProbe asks probe as the kubelet would, of the listeners bound
+// (container port → address), and says why it failed.
+func kubeletProbe(probe *corev1.Probe, ports []corev1.ContainerPort, bound map[int32]string) error {
+	addrOf := func(port intstr.IntOrString) (string, error) {
+		cp, ok := resolvePort(port, corev1.ProtocolTCP, ports)
+		if !ok {
+			return "", fmt.Errorf("port %s is no container port", port.String())
+		}
+		addr, ok := bound[cp.ContainerPort]
+		if !ok {
+			return "", fmt.Errorf("port %d is no listener of the node", cp.ContainerPort)
+		}
+		return addr, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	switch h := probe.ProbeHandler; {
+	case h.HTTPGet != nil:
+		addr, err := addrOf(h.HTTPGet.Port)
+		if err != nil {
+			return err
+		}
+		scheme := strings.ToLower(string(cmp.Or(h.HTTPGet.Scheme, corev1.URISchemeHTTP)))
+		// The kubelet neither verifies a server's certificate nor
+		// presents one of its own, and keeps no connection open.
+		tr := &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DisableKeepAlives: true}
+		defer tr.CloseIdleConnections()
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+addr+h.HTTPGet.Path, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode < 200 || resp.StatusCode >= 400 {
+			return fmt.Errorf("HTTP %s", resp.Status)
+		}
+		return nil
+	case h.GRPC != nil:
+		addr, err := addrOf(intstr.FromInt32(h.GRPC.Port))
+		if err != nil {
+			return err
+		}
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: ptrOr(h.GRPC.Service, "")})
+		if err != nil {
+			return err
+		}
+		if resp.Status != healthpb.HealthCheckResponse_SERVING {
+			return fmt.Errorf("grpc health %v", resp.Status)
+		}
+		return nil
+	case h.TCPSocket != nil:
+		addr, err := addrOf(h.TCPSocket.Port)
+		if err != nil {
+			return err
+		}
+		conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return err
+		}
+		return conn.Close()
+	}
+	return errors.New("not an httpGet, grpc or tcpSocket probe")
+}

@@ -80,6 +80,7 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.StringVar(&cfg.PeerAddr, "peer-addr", "", "cluster: serve the peer service (forwarded checks, handoffs, leases, standby copies) only on this address, which the other nodes dial; empty: on --grpc-addr")
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", "", "serve the admin API and server reflection only on this address (the other nodes of a cluster dial it for admin calls); empty: on --grpc-addr")
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "address of /metrics, /healthz and /readyz; empty disables them")
+	fs.StringVar(&cfg.HealthAddr, "health-addr", "", "address of /healthz and /readyz alone, in plain HTTP even with --tls-cert and without client certificates: for probes that cannot speak TLS (the kubelet's); empty: none")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory of the data file, sluice.db")
 	fs.Var(newEnumValue(&cfg.Durability, cfg.Durability, "commit", "fsync", "async", "memory"), "durability",
 		"when a decision is acknowledged: commit (its hits are written to the data file; survives kill -9), fsync (and synced; survives power loss), async (at once; kill -9 loses the last milliseconds), memory (no data file)")
@@ -301,6 +302,7 @@ func (o *serveOptions) attrs() []any {
 		"peer_addr", cfg.PeerAddr,
 		"admin_addr", cfg.AdminAddr,
 		"http_addr", cfg.HTTPAddr,
+		"health_addr", cfg.HealthAddr,
 		"data_dir", cfg.DataDir,
 		"durability", cfg.Durability,
 		"limits_file", cfg.LimitsFile,
@@ -384,13 +386,15 @@ type readyInfo struct {
 	PeerAddr  string `json:"peer_addr,omitempty"`
 	AdminAddr string `json:"admin_addr,omitempty"`
 	HTTPAddr  string `json:"http_addr"`
-	PID       int    `json:"pid"`
+	// HealthAddr is set with --health-addr.
+	HealthAddr string `json:"health_addr,omitempty"`
+	PID        int    `json:"pid"`
 }
 
 // writeReadyFile writes srv's addresses to path atomically: a reader sees
 // no file or the whole of it.
 func writeReadyFile(path string, srv *node.Node) error {
-	info := readyInfo{GRPCAddr: srv.GRPCAddr(), HTTPAddr: srv.HTTPAddr(), PID: os.Getpid()}
+	info := readyInfo{GRPCAddr: srv.GRPCAddr(), HTTPAddr: srv.HTTPAddr(), HealthAddr: srv.HealthAddr(), PID: os.Getpid()}
 	if a := srv.PeerAddr(); a != info.GRPCAddr {
 		info.PeerAddr = a
 	}

@@ -41,6 +41,11 @@ type Config struct {
 	// HTTPAddr is where /metrics, /healthz and /readyz listen. Default
 	// 127.0.0.1:8080. Empty disables the HTTP listener.
 	HTTPAddr string
+	// HealthAddr, when set, serves /healthz and /readyz (as on HTTPAddr)
+	// and nothing else, in plain HTTP even with TLS on and without asking
+	// for a client certificate: for probes that can do neither, such as
+	// the kubelet's. Default empty: no such listener.
+	HealthAddr string
 	// DataDir holds the data file, sluice.db. Default "sluice-data".
 	DataDir string
 	// Durability is "commit" (default: a decision is acknowledged once its
@@ -205,7 +210,7 @@ func (c Config) Validate() error {
 	case c.PeerAddr != "" && c.Cluster == nil:
 		return errors.New("node: config: --peer-addr serves the peer service, which only a cluster node has; set --gossip-addr or --join, or leave it empty")
 	}
-	if err := distinctAddrs(map[string]string{"grpc-addr": c.GRPCAddr, "peer-addr": c.PeerAddr, "admin-addr": c.AdminAddr, "http-addr": c.HTTPAddr}); err != nil {
+	if err := distinctAddrs(map[string]string{"grpc-addr": c.GRPCAddr, "peer-addr": c.PeerAddr, "admin-addr": c.AdminAddr, "http-addr": c.HTTPAddr, "health-addr": c.HealthAddr}); err != nil {
 		return err
 	}
 	if c.Durability != "memory" {

@@ -88,7 +88,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.connections = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "sluice_connections",
-		Help: "Connections open, by listener (grpc, peer, admin, http); each listener holds at most --max-connections.",
+		Help: "Connections open, by listener (grpc, peer, admin, http, health); each listener holds at most --max-connections.",
 	}, []string{"listener"})
 	m.connectionWaits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_connection_limit_waits_total",

@@ -72,6 +72,8 @@ type Node struct {
 	routerDone chan struct{}      // closed when Run returned
 
 	httpLis      net.Listener
+	healthSrv    *http.Server // Config.HealthAddr's, nil without one
+	healthLis    net.Listener
 	ready        atomic.Bool
 	wg           sync.WaitGroup
 	shutdownOnce sync.Once
@@ -264,16 +266,24 @@ func New(cfg Config) (n *Node, err error) {
 	n.api.RegisterAdmin(n.admin.srv)
 	reflection.Register(n.admin.srv)
 
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", n.metricsHandler())
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+	healthz := func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") }
+	readyz := func(w http.ResponseWriter, _ *http.Request) {
 		if why := n.NotReady(); why != "" {
 			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
-	})
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", n.metricsHandler())
+	mux.HandleFunc("/healthz", healthz)
+	mux.HandleFunc("/readyz", readyz)
+	if cfg.HealthAddr != "" {
+		hmux := http.NewServeMux()
+		hmux.HandleFunc("/healthz", healthz)
+		hmux.HandleFunc("/readyz", readyz)
+		n.healthSrv = &http.Server{Handler: hmux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.MaxConnectionIdle}
+	}
 	if cfg.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -326,6 +336,17 @@ func (n *Node) Start() error {
 		}
 		n.httpLis = newLimitListener(lis, n.cfg.MaxConnections, "http", n.metrics, n.log)
 	}
+	if n.healthSrv != nil {
+		lis, err := net.Listen("tcp", n.cfg.HealthAddr)
+		if err != nil {
+			closeAll()
+			if n.httpLis != nil {
+				n.httpLis.Close()
+			}
+			return fmt.Errorf("node: listen health on %s: %w", n.cfg.HealthAddr, err)
+		}
+		n.healthLis = newLimitListener(lis, n.cfg.MaxConnections, "health", n.metrics, n.log)
+	}
 	if n.limits != nil {
 		n.limits.Start()
 	}
@@ -353,19 +374,27 @@ func (n *Node) Start() error {
 			}
 		}()
 	}
+	if n.healthLis != nil {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			// Plain HTTP whatever the TLS settings: the probes' listener.
+			if err := n.healthSrv.Serve(n.healthLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				n.log.Error("health server stopped", "err", err)
+			}
+		}()
+	}
 	if n.cfg.Cluster != nil {
 		if err := n.startCluster(); err != nil {
 			n.stopGRPC()
-			if n.httpLis != nil {
-				n.http.Close()
-			}
+			n.closeHTTP()
 			n.wg.Wait()
 			return err
 		}
 	}
 	n.ready.Store(true)
 	n.updateHealth()
-	n.log.Info("serving", "grpc", n.GRPCAddr(), "peer", n.PeerAddr(), "admin", n.AdminAddr(), "http", n.HTTPAddr(), "durability", n.cfg.Durability)
+	n.log.Info("serving", "grpc", n.GRPCAddr(), "peer", n.PeerAddr(), "admin", n.AdminAddr(), "http", n.HTTPAddr(), "health", n.HealthAddr(), "durability", n.cfg.Durability)
 	return nil
 }
 
@@ -411,6 +440,25 @@ func (n *Node) HTTPAddr() string {
 	return n.httpLis.Addr().String()
 }
 
+// HealthAddr is the address the health listener (Config.HealthAddr) is
+// bound to, "" if none.
+func (n *Node) HealthAddr() string {
+	if n.healthLis == nil {
+		return ""
+	}
+	return n.healthLis.Addr().String()
+}
+
+// closeHTTP closes the HTTP and health listeners at once.
+func (n *Node) closeHTTP() {
+	if n.httpLis != nil {
+		n.http.Close()
+	}
+	if n.healthLis != nil {
+		n.healthSrv.Close()
+	}
+}
+
 // Shutdown stops the node gracefully: it reports not ready, in a cluster
 // hands its keys over and leaves, stops accepting calls, lets the calls in
 // flight finish (until ctx or ShutdownTimeout ends, then cuts them),
@@ -445,6 +493,11 @@ func (n *Node) Shutdown(ctx context.Context) error {
 				n.http.Close()
 			}
 		}
+		if n.healthLis != nil {
+			if err := n.healthSrv.Shutdown(ctx); err != nil {
+				n.healthSrv.Close()
+			}
+		}
 		n.wg.Wait()
 		n.shutdownErr = n.closeStorage()
 		n.log.Info("stopped")
@@ -459,9 +512,7 @@ func (n *Node) Crash() {
 	n.shutdownOnce.Do(func() {
 		n.ready.Store(false)
 		n.stopGRPC()
-		if n.httpLis != nil {
-			n.http.Close()
-		}
+		n.closeHTTP()
 		if m := n.membership.Load(); m != nil {
 			m.Shutdown()
 			n.stopRouter()
