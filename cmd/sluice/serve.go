@@ -92,6 +92,7 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "certificate file (PEM): serve gRPC and HTTP over TLS; needs --tls-key")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "private key file (PEM) of --tls-cert")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA file (PEM): require client certificates signed by it")
+	fs.Var(newDurationValue(&cfg.TLSPollInterval, cfg.TLSPollInterval), "tls-poll-interval", "how often the --tls-cert, --tls-key and --tls-client-ca files are read again: changed ones are served from the next handshake on, without a restart (so is SIGHUP)")
 	fs.BoolVar(&cfg.RateLimitHeaders, "rate-limit-headers", false, "add RateLimit-Policy, RateLimit and Retry-After headers to Envoy responses")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles on --http-addr under /debug/pprof/ (for profiling; off by default)")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest gRPC request, in bytes")
@@ -260,7 +261,8 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 		}
 	}
 
-	// SIGHUP reloads the limits file now (it is also polled).
+	// SIGHUP reloads the limits file and the TLS files now (they are also
+	// polled).
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -271,6 +273,9 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 				log.Error("reload limits file", "err", err)
 			} else {
 				log.Info("reloaded limits file")
+			}
+			if err := srv.ReloadTLS(); err != nil {
+				log.Error("reload TLS files", "err", err)
 			}
 		case <-ctx.Done():
 		}
@@ -312,6 +317,7 @@ func (o *serveOptions) attrs() []any {
 		"tls_cert", cfg.TLSCert,
 		"tls_key", cfg.TLSKey,
 		"tls_client_ca", cfg.TLSClientCA,
+		"tls_poll_interval", cfg.TLSPollInterval,
 		"rate_limit_headers", cfg.RateLimitHeaders,
 		"max_message_bytes", cfg.MaxMessageBytes,
 		slog.Group("transport",

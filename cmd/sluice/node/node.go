@@ -64,7 +64,7 @@ type Node struct {
 	gRPCs  []*listener
 	health *health.Server
 	http   *http.Server
-	tls    *tlsConfig
+	certs  *certs // TLS material, nil without TLS
 
 	membership atomic.Pointer[cluster.Membership]
 	router     atomic.Pointer[cluster.Router]
@@ -113,6 +113,9 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	if cfg.ShutdownTimeout == 0 {
 		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	if cfg.TLSPollInterval == 0 {
+		cfg.TLSPollInterval = 30 * time.Second
 	}
 	cfg = cfg.withTransportDefaults()
 	if cfg.Durability == "memory" && cfg.Router.Replicas > 1 {
@@ -210,9 +213,17 @@ func New(cfg Config) (n *Node, err error) {
 	}
 
 	if cfg.TLSCert != "" {
-		if n.tls, err = loadTLS(cfg); err != nil {
+		n.certs, err = newCerts(cfg, n.log.With("component", "tls"), func(ok bool) {
+			result := "ok"
+			if !ok {
+				result = "error"
+			}
+			n.metrics.tlsReloads.WithLabelValues(result).Inc()
+		})
+		if err != nil {
 			return nil, err
 		}
+		n.metrics.registerTLS(n.registry, n.certs)
 	}
 	opts := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
@@ -238,8 +249,8 @@ func New(cfg Config) (n *Node, err error) {
 			PermitWithoutStream: true,
 		}),
 	}, n.api.Interceptors()...)
-	if n.tls != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(n.tls.server)))
+	if n.certs != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(n.certs.serverConfig(false))))
 	}
 	newListener := func(name, addr string) *listener {
 		l := &listener{name: name, addr: addr, srv: grpc.NewServer(opts...)}
@@ -292,8 +303,8 @@ func New(cfg Config) (n *Node, err error) {
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.MaxConnectionIdle}
-	if n.tls != nil {
-		n.http.TLSConfig = n.tls.server
+	if n.certs != nil {
+		n.http.TLSConfig = n.certs.serverConfig(true)
 	}
 	return n, nil
 }
@@ -350,6 +361,9 @@ func (n *Node) Start() error {
 	if n.limits != nil {
 		n.limits.Start()
 	}
+	if n.certs != nil {
+		n.certs.start(n.cfg.TLSPollInterval)
+	}
 	for _, l := range n.gRPCs {
 		n.wg.Add(1)
 		go func() {
@@ -364,7 +378,7 @@ func (n *Node) Start() error {
 		go func() {
 			defer n.wg.Done()
 			var err error
-			if n.tls != nil {
+			if n.certs != nil {
 				err = n.http.ServeTLS(n.httpLis, "", "")
 			} else {
 				err = n.http.Serve(n.httpLis)
@@ -535,7 +549,8 @@ func (n *Node) stopGRPC() {
 	}
 }
 
-// closeStorage stops the engine and closes the limits watcher and the store.
+// closeStorage stops the engine, closes the limits watcher and the store,
+// and stops reading the TLS files.
 func (n *Node) closeStorage() error {
 	var errs []error
 	if n.engine != nil {
@@ -543,6 +558,9 @@ func (n *Node) closeStorage() error {
 	}
 	if n.limits != nil {
 		errs = append(errs, n.limits.Close())
+	}
+	if n.certs != nil {
+		n.certs.close()
 	}
 	if n.store != nil {
 		errs = append(errs, n.store.Close())
@@ -579,6 +597,17 @@ func (n *Node) ReloadLimits() error {
 		return nil
 	}
 	return n.limits.Reload()
+}
+
+// ReloadTLS reads the TLS certificate, key and client CA now (they are
+// also read every Config.TLSPollInterval) and serves them from the next
+// handshake on. Files that cannot be used are refused, with the error,
+// and the previous ones stay in force. Without TLS it does nothing.
+func (n *Node) ReloadTLS() error {
+	if n.certs == nil {
+		return nil
+	}
+	return n.certs.reload()
 }
 
 // replicator passes the engine's writes to the router once the node has
