@@ -402,6 +402,52 @@ func checkManifests(t *testing.T, docs manifests) {
 		}
 	})
 
+	t.Run("files", func(t *testing.T) {
+		// A file a flag names is in a volume mounted read-only at its
+		// directory; a ConfigMap among the manifests holds it, and so does
+		// a Secret when it is among them (cert-manager's is not).
+		volumes := map[string]corev1.Volume{}
+		for _, v := range pod.Volumes {
+			volumes[v.Name] = v
+		}
+		for _, flag := range []string{"tls-cert", "tls-key", "tls-client-ca", "limits-file"} {
+			path := fs.Lookup(flag).Value.String()
+			if path == "" {
+				continue
+			}
+			dir, key := filepath.Dir(path), filepath.Base(path)
+			i := slices.IndexFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return filepath.Clean(m.MountPath) == dir })
+			if i < 0 {
+				t.Errorf("--%s=%s: no volume is mounted at %s", flag, path, dir)
+				continue
+			}
+			m := c.VolumeMounts[i]
+			v, ok := volumes[m.Name]
+			switch {
+			case !ok:
+				t.Errorf("--%s=%s: the pod has no volume %q", flag, path, m.Name)
+			case !m.ReadOnly:
+				t.Errorf("--%s=%s: volume %q is mounted writable; want readOnly", flag, path, m.Name)
+			case v.ConfigMap != nil:
+				if cm, ok := find[*corev1.ConfigMap](docs, v.ConfigMap.Name); !ok {
+					t.Errorf("--%s=%s: ConfigMap %s is not among the manifests", flag, path, v.ConfigMap.Name)
+				} else if _, ok := cm.Data[key]; !ok {
+					t.Errorf("--%s=%s: ConfigMap %s has no key %q", flag, path, cm.Name, key)
+				}
+			case v.Secret != nil:
+				if sec, ok := find[*corev1.Secret](docs, v.Secret.SecretName); ok {
+					_, inString := sec.StringData[key]
+					_, inData := sec.Data[key]
+					if !inString && !inData {
+						t.Errorf("--%s=%s: Secret %s has no key %q", flag, path, sec.Name, key)
+					}
+				}
+			default:
+				t.Errorf("--%s=%s: volume %q is neither a Secret nor a ConfigMap", flag, path, m.Name)
+			}
+		}
+	})
+
 	t.Run("secrets", func(t *testing.T) {
 		for _, e := range c.Env {
 			if e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil {
@@ -955,6 +1001,8 @@ type serviceMonitor struct {
 			Scheme        string `json:"scheme,omitempty"`
 			Interval      string `json:"interval,omitempty"`
 			ScrapeTimeout string `json:"scrapeTimeout,omitempty"`
+			// TLSConfig is passed through from the chart's values.
+			TLSConfig map[string]any `json:"tlsConfig,omitempty"`
 		} `json:"endpoints"`
 	} `json:"spec"`
 }
