@@ -102,6 +102,7 @@ type cliNode struct {
 	// peerAddr and adminAddr are those of the ready file: set when the
 	// service has a listener of its own.
 	peerAddr, adminAddr string
+	healthAddr          string // set with --health-addr
 	logs                *syncBuffer
 	cancel              context.CancelFunc
 	done                chan int
@@ -139,6 +140,7 @@ func startNode(t testing.TB, e env, args ...string) *cliNode {
 	}
 	n.grpcAddr, n.httpAddr = info.GRPCAddr, info.HTTPAddr
 	n.peerAddr, n.adminAddr = info.PeerAddr, info.AdminAddr
+	n.healthAddr = info.HealthAddr
 	return n
 }
 

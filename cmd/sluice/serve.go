@@ -80,6 +80,7 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.StringVar(&cfg.PeerAddr, "peer-addr", "", "cluster: serve the peer service (forwarded checks, handoffs, leases, standby copies) only on this address, which the other nodes dial; empty: on --grpc-addr")
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", "", "serve the admin API and server reflection only on this address (the other nodes of a cluster dial it for admin calls); empty: on --grpc-addr")
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "address of /metrics, /healthz and /readyz; empty disables them")
+	fs.StringVar(&cfg.HealthAddr, "health-addr", "", "address of /healthz and /readyz alone, in plain HTTP even with --tls-cert and without client certificates: for probes that cannot speak TLS (the kubelet's); empty: none")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory of the data file, sluice.db")
 	fs.Var(newEnumValue(&cfg.Durability, cfg.Durability, "commit", "fsync", "async", "memory"), "durability",
 		"when a decision is acknowledged: commit (its hits are written to the data file; survives kill -9), fsync (and synced; survives power loss), async (at once; kill -9 loses the last milliseconds), memory (no data file)")
@@ -91,6 +92,7 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "certificate file (PEM): serve gRPC and HTTP over TLS; needs --tls-key")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "private key file (PEM) of --tls-cert")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA file (PEM): require client certificates signed by it")
+	fs.Var(newDurationValue(&cfg.TLSPollInterval, cfg.TLSPollInterval), "tls-poll-interval", "how often the --tls-cert, --tls-key and --tls-client-ca files are read again: changed ones are served from the next handshake on, without a restart (so is SIGHUP)")
 	fs.BoolVar(&cfg.RateLimitHeaders, "rate-limit-headers", false, "add RateLimit-Policy, RateLimit and Retry-After headers to Envoy responses")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles on --http-addr under /debug/pprof/ (for profiling; off by default)")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest gRPC request, in bytes")
@@ -259,7 +261,8 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 		}
 	}
 
-	// SIGHUP reloads the limits file now (it is also polled).
+	// SIGHUP reloads the limits file and the TLS files now (they are also
+	// polled).
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -270,6 +273,9 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 				log.Error("reload limits file", "err", err)
 			} else {
 				log.Info("reloaded limits file")
+			}
+			if err := srv.ReloadTLS(); err != nil {
+				log.Error("reload TLS files", "err", err)
 			}
 		case <-ctx.Done():
 		}
@@ -301,6 +307,7 @@ func (o *serveOptions) attrs() []any {
 		"peer_addr", cfg.PeerAddr,
 		"admin_addr", cfg.AdminAddr,
 		"http_addr", cfg.HTTPAddr,
+		"health_addr", cfg.HealthAddr,
 		"data_dir", cfg.DataDir,
 		"durability", cfg.Durability,
 		"limits_file", cfg.LimitsFile,
@@ -310,6 +317,7 @@ func (o *serveOptions) attrs() []any {
 		"tls_cert", cfg.TLSCert,
 		"tls_key", cfg.TLSKey,
 		"tls_client_ca", cfg.TLSClientCA,
+		"tls_poll_interval", cfg.TLSPollInterval,
 		"rate_limit_headers", cfg.RateLimitHeaders,
 		"max_message_bytes", cfg.MaxMessageBytes,
 		slog.Group("transport",
@@ -384,13 +392,15 @@ type readyInfo struct {
 	PeerAddr  string `json:"peer_addr,omitempty"`
 	AdminAddr string `json:"admin_addr,omitempty"`
 	HTTPAddr  string `json:"http_addr"`
-	PID       int    `json:"pid"`
+	// HealthAddr is set with --health-addr.
+	HealthAddr string `json:"health_addr,omitempty"`
+	PID        int    `json:"pid"`
 }
 
 // writeReadyFile writes srv's addresses to path atomically: a reader sees
 // no file or the whole of it.
 func writeReadyFile(path string, srv *node.Node) error {
-	info := readyInfo{GRPCAddr: srv.GRPCAddr(), HTTPAddr: srv.HTTPAddr(), PID: os.Getpid()}
+	info := readyInfo{GRPCAddr: srv.GRPCAddr(), HTTPAddr: srv.HTTPAddr(), HealthAddr: srv.HealthAddr(), PID: os.Getpid()}
 	if a := srv.PeerAddr(); a != info.GRPCAddr {
 		info.PeerAddr = a
 	}

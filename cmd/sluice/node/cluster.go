@@ -2,10 +2,6 @@ package node
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
-	"fmt"
-	"os"
 	"time"
 
 	"google.golang.org/grpc"
@@ -53,10 +49,10 @@ func (n *Node) startCluster() error {
 		rcfg.Store = n.store
 	}
 	rcfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-	if n.tls != nil {
-		rcfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(n.tls.peer))}
+	if n.certs != nil {
+		rcfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(n.certs.peerConfig()))}
 	}
-	if creds := n.api.PeerCredentials(n.tls != nil); creds != nil {
+	if creds := n.api.PeerCredentials(n.certs != nil); creds != nil {
 		rcfg.DialOptions = append(rcfg.DialOptions, grpc.WithPerRPCCredentials(creds))
 	}
 	r, err := cluster.NewRouter(rcfg)
@@ -130,38 +126,4 @@ func (n *Node) leaveCluster(ctx context.Context) {
 	<-n.routerDone
 	m.Shutdown()
 	r.Close()
-}
-
-// tlsConfig is the node's TLS: the server side of its listeners, and the
-// client side it dials its peers with.
-type tlsConfig struct {
-	server, peer *tls.Config
-}
-
-// loadTLS reads the node's certificate and, if set, the CA its clients
-// (and peers) must be signed by. Peers are dialled with the node's own
-// certificate and verified against that CA (without one, the traffic is
-// encrypted but peers are not verified).
-func loadTLS(cfg Config) (*tlsConfig, error) {
-	cert, err := tls.LoadX509KeyPair(cfg.TLSCert, cfg.TLSKey)
-	if err != nil {
-		return nil, fmt.Errorf("node: load TLS key pair %s, %s: %w", cfg.TLSCert, cfg.TLSKey, err)
-	}
-	server := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if cfg.TLSClientCA != "" {
-		pem, err := os.ReadFile(cfg.TLSClientCA)
-		if err != nil {
-			return nil, fmt.Errorf("node: read client CA: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("node: client CA %s holds no PEM certificate", cfg.TLSClientCA)
-		}
-		server.ClientCAs, server.ClientAuth = pool, tls.RequireAndVerifyClientCert
-	}
-	peer := &tls.Config{Certificates: server.Certificates, MinVersion: tls.VersionTLS12, RootCAs: server.ClientCAs}
-	if peer.RootCAs == nil {
-		peer.InsecureSkipVerify = true // no CA to check peers with; traffic is still encrypted
-	}
-	return &tlsConfig{server: server, peer: peer}, nil
 }

@@ -41,6 +41,11 @@ type Config struct {
 	// HTTPAddr is where /metrics, /healthz, /readyz and the web UI (/ui/)
 	// listen. Default 127.0.0.1:8080. Empty disables the HTTP listener.
 	HTTPAddr string
+	// HealthAddr, when set, serves /healthz and /readyz (as on HTTPAddr)
+	// and nothing else, in plain HTTP even with TLS on and without asking
+	// for a client certificate: for probes that can do neither, such as
+	// the kubelet's. Default empty: no such listener.
+	HealthAddr string
 	// DataDir holds the data file, sluice.db. Default "sluice-data".
 	DataDir string
 	// Durability is "commit" (default: a decision is acknowledged once its
@@ -68,6 +73,11 @@ type Config struct {
 	TLSCert, TLSKey string
 	// TLSClientCA, when set, requires client certificates signed by it.
 	TLSClientCA string
+	// TLSPollInterval is how often the TLS certificate, key and client CA
+	// are read again; changed files are served from the next handshake
+	// on (files that cannot be used are refused, keeping the previous
+	// ones). Default 30s.
+	TLSPollInterval time.Duration
 	// RateLimitHeaders makes Envoy responses carry the IETF RateLimit-Policy
 	// and RateLimit header fields and Retry-After for the client.
 	RateLimitHeaders bool
@@ -151,6 +161,7 @@ func DefaultConfig() Config {
 		DataDir:            "sluice-data",
 		Durability:         "commit",
 		LimitsPollInterval: 2 * time.Second,
+		TLSPollInterval:    30 * time.Second,
 		MaxMessageBytes:    4 << 20,
 		ShutdownTimeout:    10 * time.Second,
 	}.withTransportDefaults()
@@ -194,7 +205,7 @@ func (c Config) Validate() error {
 		return errors.New("node: config: --tls-cert and --tls-key go together")
 	case c.TLSClientCA != "" && c.TLSCert == "":
 		return errors.New("node: config: --tls-client-ca needs --tls-cert and --tls-key")
-	case c.MaxMessageBytes < 0 || c.ShutdownTimeout < 0 || c.LimitsPollInterval < 0 ||
+	case c.MaxMessageBytes < 0 || c.ShutdownTimeout < 0 || c.LimitsPollInterval < 0 || c.TLSPollInterval < 0 ||
 		c.MaxConnections < 0 || c.MaxConcurrentStreams < 0 || c.KeepaliveTime < 0 || c.KeepaliveTimeout < 0 ||
 		c.MaxConnectionIdle < 0 || c.KeepaliveMinTime < 0:
 		return errors.New("node: config: sizes and durations must not be negative")
@@ -205,7 +216,7 @@ func (c Config) Validate() error {
 	case c.PeerAddr != "" && c.Cluster == nil:
 		return errors.New("node: config: --peer-addr serves the peer service, which only a cluster node has; set --gossip-addr or --join, or leave it empty")
 	}
-	if err := distinctAddrs(map[string]string{"grpc-addr": c.GRPCAddr, "peer-addr": c.PeerAddr, "admin-addr": c.AdminAddr, "http-addr": c.HTTPAddr}); err != nil {
+	if err := distinctAddrs(map[string]string{"grpc-addr": c.GRPCAddr, "peer-addr": c.PeerAddr, "admin-addr": c.AdminAddr, "http-addr": c.HTTPAddr, "health-addr": c.HealthAddr}); err != nil {
 		return err
 	}
 	if c.Durability != "memory" {

@@ -13,6 +13,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluice-io/sluice/api/apitest"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -161,5 +162,46 @@ func TestMetricsOfAFreshNode(t *testing.T) {
 		if got := strings.HasSuffix(string(b), "# EOF\n"); got != tc.wantEOF {
 			t.Errorf("GET /metrics with Accept %q: ends with # EOF = %v; want %v", tc.accept, got, tc.wantEOF)
 		}
+	}
+}
+
+// TestHealthListener: with TLS on and client certificates required, the
+// health listener answers /healthz and /readyz in plain HTTP, without a
+// certificate, and serves nothing else; the HTTP listener still wants TLS.
+func TestHealthListener(t *testing.T) {
+	cert, key := apitest.Cert(t, t.TempDir(), "node")
+	ts := newTestServer(t, func(c *Config) {
+		c.TLSCert, c.TLSKey, c.TLSClientCA = cert, key, cert
+		c.HealthAddr = "127.0.0.1:0"
+	})
+	base := "http://" + ts.srv.HealthAddr()
+	for _, tc := range []struct {
+		path string
+		want int
+	}{{"/healthz", 200}, {"/readyz", 200}, {"/metrics", 404}, {"/debug/pprof/", 404}} {
+		if code, body := httpGet(t, base+tc.path); code != tc.want {
+			t.Errorf("GET %s on the health listener = %d %q; want %d", tc.path, code, body, tc.want)
+		}
+	}
+	if code, _ := httpGet(t, "http://"+ts.srv.HTTPAddr()+"/healthz"); code != http.StatusBadRequest {
+		t.Errorf("plain GET /healthz on the TLS HTTP listener = %d; want 400 (TLS only)", code)
+	}
+	srv := ts.srv
+	ts.stop()
+	if srv.HealthAddr() == "" {
+		t.Fatal("HealthAddr is empty")
+	}
+	if _, err := http.Get(base + "/healthz"); err == nil {
+		t.Fatal("the health listener still answers after shutdown")
+	}
+}
+
+// TestHealthAddrClash: the health listener cannot share an address with
+// another listener.
+func TestHealthAddrClash(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.HealthAddr = cfg.HTTPAddr
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "--health-addr") {
+		t.Errorf("Validate with --health-addr = --http-addr = %s: %v; want an error naming --health-addr", cfg.HTTPAddr, err)
 	}
 }

@@ -30,6 +30,7 @@ type metrics struct {
 	commitRecords prometheus.Histogram
 	limitsReloads *prometheus.CounterVec
 	compactions   prometheus.Counter
+	tlsReloads    *prometheus.CounterVec // registered with TLS only
 
 	connections     *prometheus.GaugeVec
 	connectionWaits *prometheus.CounterVec
@@ -88,7 +89,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	m.connections = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "sluice_connections",
-		Help: "Connections open, by listener (grpc, peer, admin, http); each listener holds at most --max-connections.",
+		Help: "Connections open, by listener (grpc, peer, admin, http, health); each listener holds at most --max-connections.",
 	}, []string{"listener"})
 	m.connectionWaits = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_connection_limit_waits_total",
@@ -307,4 +308,20 @@ func (m *metrics) Replicated(_ string, records int, err error) {
 		return
 	}
 	m.replicated.WithLabelValues("ok").Add(float64(records))
+}
+
+// registerTLS adds the metrics of a node serving TLS: reloads of its
+// certificate files, ok and error from 0, and when the certificate in
+// force expires.
+func (m *metrics) registerTLS(reg *prometheus.Registry, c *certs) {
+	m.tlsReloads = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_tls_reloads_total",
+		Help: "Reloads of the TLS certificate, key and client CA after they changed on disk, by result (ok: served from the next handshake; error: refused, the previous ones stay).",
+	}, []string{"result"})
+	m.tlsReloads.WithLabelValues("ok")
+	m.tlsReloads.WithLabelValues("error")
+	reg.MustRegister(m.tlsReloads, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_tls_certificate_expiry_timestamp_seconds",
+		Help: "When the TLS certificate in force expires (Unix time): alert well before it, in case rotation stalls.",
+	}, func() float64 { return float64(c.notAfter().Unix()) }))
 }

@@ -65,7 +65,7 @@ type Node struct {
 	gRPCs  []*listener
 	health *health.Server
 	http   *http.Server
-	tls    *tlsConfig
+	certs  *certs // TLS material, nil without TLS
 
 	membership atomic.Pointer[cluster.Membership]
 	router     atomic.Pointer[cluster.Router]
@@ -73,6 +73,8 @@ type Node struct {
 	routerDone chan struct{}      // closed when Run returned
 
 	httpLis      net.Listener
+	healthSrv    *http.Server // Config.HealthAddr's, nil without one
+	healthLis    net.Listener
 	ready        atomic.Bool
 	wg           sync.WaitGroup
 	shutdownOnce sync.Once
@@ -112,6 +114,9 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	if cfg.ShutdownTimeout == 0 {
 		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	if cfg.TLSPollInterval == 0 {
+		cfg.TLSPollInterval = 30 * time.Second
 	}
 	cfg = cfg.withTransportDefaults()
 	if cfg.Durability == "memory" && cfg.Router.Replicas > 1 {
@@ -209,9 +214,17 @@ func New(cfg Config) (n *Node, err error) {
 	}
 
 	if cfg.TLSCert != "" {
-		if n.tls, err = loadTLS(cfg); err != nil {
+		n.certs, err = newCerts(cfg, n.log.With("component", "tls"), func(ok bool) {
+			result := "ok"
+			if !ok {
+				result = "error"
+			}
+			n.metrics.tlsReloads.WithLabelValues(result).Inc()
+		})
+		if err != nil {
 			return nil, err
 		}
+		n.metrics.registerTLS(n.registry, n.certs)
 	}
 	opts := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
@@ -237,8 +250,8 @@ func New(cfg Config) (n *Node, err error) {
 			PermitWithoutStream: true,
 		}),
 	}, n.api.Interceptors()...)
-	if n.tls != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(n.tls.server)))
+	if n.certs != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(n.certs.serverConfig(false))))
 	}
 	newListener := func(name, addr string) *listener {
 		l := &listener{name: name, addr: addr, srv: grpc.NewServer(opts...)}
@@ -265,17 +278,25 @@ func New(cfg Config) (n *Node, err error) {
 	n.api.RegisterAdmin(n.admin.srv)
 	reflection.Register(n.admin.srv)
 
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", n.metricsHandler())
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+	healthz := func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") }
+	readyz := func(w http.ResponseWriter, _ *http.Request) {
 		if why := n.NotReady(); why != "" {
 			http.Error(w, "not ready: "+why, http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
-	})
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", n.metricsHandler())
+	mux.HandleFunc("/healthz", healthz)
+	mux.HandleFunc("/readyz", readyz)
 	mux.Handle(ui.Prefix, ui.New(ui.Config{AdminToken: cfg.AdminToken, Clock: cfg.Clock, Logger: n.log}, n.api))
+	if cfg.HealthAddr != "" {
+		hmux := http.NewServeMux()
+		hmux.HandleFunc("/healthz", healthz)
+		hmux.HandleFunc("/readyz", readyz)
+		n.healthSrv = &http.Server{Handler: hmux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.MaxConnectionIdle}
+	}
 	if cfg.Pprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
@@ -284,8 +305,8 @@ func New(cfg Config) (n *Node, err error) {
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.MaxConnectionIdle}
-	if n.tls != nil {
-		n.http.TLSConfig = n.tls.server
+	if n.certs != nil {
+		n.http.TLSConfig = n.certs.serverConfig(true)
 	}
 	return n, nil
 }
@@ -328,8 +349,22 @@ func (n *Node) Start() error {
 		}
 		n.httpLis = newLimitListener(lis, n.cfg.MaxConnections, "http", n.metrics, n.log)
 	}
+	if n.healthSrv != nil {
+		lis, err := net.Listen("tcp", n.cfg.HealthAddr)
+		if err != nil {
+			closeAll()
+			if n.httpLis != nil {
+				n.httpLis.Close()
+			}
+			return fmt.Errorf("node: listen health on %s: %w", n.cfg.HealthAddr, err)
+		}
+		n.healthLis = newLimitListener(lis, n.cfg.MaxConnections, "health", n.metrics, n.log)
+	}
 	if n.limits != nil {
 		n.limits.Start()
+	}
+	if n.certs != nil {
+		n.certs.start(n.cfg.TLSPollInterval)
 	}
 	for _, l := range n.gRPCs {
 		n.wg.Add(1)
@@ -345,7 +380,7 @@ func (n *Node) Start() error {
 		go func() {
 			defer n.wg.Done()
 			var err error
-			if n.tls != nil {
+			if n.certs != nil {
 				err = n.http.ServeTLS(n.httpLis, "", "")
 			} else {
 				err = n.http.Serve(n.httpLis)
@@ -355,19 +390,27 @@ func (n *Node) Start() error {
 			}
 		}()
 	}
+	if n.healthLis != nil {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			// Plain HTTP whatever the TLS settings: the probes' listener.
+			if err := n.healthSrv.Serve(n.healthLis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				n.log.Error("health server stopped", "err", err)
+			}
+		}()
+	}
 	if n.cfg.Cluster != nil {
 		if err := n.startCluster(); err != nil {
 			n.stopGRPC()
-			if n.httpLis != nil {
-				n.http.Close()
-			}
+			n.closeHTTP()
 			n.wg.Wait()
 			return err
 		}
 	}
 	n.ready.Store(true)
 	n.updateHealth()
-	n.log.Info("serving", "grpc", n.GRPCAddr(), "peer", n.PeerAddr(), "admin", n.AdminAddr(), "http", n.HTTPAddr(), "durability", n.cfg.Durability)
+	n.log.Info("serving", "grpc", n.GRPCAddr(), "peer", n.PeerAddr(), "admin", n.AdminAddr(), "http", n.HTTPAddr(), "health", n.HealthAddr(), "durability", n.cfg.Durability)
 	return nil
 }
 
@@ -413,6 +456,25 @@ func (n *Node) HTTPAddr() string {
 	return n.httpLis.Addr().String()
 }
 
+// HealthAddr is the address the health listener (Config.HealthAddr) is
+// bound to, "" if none.
+func (n *Node) HealthAddr() string {
+	if n.healthLis == nil {
+		return ""
+	}
+	return n.healthLis.Addr().String()
+}
+
+// closeHTTP closes the HTTP and health listeners at once.
+func (n *Node) closeHTTP() {
+	if n.httpLis != nil {
+		n.http.Close()
+	}
+	if n.healthLis != nil {
+		n.healthSrv.Close()
+	}
+}
+
 // Shutdown stops the node gracefully: it reports not ready, in a cluster
 // hands its keys over and leaves, stops accepting calls, lets the calls in
 // flight finish (until ctx or ShutdownTimeout ends, then cuts them),
@@ -447,6 +509,11 @@ func (n *Node) Shutdown(ctx context.Context) error {
 				n.http.Close()
 			}
 		}
+		if n.healthLis != nil {
+			if err := n.healthSrv.Shutdown(ctx); err != nil {
+				n.healthSrv.Close()
+			}
+		}
 		n.wg.Wait()
 		n.shutdownErr = n.closeStorage()
 		n.log.Info("stopped")
@@ -461,9 +528,7 @@ func (n *Node) Crash() {
 	n.shutdownOnce.Do(func() {
 		n.ready.Store(false)
 		n.stopGRPC()
-		if n.httpLis != nil {
-			n.http.Close()
-		}
+		n.closeHTTP()
 		if m := n.membership.Load(); m != nil {
 			m.Shutdown()
 			n.stopRouter()
@@ -486,7 +551,8 @@ func (n *Node) stopGRPC() {
 	}
 }
 
-// closeStorage stops the engine and closes the limits watcher and the store.
+// closeStorage stops the engine, closes the limits watcher and the store,
+// and stops reading the TLS files.
 func (n *Node) closeStorage() error {
 	var errs []error
 	if n.engine != nil {
@@ -494,6 +560,9 @@ func (n *Node) closeStorage() error {
 	}
 	if n.limits != nil {
 		errs = append(errs, n.limits.Close())
+	}
+	if n.certs != nil {
+		n.certs.close()
 	}
 	if n.store != nil {
 		errs = append(errs, n.store.Close())
@@ -530,6 +599,17 @@ func (n *Node) ReloadLimits() error {
 		return nil
 	}
 	return n.limits.Reload()
+}
+
+// ReloadTLS reads the TLS certificate, key and client CA now (they are
+// also read every Config.TLSPollInterval) and serves them from the next
+// handshake on. Files that cannot be used are refused, with the error,
+// and the previous ones stay in force. Without TLS it does nothing.
+func (n *Node) ReloadTLS() error {
+	if n.certs == nil {
+		return nil
+	}
+	return n.certs.reload()
 }
 
 // replicator passes the engine's writes to the router once the node has

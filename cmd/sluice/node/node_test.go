@@ -74,11 +74,12 @@ func (ts *testServer) start() {
 	ts.srv = srv
 	creds := insecure.NewCredentials()
 	if ts.cfg.TLSCert != "" {
-		tc, err := loadTLS(ts.cfg) // the node's own certificate: trusted, and presented
+		tc, err := newCerts(ts.cfg, nil, nil) // the node's own certificate: trusted, and presented
 		if err != nil {
 			ts.t.Fatal(err)
 		}
-		creds = credentials.NewTLS(&tls.Config{Certificates: tc.server.Certificates, RootCAs: tc.server.ClientCAs, MinVersion: tls.VersionTLS12})
+		st := tc.cur.Load()
+		creds = credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{*st.cert}, RootCAs: st.pool, MinVersion: tls.VersionTLS12})
 	}
 	ts.conn, err = grpc.NewClient(srv.GRPCAddr(), grpc.WithTransportCredentials(creds))
 	if err != nil {

@@ -1,0 +1,279 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// helmChart is the Helm chart, from this package's directory.
+const helmChart = "../../scripts/k8s/helm/sluice"
+
+// TestHelmChart: the chart renders (helm template) manifests that decode
+// strictly and pass checkManifests, by default and with its options set;
+// its default rendering is the kustomize manifests in substance (the same
+// objects with the same specs: args, env, ports, probes, resources,
+// scheduling, Services, budget, NetworkPolicy; labels and the image
+// aside), and so are its ServiceMonitor and Secret, so that the two
+// cannot drift apart silently. It needs the helm binary: $SLUICE_HELM,
+// or helm on PATH (.ci/run installs it); without it the test is skipped,
+// except under CI.
+func TestHelmChart(t *testing.T) {
+	t.Parallel()
+	helm := helmBinary(t)
+	kustomized := loadManifestDir(t, k8sDir)
+	k := one[*kustomization](t, kustomized, "")
+	var applied, optional manifests
+	for _, d := range kustomized {
+		switch {
+		case slices.Contains(k.Resources, d.file):
+			applied = append(applied, d)
+		case d.file != "kustomization.yaml":
+			optional = append(optional, d)
+		}
+	}
+
+	t.Run("default", func(t *testing.T) {
+		t.Parallel()
+		docs := helmTemplate(t, helm, "sluice")
+		checkManifests(t, docs)
+		sameInSubstance(t, applied, docs, podLabelsOf(t, kustomized), podLabelsOf(t, docs))
+	})
+
+	t.Run("service monitor and secret", func(t *testing.T) {
+		t.Parallel()
+		docs := helmTemplate(t, helm, "sluice", "--set", "serviceMonitor.enabled=true", "--set", "auth.create=true", "--set", "auth.adminToken=t0ken")
+		var want, got manifests
+		for _, d := range optional {
+			if _, ok := d.obj.(*corev1.Secret); !ok {
+				want = append(want, d)
+			}
+		}
+		for _, d := range docs {
+			if _, ok := d.obj.(*serviceMonitor); ok {
+				got = append(got, d)
+			}
+		}
+		sameInSubstance(t, want, got, podLabelsOf(t, kustomized), podLabelsOf(t, docs))
+		// The Secret has the keys of the example's, which the pods read.
+		example := one[*corev1.Secret](t, optional, "sluice")
+		secret := one[*corev1.Secret](t, docs, "sluice")
+		if w, g := slices.Sorted(maps.Keys(example.StringData)), slices.Sorted(maps.Keys(secret.StringData)); !slices.Equal(w, g) {
+			t.Errorf("the chart's Secret has keys %v; the example's %v", g, w)
+		}
+		checkManifests(t, docs)
+	})
+
+	t.Run("options", func(t *testing.T) {
+		t.Parallel()
+		limits := filepath.Join(t.TempDir(), "limits.yaml")
+		if err := os.WriteFile(limits, []byte("domain: edge\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		docs := helmTemplate(t, helm, "edge",
+			"--set", "replicas=5",
+			"--set", "resources.limits.memory=2Gi", "--set", "goMemLimit=1800MiB",
+			"--set", "tls.secretName=sluice-tls", "--set", "tls.clientCA=true",
+			"--set-file", "limits="+limits,
+			"--set", "serviceMonitor.enabled=true",
+			"--set", "persistence.storageClassName=zonal",
+			"--set", "extraArgs={--durability=fsync}")
+		checkManifests(t, docs)
+		sts := one[*appsv1.StatefulSet](t, docs, "edge-sluice")
+		args := container(t, &sts.Spec.Template.Spec, "sluice").Args
+		for _, want := range []string{"--expect=5", "--tls-client-ca=/etc/sluice/tls/ca.crt", "--limits-file=/etc/sluice/limits/limits.yaml", "--durability=fsync",
+			"--join=edge-sluice-headless.$(POD_NAMESPACE).svc.cluster.local:7946"} {
+			if !slices.Contains(args, want) {
+				t.Errorf("args %q lack %s", args, want)
+			}
+		}
+	})
+
+	t.Run("preferred anti-affinity", func(t *testing.T) {
+		t.Parallel()
+		docs := helmTemplate(t, helm, "sluice", "--set", "podAntiAffinity=preferred")
+		a := one[*appsv1.StatefulSet](t, docs, "").Spec.Template.Spec.Affinity.PodAntiAffinity
+		if len(a.RequiredDuringSchedulingIgnoredDuringExecution) != 0 || len(a.PreferredDuringSchedulingIgnoredDuringExecution) != 1 {
+			t.Errorf("podAntiAffinity=preferred renders %+v; want one preferred term and no required one", a)
+		}
+	})
+}
+
+// helmBinary finds helm: $SLUICE_HELM, else on PATH. Without it the test
+// is skipped, or fails under CI (CI=true), where .ci/run installs it.
+func helmBinary(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("SLUICE_HELM"); p != "" {
+		return p
+	}
+	if p, err := exec.LookPath("helm"); err == nil {
+		return p
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatal("helm not found ($SLUICE_HELM or PATH); .ci/run installs it")
+	}
+	t.Skip("helm not found: set SLUICE_HELM or put helm on PATH (.ci/run installs it)")
+	return ""
+}
+
+// helmTemplate renders the chart as release with the extra arguments and
+// decodes the result strictly.
+func helmTemplate(t *testing.T, helm, release string, args ...string) manifests {
+	t.Helper()
+	home := t.TempDir() // helm's cache, config and data: none of the user's
+	cmd := exec.Command(helm, append([]string{"template", release, helmChart}, args...)...)
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
+	out, err := cmd.Output()
+	if err != nil {
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			t.Fatalf("helm template %s %s: %v\n%s", release, strings.Join(args, " "), err, exit.Stderr)
+		}
+		t.Fatalf("helm template: %v", err)
+	}
+	return decodeManifests(t, "helm template "+release, out)
+}
+
+// podLabelsOf is the labels of the pods of the StatefulSet among docs.
+func podLabelsOf(t *testing.T, docs manifests) map[string]string {
+	t.Helper()
+	return one[*appsv1.StatefulSet](t, docs, "").Spec.Template.Labels
+}
+
+// sameInSubstance checks that got holds the objects of want (by kind and
+// name) with the same content, once labels (each set labels its objects
+// its own way: the chart adds the release), label selectors that select
+// the pods (wantPods' or gotPods' labels, or some of them), and the image
+// are set aside.
+func sameInSubstance(t *testing.T, want, got manifests, wantPods, gotPods map[string]string) {
+	t.Helper()
+	w, g := substance(t, want, wantPods), substance(t, got, gotPods)
+	for _, id := range slices.Sorted(maps.Keys(w)) {
+		if _, ok := g[id]; !ok {
+			t.Errorf("the chart renders no %s (the kustomize manifests have it)", id)
+			continue
+		}
+		var diffs []string
+		diff(id, w[id], g[id], &diffs)
+		for _, d := range diffs {
+			t.Errorf("chart and kustomize manifests differ: %s", d)
+		}
+	}
+	for _, id := range slices.Sorted(maps.Keys(g)) {
+		if _, ok := w[id]; !ok {
+			t.Errorf("the chart renders %s, which the kustomize manifests do not have", id)
+		}
+	}
+}
+
+// podsMarker stands for a set of labels that selects the pods.
+const podsMarker = "<the pods' labels>"
+
+// substance maps "Kind name" to the object as plain JSON values, with
+// what sameInSubstance sets aside removed.
+func substance(t *testing.T, docs manifests, podLabels map[string]string) map[string]any {
+	t.Helper()
+	out := map[string]any{}
+	for _, d := range docs {
+		b, err := json.Marshal(d.obj)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var m map[string]any
+		if err := json.Unmarshal(b, &m); err != nil {
+			t.Fatal(err)
+		}
+		kind := strings.TrimPrefix(fmt.Sprintf("%T", d.obj), "*")
+		if meta, ok := m["metadata"].(map[string]any); ok {
+			delete(meta, "labels")
+		}
+		if md, ok := m["Metadata"].(map[string]any); ok { // the ServiceMonitor's struct
+			delete(md, "labels")
+		}
+		out[kind+" "+d.obj.GetName()] = normalize(m, podLabels)
+	}
+	return out
+}
+
+// normalize replaces label sets that select the pods (a subset of their
+// labels) with podsMarker, drops any other "labels", and drops images.
+func normalize(v any, podLabels map[string]string) any {
+	switch v := v.(type) {
+	case map[string]any:
+		for k, e := range v {
+			if k == "image" {
+				delete(v, k)
+				continue
+			}
+			if labels, ok := e.(map[string]any); ok && (k == "labels" || k == "matchLabels" || k == "selector") {
+				sel := map[string]string{}
+				for lk, lv := range labels {
+					s, _ := lv.(string)
+					sel[lk] = s
+				}
+				if len(sel) == len(labels) && subset(sel, podLabels) {
+					v[k] = podsMarker
+					continue
+				}
+				if k == "labels" {
+					delete(v, k)
+					continue
+				}
+			}
+			v[k] = normalize(e, podLabels)
+		}
+	case []any:
+		for i := range v {
+			v[i] = normalize(v[i], podLabels)
+		}
+	}
+	return v
+}
+
+// diff appends to out a line for each place where want and got differ.
+func diff(path string, want, got any, out *[]string) {
+	if len(*out) >= 20 {
+		return
+	}
+	wm, wok := want.(map[string]any)
+	gm, gok := got.(map[string]any)
+	if wok && gok {
+		keys := slices.Collect(maps.Keys(wm))
+		for k := range gm {
+			if _, ok := wm[k]; !ok {
+				keys = append(keys, k)
+			}
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			diff(path+"."+k, wm[k], gm[k], out)
+		}
+		return
+	}
+	wl, wok := want.([]any)
+	gl, gok := got.([]any)
+	if wok && gok && len(wl) == len(gl) {
+		for i := range wl {
+			diff(fmt.Sprintf("%s[%d]", path, i), wl[i], gl[i], out)
+		}
+		return
+	}
+	if !reflect.DeepEqual(want, got) {
+		w, _ := json.Marshal(want)
+		g, _ := json.Marshal(got)
+		*out = append(*out, fmt.Sprintf("%s: kustomize %s, chart %s", path, w, g))
+	}
+}
