@@ -416,6 +416,8 @@ func TestServeStartErrors(t *testing.T) {
 // names the peer and admin listeners; admin calls go to --admin-addr only.
 func TestServeSeparateListeners(t *testing.T) {
 	t.Parallel()
+	oneClusterAtATime(t)
+	t.Cleanup(func() { waitMemberlistGone(t) })
 	n := startNode(t, nil, "--grpc-addr", "0.0.0.0:0", "--peer-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
 		"--gossip-addr", "127.0.0.1:0", "--expect", "1", "--node-name", "split")
 	if n.peerAddr == "" || n.adminAddr == "" || n.peerAddr == n.adminAddr {

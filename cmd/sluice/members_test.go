@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -55,6 +56,7 @@ func TestMembersSingleNode(t *testing.T) {
 // addresses and about a third of the keys each, whichever is asked.
 func TestMembersCluster(t *testing.T) {
 	t.Parallel()
+	oneClusterAtATime(t)
 	// Registered first, so it runs after the nodes have stopped.
 	t.Cleanup(func() { waitMemberlistGone(t) })
 	gossip := []string{gossipAddr(t), gossipAddr(t), gossipAddr(t)}
@@ -93,6 +95,18 @@ func TestMembersCluster(t *testing.T) {
 	if !strings.Contains(r.stderr, "FailedPrecondition") || !strings.Contains(r.stderr, "stop it") {
 		t.Errorf("members forget of a live member: stderr %q; want FailedPrecondition, saying to stop it first", r.stderr)
 	}
+}
+
+// clusterTests serialises the tests that run a cluster in this process:
+// each waits, once its nodes stopped, until no memberlist goroutine is left,
+// which another cluster running meanwhile would prevent.
+var clusterTests sync.Mutex
+
+// oneClusterAtATime holds clusterTests until the end of the test, after
+// its other cleanups: call it before registering them.
+func oneClusterAtATime(t *testing.T) {
+	clusterTests.Lock()
+	t.Cleanup(clusterTests.Unlock)
 }
 
 // waitMemberlistGone waits until no memberlist goroutine is left, so that

@@ -114,6 +114,7 @@ func TestTopSingleNode(t *testing.T) {
 // them, counted once per check, with their owner.
 func TestTopCluster(t *testing.T) {
 	t.Parallel()
+	oneClusterAtATime(t)
 	t.Cleanup(func() { waitMemberlistGone(t) })
 	gossip := []string{gossipAddr(t), gossipAddr(t), gossipAddr(t)}
 	nodes := make([]*cliNode, 3)
