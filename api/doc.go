@@ -15,6 +15,10 @@
 // from its owner, listings cover every node, overrides are set on every
 // node and kept in the data file's meta bucket "overrides".
 //
+// Two HTTP handlers serve envoyproxy/ratelimit's /json (a decision over
+// HTTP, through the same path as ShouldRateLimit) and /rlconfig (the
+// limits in force); the node mounts them on its HTTP listener.
+//
 // The package wires nothing: the node (cmd/sluice/node) opens the store,
 // starts the engine, joins the cluster and serves these services with
 // Register and Interceptors (which require the admin token on admin and

@@ -34,6 +34,9 @@ type Config struct {
 	// RateLimitHeaders makes Envoy responses carry the IETF RateLimit-Policy
 	// and RateLimit header fields and Retry-After for the client.
 	RateLimitHeaders bool
+	// MaxMessageBytes bounds the body of a decision over HTTP (/json).
+	// Default 4 MiB.
+	MaxMessageBytes int
 	// Limits bounds what a check may ask for: the engine's
 	// (actor.Config.Limits), so that the APIs refuse what the engine would.
 	Limits actor.Limits

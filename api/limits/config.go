@@ -68,6 +68,16 @@ type Rule struct {
 	File string
 	// Line is the line of the rule's descriptor in File.
 	Line int
+	// StatKey names the rule in statistics and in /rlconfig as
+	// envoyproxy/ratelimit does, without the domain: the descriptors from
+	// the top of the domain to the rule, each as key_value or, without a
+	// value, key, joined by dots ("message_type_marketing.to_number"). See
+	// RequestStatKey for the key of one request.
+	StatKey string
+
+	// statLevels are the levels of the statistics key when some show the
+	// request's values (detailed_metric, value_to_metric); nil otherwise.
+	statLevels []statLevel
 }
 
 // Config is a parsed, checked set of limits files: one file per domain.

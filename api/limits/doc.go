@@ -27,10 +27,11 @@
 //   - Domains cannot be merged across files (ratelimit's
 //     MERGE_DOMAIN_CONFIG): a domain defined twice is an error.
 //
-// Fields that only name ratelimit's statistics are checked and kept where
-// they can matter (detailed_metric, on Rule) or accepted and ignored
-// (value_to_metric). quota_mode, share_threshold and metadata, which
-// ratelimit added after its README's format section, are supported.
+// The fields that name ratelimit's statistics, detailed_metric and
+// value_to_metric, shape each rule's statistics key as they do in
+// ratelimit (Rule.StatKey, Rule.RequestStatKey). quota_mode,
+// share_threshold and metadata, which ratelimit added after its README's
+// format section, are supported.
 //
 // Every problem is reported as an *Error with its file and line; a load
 // reports up to ten of them at once.

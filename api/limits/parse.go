@@ -300,7 +300,7 @@ func (p *parser) parseFile(data []byte) (d *domain) {
 		return nil
 	}
 	if f, ok := fields.get("descriptors"); ok {
-		p.descriptors(f.val, &d.root, d, "domain="+d.name+" ", 1)
+		p.descriptors(f.val, &d.root, d, "domain="+d.name+" ", nil, 1)
 	}
 	return d
 }
@@ -322,9 +322,9 @@ func isNull(n *yaml.Node) bool {
 }
 
 // descriptors parses a list of descriptors into the children of parent;
-// prefix starts the Path of the rules found; depth is the list's level,
-// 1 at the top.
-func (p *parser) descriptors(list *yaml.Node, parent *node, d *domain, prefix string, depth int) {
+// prefix starts the Path of the rules found and stat holds the statistics
+// key levels above the list; depth is the list's level, 1 at the top.
+func (p *parser) descriptors(list *yaml.Node, parent *node, d *domain, prefix string, stat []statLevel, depth int) {
 	p.spend()
 	list = p.deref(list)
 	if isNull(list) {
@@ -394,7 +394,7 @@ func (p *parser) descriptors(list *yaml.Node, parent *node, d *domain, prefix st
 			return b
 		}
 		shadow, quota, detailed := flag("shadow_mode"), flag("quota_mode"), flag("detailed_metric")
-		flag("value_to_metric") // checked, then unused: it only names metrics
+		valueToMetric := flag("value_to_metric")
 		if flag("share_threshold") {
 			if strings.Contains(e.Value, "*") {
 				n.share = e.Value
@@ -407,15 +407,23 @@ func (p *parser) descriptors(list *yaml.Node, parent *node, d *domain, prefix st
 		if f, ok := fields.get("metadata"); ok {
 			meta = p.metadata(f)
 		}
+		// This level of the statistics key: the value shows when the
+		// descriptor has one that is not a pattern; value_to_metric shows
+		// the request's instead of none or of a pattern (unless the
+		// pattern's values share one counter).
+		level := statLevel{key: e.Key, fixed: e.Value, shared: n.share != ""}
+		level.fromRequest = valueToMetric && (e.Value == "" || strings.Contains(e.Value, "*") && !level.shared)
+		stat := append(stat[:len(stat):len(stat)], level)
 		if rule != nil {
 			rule.ShadowMode, rule.QuotaMode, rule.DetailedMetric = shadow, quota, detailed
 			rule.Metadata = meta
 			rule.Domain, rule.Path, rule.File, rule.Line = d.name, here, p.file, item.Line
+			rule.StatKey, rule.statLevels = staticStatKey(stat), ruleStatLevels(stat, detailed)
 			n.rule = rule
 			d.rules = append(d.rules, rule)
 		}
 		if f, ok := fields.get("descriptors"); ok {
-			p.descriptors(f.val, n, d, here+" > ", depth+1)
+			p.descriptors(f.val, n, d, here+" > ", stat, depth+1)
 		}
 
 		parent.hasChildren = true
@@ -442,6 +450,26 @@ func (p *parser) descriptors(list *yaml.Node, parent *node, d *domain, prefix st
 			parent.wild[e.Key] = append(parent.wild[e.Key], w)
 		}
 	}
+}
+
+// ruleStatLevels returns the levels of a rule's statistics key when some
+// come from the request, nil otherwise. detailed (the rule's
+// detailed_metric) shows the request's value at every level but those of
+// a shared wildcard, which show their pattern.
+func ruleStatLevels(stat []statLevel, detailed bool) []statLevel {
+	out := slices.Clone(stat)
+	fromRequest := false
+	for i := range out {
+		l := &out[i]
+		if detailed && !l.shared {
+			l.fromRequest = true
+		}
+		fromRequest = fromRequest || l.fromRequest
+	}
+	if !fromRequest {
+		return nil
+	}
+	return out
 }
 
 // describeEntry names a descriptor's key and value for messages.

@@ -38,7 +38,8 @@ type Config struct {
 	// dial it for the admin calls they fan out. Default empty: both are on
 	// GRPCAddr.
 	AdminAddr string
-	// HTTPAddr is where /metrics, /healthz and /readyz listen. Default
+	// HTTPAddr is where /metrics, /healthz, /readyz, and
+	// envoyproxy/ratelimit's /json and /rlconfig listen. Default
 	// 127.0.0.1:8080. Empty disables the HTTP listener.
 	HTTPAddr string
 	// DataDir holds the data file, sluice.db. Default "sluice-data".

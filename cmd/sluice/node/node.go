@@ -190,6 +190,7 @@ func New(cfg Config) (n *Node, err error) {
 		AdminToken:       cfg.AdminToken,
 		RefundToken:      cfg.RefundToken,
 		RateLimitHeaders: cfg.RateLimitHeaders,
+		MaxMessageBytes:  cfg.MaxMessageBytes,
 		Limits:           cfg.Engine.Limits,
 	}, api.Deps{
 		Engine:     n.engine,
@@ -266,6 +267,8 @@ func New(cfg Config) (n *Node, err error) {
 
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", n.metricsHandler())
+	mux.Handle("/json", n.api.JSONHandler())             // envoyproxy/ratelimit's decision over HTTP
+	mux.Handle("/rlconfig", n.api.LimitsConfigHandler()) // and its dump of the limits in force
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if why := n.NotReady(); why != "" {

@@ -1,0 +1,178 @@
+package node
+
+import (
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+)
+
+// The drop-in tests: what users of envoyproxy/ratelimit script against,
+// on a real node.
+
+const dropinLimits = `domain: dummy
+descriptors:
+  - key: one_per_day
+    rate_limit:
+      unit: day
+      requests_per_unit: 1
+  - key: two_per_minute
+    value: something
+    shadow_mode: true
+    rate_limit:
+      unit: minute
+      requests_per_unit: 2
+`
+
+// newDropinServer starts a node on a limits file holding yaml.
+func newDropinServer(t *testing.T, yaml string, edit func(*Config)) *testServer {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "limits.yaml")
+	if err := os.WriteFile(path, []byte(yaml), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return newTestServer(t, func(c *Config) {
+		c.LimitsFile = path
+		c.LimitsPollInterval = time.Hour
+		if edit != nil {
+			edit(c)
+		}
+	})
+}
+
+// httpDo sends a request to the node's HTTP listener and returns the
+// status and body.
+func (ts *testServer) httpDo(method, path, token, body string) (int, string) {
+	ts.t.Helper()
+	req, err := http.NewRequestWithContext(ts.ctx(), method, "http://"+ts.srv.HTTPAddr()+path, strings.NewReader(body))
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		ts.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// postJSON posts body to /json and decodes the answer when it is one.
+func (ts *testServer) postJSON(token, body string) (int, *rlsv3.RateLimitResponse, string) {
+	ts.t.Helper()
+	code, out := ts.httpDo(http.MethodPost, "/json", token, body)
+	if code != http.StatusOK && code != http.StatusTooManyRequests {
+		return code, nil, out
+	}
+	var resp rlsv3.RateLimitResponse
+	if err := protojson.Unmarshal([]byte(out), &resp); err != nil {
+		ts.t.Fatalf("POST /json %s: %d with a body that is no RateLimitResponse: %v\n%s", body, code, err, out)
+	}
+	return code, &resp, out
+}
+
+// TestJSONEndpoint: /json decides as ShouldRateLimit does, answers
+// envoyproxy/ratelimit's JSON with 200 or 429, refuses what is not a
+// request, and asks a refund for its credential.
+func TestJSONEndpoint(t *testing.T) {
+	ts := newDropinServer(t, dropinLimits, func(c *Config) { c.AdminToken, c.RefundToken = "adm", "ref" })
+	const day = `{"domain": "dummy", "descriptors": [{"entries": [{"key": "one_per_day", "value": "x"}]}]}`
+
+	code, resp, raw := ts.postJSON("", day)
+	if code != http.StatusOK || resp.OverallCode != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("first POST /json %s = %d %s; want 200, OK", day, code, raw)
+	}
+	for _, want := range []string{`"overallCode":"OK"`, `"requestsPerUnit":1`, `"unit":"DAY"`} {
+		if !strings.Contains(strings.ReplaceAll(raw, " ", ""), want) {
+			t.Errorf("first POST /json: body %s lacks %s", raw, want)
+		}
+	}
+	code, resp, raw = ts.postJSON("", day)
+	if code != http.StatusTooManyRequests || resp.OverallCode != rlsv3.RateLimitResponse_OVER_LIMIT ||
+		resp.Statuses[0].Code != rlsv3.RateLimitResponse_OVER_LIMIT {
+		t.Fatalf("second POST /json %s = %d %s; want 429, OVER_LIMIT", day, code, raw)
+	}
+
+	// hits_addend, in either spelling, is the cost: 3 over a limit of 2
+	// (a shadow rule: OK, counted apart).
+	for _, body := range []string{
+		`{"domain": "dummy", "hits_addend": 3, "descriptors": [{"entries": [{"key": "two_per_minute", "value": "something"}]}]}`,
+		`{"domain": "dummy", "hitsAddend": 3, "descriptors": [{"entries": [{"key": "two_per_minute", "value": "something"}]}]}`,
+	} {
+		code, resp, raw = ts.postJSON("", body)
+		if code != http.StatusOK || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 2 {
+			t.Errorf("POST /json %s = %d %s; want 200, OK with 2 remaining (a shadow rule)", body, code, raw)
+		}
+	}
+
+	// A refund takes a credential when the node has one.
+	refund := `{"domain": "dummy", "descriptors": [{"entries": [{"key": "one_per_day", "value": "x"}], "is_negative_hits": true}]}`
+	if code, _, raw := ts.postJSON("", refund); code != http.StatusUnauthorized {
+		t.Errorf("POST /json refund without a token = %d %s; want 401", code, raw)
+	}
+	if code, _, raw := ts.postJSON("ref", refund); code != http.StatusOK {
+		t.Errorf("POST /json refund with the refund token = %d %s; want 200", code, raw)
+	}
+	if code, _, raw := ts.postJSON("", day); code != http.StatusOK {
+		t.Errorf("POST /json after the refund = %d %s; want 200", code, raw)
+	}
+
+	for _, tc := range []struct {
+		method, body string
+		want         int
+	}{
+		{http.MethodPost, `{"domain": "dummy"`, http.StatusBadRequest},
+		{http.MethodPost, `{"domain": "dummy", "descriptors": [{"entries": [{"key": "k"}]}], "bogus": 1}`, http.StatusBadRequest},
+		{http.MethodPost, `{"domain": "", "descriptors": [{"entries": [{"key": "k"}]}]}`, http.StatusBadRequest},
+		{http.MethodPost, `{"domain": "dummy", "descriptors": [{"entries": []}]}`, http.StatusBadRequest},
+		{http.MethodPost, `{"domain": "dummy", "descriptors": [{"entries": [{"key": "k"}]}]}`, http.StatusOK},
+		{http.MethodGet, ``, http.StatusMethodNotAllowed},
+		{http.MethodPost, `{"domain": "` + strings.Repeat("d", 5<<20) + `"}`, http.StatusRequestEntityTooLarge},
+	} {
+		code, body := ts.httpDo(tc.method, "/json", "", tc.body)
+		if code != tc.want {
+			t.Errorf("%s /json %.80s = %d %q; want %d", tc.method, tc.body, code, body, tc.want)
+		}
+	}
+}
+
+// TestRLConfigEndpoint: /rlconfig lists the rules in force in
+// envoyproxy/ratelimit's format, behind the admin token when one is set,
+// and follows a reload.
+func TestRLConfigEndpoint(t *testing.T) {
+	ts := newDropinServer(t, dropinLimits, func(c *Config) { c.AdminToken = "adm" })
+	want := "dummy.one_per_day: unit=DAY requests_per_unit=1, shadow_mode: false, quota_mode: false\n" +
+		"dummy.two_per_minute_something: unit=MINUTE requests_per_unit=2, shadow_mode: true, quota_mode: false\n"
+	if code, body := ts.httpDo(http.MethodGet, "/rlconfig", "adm", ""); code != http.StatusOK || body != want {
+		t.Errorf("GET /rlconfig = %d\n%s\nwant 200\n%s", code, body, want)
+	}
+	for _, token := range []string{"", "wrong"} {
+		if code, body := ts.httpDo(http.MethodGet, "/rlconfig", token, ""); code != http.StatusUnauthorized {
+			t.Errorf("GET /rlconfig with token %q = %d %q; want 401", token, code, body)
+		}
+	}
+	if err := os.WriteFile(ts.cfg.LimitsFile, []byte("domain: other\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 7}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := ts.srv.ReloadLimits(); err != nil {
+		t.Fatal(err)
+	}
+	want = "other.k: unit=HOUR requests_per_unit=7, shadow_mode: false, quota_mode: false\n"
+	if code, body := ts.httpDo(http.MethodGet, "/rlconfig", "adm", ""); code != http.StatusOK || body != want {
+		t.Errorf("GET /rlconfig after a reload = %d\n%s\nwant 200\n%s", code, body, want)
+	}
+
+	open := newTestServer(t, nil) // no limits file, no token
+	if code, body := open.httpDo(http.MethodGet, "/rlconfig", "", ""); code != http.StatusOK || body != "" {
+		t.Errorf("GET /rlconfig without a limits file = %d %q; want 200 and nothing", code, body)
+	}
+}
