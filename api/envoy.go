@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"strconv"
 	"strings"
@@ -34,8 +35,9 @@ import (
 //     limit) is OVER_LIMIT, not an error: Envoy lets a request through when
 //     its rate limit service fails. Errors (InvalidArgument) are for
 //     malformed requests, and record nothing.
-//   - Shadow-mode rules count and report, but their descriptors say OK and
-//     never make the request OVER_LIMIT.
+//   - Shadow-mode rules (every limit, with Config.ShadowMode) count and
+//     report, but their descriptors say OK and never make the request
+//     OVER_LIMIT.
 type envoyService struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	s *Server
@@ -157,6 +159,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 				d.kind, d.limit, d.window, d.unit, d.mult = envoyCheck, r.Limit, r.Window, r.Unit, 1
 			}
 		}
+		d.shadow = d.shadow || s.cfg.ShadowMode
 		if o := s.overrides.match(d.key, now); o != nil {
 			c := actor.Check{Limit: d.limit, Window: d.window, Algorithm: d.algo}
 			o.apply(&c)
@@ -273,6 +276,7 @@ func (s *Server) envoyResponse(descs []envoyDescriptor, out []actor.Decision) *r
 			allowed++
 		case d.shadow:
 			shadowDenied++ // as envoyproxy/ratelimit: reported OK, counted apart
+			s.logShadowDenial(d)
 		default:
 			denied++
 			code = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -303,7 +307,7 @@ func (s *Server) envoyResponse(descs []envoyDescriptor, out []actor.Decision) *r
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if s.cfg.RateLimitHeaders {
-		resp.ResponseHeadersToAdd = rateLimitHeaders(enforced, overLimit)
+		resp.ResponseHeadersToAdd = s.rateLimitHeaders(enforced, overLimit)
 	}
 	m := &s.metrics.envoy
 	m.allowed.Add(float64(allowed))
@@ -312,6 +316,14 @@ func (s *Server) envoyResponse(descs []envoyDescriptor, out []actor.Decision) *r
 		m.shadowDenied.Add(float64(shadowDenied))
 	}
 	return resp
+}
+
+// logShadowDenial logs, at debug level, a descriptor over its limit that
+// shadow mode answered OK.
+func (s *Server) logShadowDenial(d *envoyDescriptor) {
+	if s.log.Enabled(context.Background(), slog.LevelDebug) {
+		s.log.Debug("shadow mode: over the limit, answered OK", "key", d.key, "rule", d.name, "limit", d.limit, "window", d.window)
+	}
 }
 
 // currentLimit describes d's limit for the response in rl, and returns rl.
@@ -406,16 +418,27 @@ func clampUint32(v int64) uint32 {
 	return uint32(min(max(v, 0), math.MaxUint32))
 }
 
-// rateLimitHeaders returns the RateLimit-Policy and RateLimit fields of
-// draft-ietf-httpapi-ratelimit-headers for the most restrictive enforced
-// descriptor, and Retry-After when the request is over its limit and
-// waiting can help. Shadow-mode descriptors never show.
-//
-// The most restrictive descriptor is, when the request is over its limit,
-// the one that fails it for longest (a descriptor that can never fit beats
-// any wait; when only quota-mode descriptors fail the request, the one that
-// frees up first); otherwise the one with the fewest hits remaining.
-func rateLimitHeaders(enforced []envoyOutcome, overLimit bool) []*corev3.HeaderValue {
+// rateLimitHeaders returns the header fields of s's HeaderFormat for the
+// most restrictive enforced descriptor, nil when there is none.
+// Shadow-mode descriptors never show.
+func (s *Server) rateLimitHeaders(enforced []envoyOutcome, overLimit bool) []*corev3.HeaderValue {
+	best := mostRestrictive(enforced, overLimit)
+	switch {
+	case best == nil:
+		return nil
+	case s.cfg.HeaderFormat == HeadersDraft03:
+		return draft03Headers(s.headerNames, best)
+	}
+	return ietfHeaders(best, overLimit)
+}
+
+// mostRestrictive returns the outcome the response headers describe: when
+// the request is over its limit, the one that fails it for longest (a
+// descriptor that can never fit beats any wait; when only quota-mode
+// descriptors fail the request, the one that frees up first); otherwise
+// the one with the fewest hits remaining. It returns nil when enforced is
+// empty.
+func mostRestrictive(enforced []envoyOutcome, overLimit bool) *envoyOutcome {
 	var best *envoyOutcome
 	if overLimit {
 		for i := range enforced {
@@ -439,20 +462,29 @@ func rateLimitHeaders(enforced []envoyOutcome, overLimit bool) []*corev3.HeaderV
 			}
 		}
 	}
-	if best == nil {
-		return nil
+	return best
+}
+
+// wait is the time the headers announce: until a retry can succeed when
+// denied (and waiting helps), else until the limit is whole again.
+func (o *envoyOutcome) wait() time.Duration {
+	if !o.allowed && !o.neverFits {
+		return o.retry
 	}
+	return o.reset
+}
+
+// ietfHeaders returns the RateLimit-Policy and RateLimit fields of
+// draft-ietf-httpapi-ratelimit-headers for best, and Retry-After when the
+// request is over its limit and waiting can help.
+func ietfHeaders(best *envoyOutcome, overLimit bool) []*corev3.HeaderValue {
 	name := best.d.name
 	if name == "" {
 		name = "default"
 	}
 	policy := sfString(name)
-	// t is the time within which the client can use no more than r: until
-	// a retry can succeed when denied, else until the limit is whole again.
-	t := best.reset
-	if !best.allowed && !best.neverFits {
-		t = best.retry
-	}
+	// t is the time within which the client can use no more than r.
+	t := best.wait()
 	h := []*corev3.HeaderValue{
 		{Key: "RateLimit-Policy", Value: policy + ";q=" + strconv.FormatInt(best.d.limit, 10) + ";w=" + strconv.FormatInt(ceilSeconds(best.d.window), 10)},
 		{Key: "RateLimit", Value: policy + ";r=" + strconv.FormatInt(max(best.remaining, 0), 10) + ";t=" + strconv.FormatInt(ceilSeconds(t), 10)},

@@ -31,9 +31,20 @@ type Config struct {
 	// nothing else. Refunds need it or the admin token; with neither set,
 	// refunds are open like every decision.
 	RefundToken string
-	// RateLimitHeaders makes Envoy responses carry the IETF RateLimit-Policy
-	// and RateLimit header fields and Retry-After for the client.
+	// RateLimitHeaders makes Envoy responses carry rate limit header
+	// fields for the client, in HeaderFormat.
 	RateLimitHeaders bool
+	// HeaderFormat chooses the fields RateLimitHeaders adds: HeadersIETF
+	// (the default, also for "") or HeadersDraft03.
+	HeaderFormat HeaderFormat
+	// HeaderNames names the fields of HeadersDraft03; an empty name takes
+	// envoyproxy/ratelimit's default (RateLimit-Limit, RateLimit-Remaining,
+	// RateLimit-Reset).
+	HeaderNames HeaderNames
+	// ShadowMode puts every limit of Envoy requests in shadow mode, as
+	// envoyproxy/ratelimit's SHADOW_MODE does: counted and reported, never
+	// OVER_LIMIT.
+	ShadowMode bool
 	// MaxMessageBytes bounds the body of a decision over HTTP (/json).
 	// Default 4 MiB.
 	MaxMessageBytes int
@@ -89,6 +100,8 @@ type Server struct {
 	membership func() *cluster.Membership
 	grpcAddr   func() string
 	clustered  bool
+	// headerNames is cfg.HeaderNames with the defaults filled in.
+	headerNames HeaderNames
 }
 
 // New builds the services and loads the overrides kept in d.Store.
@@ -120,7 +133,10 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: d.Logger, clock: d.Clock, store: d.Store, engine: d.Engine, limits: d.Limits,
 		router: d.Router, membership: d.Membership, grpcAddr: d.GRPCAddr, clustered: d.Clustered,
-		metrics: newMetrics(d.Registry),
+		metrics: newMetrics(d.Registry), headerNames: cfg.HeaderNames.withDefaults(),
+	}
+	if _, err := ParseHeaderFormat(string(cfg.HeaderFormat)); err != nil {
+		return nil, err
 	}
 	var overrides []*Override
 	if s.store != nil {

@@ -31,6 +31,9 @@ type testConfig struct {
 	AdminToken       string
 	RefundToken      string
 	RateLimitHeaders bool
+	HeaderFormat     HeaderFormat
+	HeaderNames      HeaderNames
+	ShadowMode       bool
 	// Durability is "memory" or a persist mode; DataDir holds the data file.
 	Durability string
 	DataDir    string
@@ -112,6 +115,7 @@ func (ts *testServer) start() {
 	ts.srv, err = New(Config{
 		NodeName: ts.cfg.NodeName, AdminToken: ts.cfg.AdminToken, RefundToken: ts.cfg.RefundToken,
 		RateLimitHeaders: ts.cfg.RateLimitHeaders, Limits: ts.cfg.Engine.Limits,
+		HeaderFormat: ts.cfg.HeaderFormat, HeaderNames: ts.cfg.HeaderNames, ShadowMode: ts.cfg.ShadowMode,
 	}, Deps{
 		Engine: ts.engine, Store: ts.store, Limits: ts.limits, Clock: ts.clk, Logger: log, Clustered: ts.cfg.Clustered,
 		GRPCAddr: func() string { return ts.addr },

@@ -91,7 +91,13 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "certificate file (PEM): serve gRPC and HTTP over TLS; needs --tls-key")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "private key file (PEM) of --tls-cert")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA file (PEM): require client certificates signed by it")
-	fs.BoolVar(&cfg.RateLimitHeaders, "rate-limit-headers", false, "add RateLimit-Policy, RateLimit and Retry-After headers to Envoy responses")
+	fs.BoolVar(&cfg.RateLimitHeaders, "rate-limit-headers", false, "add rate limit header fields to Envoy responses, in --rate-limit-headers-format")
+	fs.Var(newEnumValue(&cfg.RateLimitHeadersFormat, "ietf", "ietf", "draft03"), "rate-limit-headers-format",
+		"fields of --rate-limit-headers: ietf (the current draft: RateLimit-Policy, RateLimit, Retry-After) or draft03 (envoyproxy/ratelimit's: limit, remaining, reset, named by --limit-*-header)")
+	fs.StringVar(&cfg.RateLimitHeaderNames.Limit, "limit-limit-header", "", "draft03: name of the limit field (empty: RateLimit-Limit; envoyproxy/ratelimit's LIMIT_LIMIT_HEADER)")
+	fs.StringVar(&cfg.RateLimitHeaderNames.Remaining, "limit-remaining-header", "", "draft03: name of the remaining field (empty: RateLimit-Remaining; LIMIT_REMAINING_HEADER)")
+	fs.StringVar(&cfg.RateLimitHeaderNames.Reset, "limit-reset-header", "", "draft03: name of the reset field (empty: RateLimit-Reset; LIMIT_RESET_HEADER)")
+	fs.BoolVar(&cfg.ShadowMode, "shadow", false, "every limit of Envoy requests in shadow mode: counted and reported, never OVER_LIMIT (envoyproxy/ratelimit's SHADOW_MODE)")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles on --http-addr under /debug/pprof/ (for profiling; off by default)")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest gRPC request, in bytes")
 	fs.IntVar(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "most connections each listener (gRPC, peer, admin, HTTP) holds open; past it new ones wait, unanswered, until one closes")
@@ -311,6 +317,11 @@ func (o *serveOptions) attrs() []any {
 		"tls_key", cfg.TLSKey,
 		"tls_client_ca", cfg.TLSClientCA,
 		"rate_limit_headers", cfg.RateLimitHeaders,
+		"rate_limit_headers_format", cfg.RateLimitHeadersFormat,
+		"limit_limit_header", cfg.RateLimitHeaderNames.Limit,
+		"limit_remaining_header", cfg.RateLimitHeaderNames.Remaining,
+		"limit_reset_header", cfg.RateLimitHeaderNames.Reset,
+		"shadow", cfg.ShadowMode,
 		"max_message_bytes", cfg.MaxMessageBytes,
 		slog.Group("transport",
 			"max_connections", cfg.MaxConnections,

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/actor/clock"
+	"github.com/sluice-io/sluice/api"
 	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/persist"
 )
@@ -69,9 +70,22 @@ type Config struct {
 	TLSCert, TLSKey string
 	// TLSClientCA, when set, requires client certificates signed by it.
 	TLSClientCA string
-	// RateLimitHeaders makes Envoy responses carry the IETF RateLimit-Policy
-	// and RateLimit header fields and Retry-After for the client.
+	// RateLimitHeaders makes Envoy responses carry rate limit header
+	// fields for the client, in RateLimitHeadersFormat.
 	RateLimitHeaders bool
+	// RateLimitHeadersFormat is "ietf" (default, also ""): the current
+	// IETF draft's RateLimit-Policy, RateLimit and Retry-After; or
+	// "draft03": envoyproxy/ratelimit's three fields, named by
+	// RateLimitHeaderNames.
+	RateLimitHeadersFormat string
+	// RateLimitHeaderNames names the "draft03" fields; empty names take
+	// envoyproxy/ratelimit's defaults (RateLimit-Limit,
+	// RateLimit-Remaining, RateLimit-Reset).
+	RateLimitHeaderNames api.HeaderNames
+	// ShadowMode puts every limit of Envoy requests in shadow mode:
+	// counted and reported, never OVER_LIMIT (envoyproxy/ratelimit's
+	// SHADOW_MODE). Default off.
+	ShadowMode bool
 	// Pprof serves Go's profiles on the HTTP listener under /debug/pprof/.
 	// Off by default: profiles reveal internals and cost CPU while taken.
 	Pprof bool
@@ -205,6 +219,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("node: config: --max-concurrent-streams %d: at most %d", c.MaxConcurrentStreams, uint32(math.MaxUint32))
 	case c.PeerAddr != "" && c.Cluster == nil:
 		return errors.New("node: config: --peer-addr serves the peer service, which only a cluster node has; set --gossip-addr or --join, or leave it empty")
+	}
+	if format, err := api.ParseHeaderFormat(c.RateLimitHeadersFormat); err != nil {
+		return fmt.Errorf("node: config: --rate-limit-headers-format %q: want ietf or draft03", c.RateLimitHeadersFormat)
+	} else if c.RateLimitHeaderNames != (api.HeaderNames{}) && format != api.HeadersDraft03 {
+		return errors.New("node: config: --limit-limit-header, --limit-remaining-header and --limit-reset-header name the fields of --rate-limit-headers-format draft03; set it, or leave them empty")
 	}
 	if err := distinctAddrs(map[string]string{"grpc-addr": c.GRPCAddr, "peer-addr": c.PeerAddr, "admin-addr": c.AdminAddr, "http-addr": c.HTTPAddr}); err != nil {
 		return err

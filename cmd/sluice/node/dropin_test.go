@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 )
@@ -174,5 +175,56 @@ func TestRLConfigEndpoint(t *testing.T) {
 	open := newTestServer(t, nil) // no limits file, no token
 	if code, body := open.httpDo(http.MethodGet, "/rlconfig", "", ""); code != http.StatusOK || body != "" {
 		t.Errorf("GET /rlconfig without a limits file = %d %q; want 200 and nothing", code, body)
+	}
+}
+
+// TestShadowAndDraft03Headers: --shadow and --rate-limit-headers-format
+// draft03 with names of its own reach the Envoy API of a node; names
+// without draft03 are refused.
+func TestShadowAndDraft03Headers(t *testing.T) {
+	ts := newDropinServer(t, dropinLimits, func(c *Config) {
+		c.ShadowMode, c.RateLimitHeaders, c.RateLimitHeadersFormat = true, true, "draft03"
+		c.RateLimitHeaderNames.Limit = "X-RateLimit-Limit"
+	})
+	ec := rlsv3.NewRateLimitServiceClient(ts.conn)
+	req := &rlsv3.RateLimitRequest{Domain: "dummy", HitsAddend: 2, Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "one_per_day", Value: "x"}}},
+	}}
+	resp, err := ec.ShouldRateLimit(ts.ctx(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].Code != rlsv3.RateLimitResponse_OK {
+		t.Errorf("ShouldRateLimit(2 hits over a limit of 1) with ShadowMode = %v; want OK", resp)
+	}
+	if len(resp.ResponseHeadersToAdd) != 0 {
+		t.Errorf("ShadowMode: headers %v; want none (shadowed limits never show)", resp.ResponseHeadersToAdd)
+	}
+	ts.stop()
+
+	ts = newDropinServer(t, dropinLimits, func(c *Config) {
+		c.RateLimitHeaders, c.RateLimitHeadersFormat = true, "draft03"
+		c.RateLimitHeaderNames.Limit = "X-RateLimit-Limit"
+	})
+	req.HitsAddend = 1
+	if resp, err = rlsv3.NewRateLimitServiceClient(ts.conn).ShouldRateLimit(ts.ctx(), req); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, h := range resp.ResponseHeadersToAdd {
+		got = append(got, h.Key+": "+h.Value)
+	}
+	if want := "X-RateLimit-Limit: 1, RateLimit-Remaining: 0, RateLimit-Reset: 86400"; strings.Join(got, ", ") != want {
+		t.Errorf("draft03 headers = %q; want %q", strings.Join(got, ", "), want)
+	}
+
+	cfg := DefaultConfig()
+	cfg.RateLimitHeaderNames.Reset = "X-Reset"
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "draft03") {
+		t.Errorf("Validate(a header name without draft03) = %v; want an error naming draft03", err)
+	}
+	cfg.RateLimitHeadersFormat = "draft04"
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "--rate-limit-headers-format") {
+		t.Errorf("Validate(format draft04) = %v; want an error naming --rate-limit-headers-format", err)
 	}
 }

@@ -190,6 +190,9 @@ func New(cfg Config) (n *Node, err error) {
 		AdminToken:       cfg.AdminToken,
 		RefundToken:      cfg.RefundToken,
 		RateLimitHeaders: cfg.RateLimitHeaders,
+		HeaderFormat:     api.HeaderFormat(cfg.RateLimitHeadersFormat),
+		HeaderNames:      cfg.RateLimitHeaderNames,
+		ShadowMode:       cfg.ShadowMode,
 		MaxMessageBytes:  cfg.MaxMessageBytes,
 		Limits:           cfg.Engine.Limits,
 	}, api.Deps{

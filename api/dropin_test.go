@@ -1,0 +1,119 @@
+package api
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+)
+
+// The drop-in tests: envoyproxy/ratelimit's switches, over real gRPC.
+
+// TestGlobalShadowMode: with ShadowMode, every limit (the limits file's,
+// an inline one, a limit of 0) is counted and reported but never
+// OVER_LIMIT, and its denials are counted as shadow_denied; the counters
+// go on exactly as if enforced, so switching shadow mode off enforces
+// from where they are.
+func TestGlobalShadowMode(t *testing.T) {
+	ts, _ := newLimitsServer(t, edgeLimits, func(c *testConfig) { c.ShadowMode = true; c.RateLimitHeaders = true })
+	ec := newEnvoyClient(ts)
+	route := func() *ratelimitv3.RateLimitDescriptor {
+		return inline(rd("route", "r"), 1, typev3.RateLimitUnit_MINUTE, 0)
+	}
+	steps := []struct {
+		name string
+		d    *ratelimitv3.RateLimitDescriptor
+		want string
+	}{
+		{"file rule", rd("service", "auth", "user", "bob"), "OK 2/SECOND per_user r=1 reset=1s"},
+		{"file rule again", rd("service", "auth", "user", "bob"), "OK 2/SECOND per_user r=0 reset=1s"},
+		{"file rule over: OK", rd("service", "auth", "user", "bob"), "OK 2/SECOND per_user r=0 reset=1s"},
+		{"inline", route(), "OK 1/MINUTE r=0 reset=1m0s"},
+		{"inline over: OK", route(), "OK 1/MINUTE r=0 reset=1m0s"},
+		{"limit 0: OK", rd("closed", "x"), "OK 0/DAY r=0 reset=24h0m0s"},
+	}
+	for _, st := range steps {
+		if got := ec.one("edge", st.d); got != st.want {
+			t.Errorf("%s: ShouldRateLimit(%v) = %s; want %s", st.name, st.d.Entries, got, st.want)
+		}
+	}
+	if resp := ec.call("edge", 0, route(), rd("closed", "x")); resp.OverallCode != rlsv3.RateLimitResponse_OK || len(resp.ResponseHeadersToAdd) != 0 {
+		t.Errorf("two descriptors over their limits: overall %v, headers %v; want OK and no headers", resp.OverallCode, resp.ResponseHeadersToAdd)
+	}
+	if got := decisions(t, ts.srv, "shadow_denied"); got != 5 {
+		t.Errorf("decisions{envoy,shadow_denied} = %v; want 5", got)
+	}
+	if got := decisions(t, ts.srv, "denied"); got != 0 {
+		t.Errorf("decisions{envoy,denied} = %v; want 0", got)
+	}
+
+	// Enforcing starts from the same counters: the route's one hit in the
+	// minute is still there.
+	ts.cfg.ShadowMode = false
+	ts.restart()
+	if got := newEnvoyClient(ts).one("edge", route()); got != "OVER_LIMIT 1/MINUTE r=0 reset=1m0s" {
+		t.Errorf("after shadow mode: ShouldRateLimit(route) = %s; want OVER_LIMIT", got)
+	}
+}
+
+// TestDraft03Headers: HeadersDraft03 writes envoyproxy/ratelimit's three
+// fields (limit, remaining, seconds to reset) of the most restrictive
+// descriptor, under its default names or under the names given.
+func TestDraft03Headers(t *testing.T) {
+	headers := func(resp *rlsv3.RateLimitResponse) string {
+		var hs []string
+		for _, h := range resp.ResponseHeadersToAdd {
+			hs = append(hs, h.Key+": "+h.Value)
+		}
+		return strings.Join(hs, "\n")
+	}
+	route := func() *ratelimitv3.RateLimitDescriptor {
+		return inline(rd("route", "r"), 2, typev3.RateLimitUnit_SECOND, 60)
+	}
+	for _, tc := range []struct {
+		name  string
+		names HeaderNames
+		want  []string // after each step
+	}{
+		{"default names", HeaderNames{}, []string{
+			"RateLimit-Limit: 2\nRateLimit-Remaining: 1\nRateLimit-Reset: 60",
+			"RateLimit-Limit: 2\nRateLimit-Remaining: 0\nRateLimit-Reset: 60",
+			"RateLimit-Limit: 2\nRateLimit-Remaining: 0\nRateLimit-Reset: 30",
+			"RateLimit-Limit: 0\nRateLimit-Remaining: 0\nRateLimit-Reset: 86400",
+		}},
+		{"Envoy's X- names", HeaderNames{Limit: "X-RateLimit-Limit", Remaining: "X-RateLimit-Remaining", Reset: "X-RateLimit-Reset"}, []string{
+			"X-RateLimit-Limit: 2\nX-RateLimit-Remaining: 1\nX-RateLimit-Reset: 60",
+			"X-RateLimit-Limit: 2\nX-RateLimit-Remaining: 0\nX-RateLimit-Reset: 60",
+			"X-RateLimit-Limit: 2\nX-RateLimit-Remaining: 0\nX-RateLimit-Reset: 30",
+			"X-RateLimit-Limit: 0\nX-RateLimit-Remaining: 0\nX-RateLimit-Reset: 86400",
+		}},
+		{"one name changed", HeaderNames{Remaining: "Quota-Left"}, []string{
+			"RateLimit-Limit: 2\nQuota-Left: 1\nRateLimit-Reset: 60",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ts, _ := newLimitsServer(t, edgeLimits, func(c *testConfig) {
+				c.RateLimitHeaders, c.HeaderFormat, c.HeaderNames = true, HeadersDraft03, tc.names
+			})
+			ec := newEnvoyClient(ts)
+			steps := []struct {
+				advance time.Duration
+				ds      []*ratelimitv3.RateLimitDescriptor
+			}{
+				{0, []*ratelimitv3.RateLimitDescriptor{route()}},
+				{30 * time.Second, []*ratelimitv3.RateLimitDescriptor{rd("remote_address", "1.1.1.1"), route()}},
+				{0, []*ratelimitv3.RateLimitDescriptor{route()}}, // over: reset is when a retry succeeds
+				{0, []*ratelimitv3.RateLimitDescriptor{route(), rd("closed", "x")}},
+			}
+			for i, want := range tc.want {
+				ts.clk.Advance(steps[i].advance)
+				if got := headers(ec.call("edge", 0, steps[i].ds...)); got != want {
+					t.Errorf("step %d: headers\n%s\nwant\n%s", i, got, want)
+				}
+			}
+		})
+	}
+}
