@@ -8,6 +8,11 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/sluice-io/sluice/api/limits"
 )
 
 // The drop-in tests: envoyproxy/ratelimit's switches, over real gRPC.
@@ -115,5 +120,94 @@ func TestDraft03Headers(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+const metadataLimits = `domain: edge
+descriptors:
+  - key: user
+    rate_limit: { unit: minute, requests_per_unit: 5 }
+    metadata:
+      team: growth
+      tags: { a: 1, nested: { x: 1 } }
+  - key: plan
+    rate_limit: { unit: minute, requests_per_unit: 5 }
+    metadata:
+      team: billing
+      tier: gold
+      tags: { b: two, nested: { y: 2 } }
+  - key: closed
+    rate_limit: { unit: minute, requests_per_unit: 0 }
+    metadata: { denied: yes }
+  - key: soft
+    shadow_mode: true
+    rate_limit: { unit: minute, requests_per_unit: 0 }
+    metadata: { shadow: on }
+  - key: free
+    rate_limit: { unlimited: true }
+    metadata: { unlimited: true }
+`
+
+// TestDynamicMetadata: with ResponseDynamicMetadata, a response carries
+// envoyproxy/ratelimit's dynamic metadata: the domain, the descriptors
+// (entries, inline limit, own hits_addend), the request's hits_addend, and
+// the metadata of the rules that answered OK, merged in order; without it,
+// none. The rules' own metadata is never changed by a merge.
+func TestDynamicMetadata(t *testing.T) {
+	ts, _ := newLimitsServer(t, metadataLimits, func(c *testConfig) { c.DynamicMetadata = true })
+	ec := newEnvoyClient(ts)
+	ds := func() []*ratelimitv3.RateLimitDescriptor {
+		return []*ratelimitv3.RateLimitDescriptor{
+			rd("user", "bob"),
+			hits(rd("plan", "p"), 1),
+			rd("closed", "x"),
+			rd("soft", "x"),
+			rd("free", "x"),
+			inline(rd("route", "r", "method", "GET"), 10, typev3.RateLimitUnit_MINUTE, 2),
+		}
+	}
+	want := `{
+		"domain": "edge",
+		"hitsAddend": 1,
+		"descriptors": [
+			{"entries": ["user=bob"]},
+			{"entries": ["plan=p"], "hitsAddend": 1},
+			{"entries": ["closed=x"]},
+			{"entries": ["soft=x"]},
+			{"entries": ["free=x"]},
+			{"entries": ["route=r", "method=GET"], "limit": "requests_per_unit:10 unit:MINUTE unit_multiplier:{value:2}"}
+		],
+		"metadata": {
+			"team": "growth",
+			"tier": "gold",
+			"shadow": true,
+			"tags": {"a": 1, "b": "two", "nested": {"x": 1, "y": 2}}
+		}
+	}`
+	var wantStruct structpb.Struct
+	if err := protojson.Unmarshal([]byte(want), &wantStruct); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 { // twice: the first merge must not have changed the rules
+		resp := ec.call("edge", 1, ds()...)
+		if !proto.Equal(resp.DynamicMetadata, &wantStruct) {
+			t.Fatalf("call %d: dynamic metadata\n%v\nwant\n%v", i, protojson.Format(resp.DynamicMetadata), protojson.Format(&wantStruct))
+		}
+	}
+	rule, _ := ts.limits.Current().Lookup("edge", []limits.Entry{{Key: "user", Value: "bob"}})
+	if got := protojson.Format(rule.Metadata.GetFields()["tags"]); strings.Contains(got, "two") {
+		t.Errorf("the rule's metadata changed: tags = %s", got)
+	}
+
+	// Over its limit, a rule's metadata is left out.
+	ts.clk.Advance(time.Minute)
+	resp := ec.call("edge", 6, rd("user", "bob"))
+	if _, ok := resp.DynamicMetadata.GetFields()["metadata"]; ok || resp.DynamicMetadata.GetFields()["hitsAddend"].GetNumberValue() != 6 {
+		t.Errorf("over the limit: dynamic metadata %v; want hitsAddend 6 and no metadata", protojson.Format(resp.DynamicMetadata))
+	}
+
+	plain, _ := newLimitsServer(t, metadataLimits, nil)
+	if resp := newEnvoyClient(plain).call("edge", 0, rd("user", "bob")); resp.DynamicMetadata != nil {
+		t.Errorf("without ResponseDynamicMetadata: dynamic metadata %v; want none", resp.DynamicMetadata)
 	}
 }

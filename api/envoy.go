@@ -13,6 +13,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluice-io/sluice/actor"
@@ -89,6 +90,9 @@ type envoyDescriptor struct {
 	name string
 	// shadow and quota are the rule's shadow_mode and quota_mode.
 	shadow, quota bool
+	// meta is the rule's metadata, for the response's dynamic metadata;
+	// nil without a rule (or for an unlimited one).
+	meta *structpb.Struct
 	// cost is the hits to record (or to give back, with refund).
 	cost   uint64
 	refund bool
@@ -157,6 +161,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 				d.kind = envoyUnlimited
 			} else {
 				d.kind, d.limit, d.window, d.unit, d.mult = envoyCheck, r.Limit, r.Window, r.Unit, 1
+				d.meta = r.Metadata
 			}
 		}
 		d.shadow = d.shadow || s.cfg.ShadowMode
@@ -214,7 +219,11 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			return nil, err
 		}
 	}
-	return s.envoyResponse(descs, out), nil
+	resp := s.envoyResponse(descs, out)
+	if s.cfg.ResponseDynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, descs, resp.Statuses)
+	}
+	return resp, nil
 }
 
 // envoyOutcome is the decision on one descriptor that has a limit.

@@ -45,6 +45,11 @@ type Config struct {
 	// envoyproxy/ratelimit's SHADOW_MODE does: counted and reported, never
 	// OVER_LIMIT.
 	ShadowMode bool
+	// ResponseDynamicMetadata makes Envoy responses carry dynamic metadata
+	// (the request, and the metadata of the limits file's rules that
+	// allowed it), as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA
+	// does. See dynamicMetadata.
+	ResponseDynamicMetadata bool
 	// MaxMessageBytes bounds the body of a decision over HTTP (/json).
 	// Default 4 MiB.
 	MaxMessageBytes int

@@ -34,6 +34,7 @@ type testConfig struct {
 	HeaderFormat     HeaderFormat
 	HeaderNames      HeaderNames
 	ShadowMode       bool
+	DynamicMetadata  bool
 	// Durability is "memory" or a persist mode; DataDir holds the data file.
 	Durability string
 	DataDir    string
@@ -116,6 +117,7 @@ func (ts *testServer) start() {
 		NodeName: ts.cfg.NodeName, AdminToken: ts.cfg.AdminToken, RefundToken: ts.cfg.RefundToken,
 		RateLimitHeaders: ts.cfg.RateLimitHeaders, Limits: ts.cfg.Engine.Limits,
 		HeaderFormat: ts.cfg.HeaderFormat, HeaderNames: ts.cfg.HeaderNames, ShadowMode: ts.cfg.ShadowMode,
+		ResponseDynamicMetadata: ts.cfg.DynamicMetadata,
 	}, Deps{
 		Engine: ts.engine, Store: ts.store, Limits: ts.limits, Clock: ts.clk, Logger: log, Clustered: ts.cfg.Clustered,
 		GRPCAddr: func() string { return ts.addr },

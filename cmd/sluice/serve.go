@@ -97,6 +97,7 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.StringVar(&cfg.RateLimitHeaderNames.Limit, "limit-limit-header", "", "draft03: name of the limit field (empty: RateLimit-Limit; envoyproxy/ratelimit's LIMIT_LIMIT_HEADER)")
 	fs.StringVar(&cfg.RateLimitHeaderNames.Remaining, "limit-remaining-header", "", "draft03: name of the remaining field (empty: RateLimit-Remaining; LIMIT_REMAINING_HEADER)")
 	fs.StringVar(&cfg.RateLimitHeaderNames.Reset, "limit-reset-header", "", "draft03: name of the reset field (empty: RateLimit-Reset; LIMIT_RESET_HEADER)")
+	fs.BoolVar(&cfg.ResponseDynamicMetadata, "response-dynamic-metadata", false, "Envoy responses carry dynamic metadata: the request, and the metadata of the limits file's rules that allowed it (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA)")
 	fs.BoolVar(&cfg.ShadowMode, "shadow", false, "every limit of Envoy requests in shadow mode: counted and reported, never OVER_LIMIT (envoyproxy/ratelimit's SHADOW_MODE)")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles on --http-addr under /debug/pprof/ (for profiling; off by default)")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest gRPC request, in bytes")
@@ -322,6 +323,7 @@ func (o *serveOptions) attrs() []any {
 		"limit_remaining_header", cfg.RateLimitHeaderNames.Remaining,
 		"limit_reset_header", cfg.RateLimitHeaderNames.Reset,
 		"shadow", cfg.ShadowMode,
+		"response_dynamic_metadata", cfg.ResponseDynamicMetadata,
 		"max_message_bytes", cfg.MaxMessageBytes,
 		slog.Group("transport",
 			"max_connections", cfg.MaxConnections,

@@ -86,6 +86,10 @@ type Config struct {
 	// counted and reported, never OVER_LIMIT (envoyproxy/ratelimit's
 	// SHADOW_MODE). Default off.
 	ShadowMode bool
+	// ResponseDynamicMetadata makes Envoy responses carry dynamic metadata:
+	// the request, and the metadata of the limits file's rules that allowed
+	// it (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA). Default off.
+	ResponseDynamicMetadata bool
 	// Pprof serves Go's profiles on the HTTP listener under /debug/pprof/.
 	// Off by default: profiles reveal internals and cost CPU while taken.
 	Pprof bool

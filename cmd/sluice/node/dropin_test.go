@@ -228,3 +228,14 @@ func TestShadowAndDraft03Headers(t *testing.T) {
 		t.Errorf("Validate(format draft04) = %v; want an error naming --rate-limit-headers-format", err)
 	}
 }
+
+// TestResponseDynamicMetadata: with ResponseDynamicMetadata, a node's
+// answers (here over /json) carry the dynamic metadata, with the metadata
+// of the rule that allowed the request.
+func TestResponseDynamicMetadata(t *testing.T) {
+	ts := newDropinServer(t, dropinLimits+"    metadata: { team: growth }\n", func(c *Config) { c.ResponseDynamicMetadata = true })
+	code, resp, raw := ts.postJSON("", `{"domain": "dummy", "descriptors": [{"entries": [{"key": "two_per_minute", "value": "something"}]}]}`)
+	if code != http.StatusOK || resp.DynamicMetadata.GetFields()["metadata"].GetStructValue().GetFields()["team"].GetStringValue() != "growth" {
+		t.Errorf("POST /json = %d %s; want dynamicMetadata with metadata.team growth", code, raw)
+	}
+}

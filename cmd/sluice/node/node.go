@@ -186,15 +186,16 @@ func New(cfg Config) (n *Node, err error) {
 	}
 
 	n.api, err = api.New(api.Config{
-		NodeName:         cfg.NodeName,
-		AdminToken:       cfg.AdminToken,
-		RefundToken:      cfg.RefundToken,
-		RateLimitHeaders: cfg.RateLimitHeaders,
-		HeaderFormat:     api.HeaderFormat(cfg.RateLimitHeadersFormat),
-		HeaderNames:      cfg.RateLimitHeaderNames,
-		ShadowMode:       cfg.ShadowMode,
-		MaxMessageBytes:  cfg.MaxMessageBytes,
-		Limits:           cfg.Engine.Limits,
+		NodeName:                cfg.NodeName,
+		AdminToken:              cfg.AdminToken,
+		RefundToken:             cfg.RefundToken,
+		RateLimitHeaders:        cfg.RateLimitHeaders,
+		HeaderFormat:            api.HeaderFormat(cfg.RateLimitHeadersFormat),
+		HeaderNames:             cfg.RateLimitHeaderNames,
+		ShadowMode:              cfg.ShadowMode,
+		ResponseDynamicMetadata: cfg.ResponseDynamicMetadata,
+		MaxMessageBytes:         cfg.MaxMessageBytes,
+		Limits:                  cfg.Engine.Limits,
 	}, api.Deps{
 		Engine:     n.engine,
 		Store:      n.store,
