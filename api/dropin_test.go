@@ -1,6 +1,7 @@
 package api
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,8 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -209,5 +212,119 @@ func TestDynamicMetadata(t *testing.T) {
 	plain, _ := newLimitsServer(t, metadataLimits, nil)
 	if resp := newEnvoyClient(plain).call("edge", 0, rd("user", "bob")); resp.DynamicMetadata != nil {
 		t.Errorf("without ResponseDynamicMetadata: dynamic metadata %v; want none", resp.DynamicMetadata)
+	}
+}
+
+const statsLimits = `domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: { unit: minute, requests_per_unit: 10 }
+  - key: service
+    value: auth
+    descriptors:
+      - key: user
+        detailed_metric: true
+        rate_limit: { unit: minute, requests_per_unit: 5 }
+  - key: soft
+    shadow_mode: true
+    rate_limit: { unit: minute, requests_per_unit: 1 }
+`
+
+// ruleSeries returns every series of a per-rule counter as
+// "domain/key=value".
+func ruleSeries(t *testing.T, vec *prometheus.CounterVec) map[string]float64 {
+	t.Helper()
+	ch := make(chan prometheus.Metric, 64)
+	go func() { vec.Collect(ch); close(ch) }()
+	out := map[string]float64{}
+	for m := range ch {
+		var pb dto.Metric
+		if err := m.Write(&pb); err != nil {
+			t.Fatal(err)
+		}
+		labels := map[string]string{}
+		for _, l := range pb.Label {
+			labels[l.GetName()] = l.GetValue()
+		}
+		out[labels["domain"]+"/"+labels["key"]] = pb.GetCounter().GetValue()
+	}
+	return out
+}
+
+// TestRuleStatistics: each rule's hits are counted in
+// envoyproxy/ratelimit's five statistics, under its statistics key;
+// detailed_metric puts the request's values in the key; the keys that
+// hold request values are capped, the rest fold into key "other" and are
+// counted in sluice_rule_metrics_folded_total.
+func TestRuleStatistics(t *testing.T) {
+	ts, _ := newLimitsServer(t, statsLimits, func(c *testConfig) { c.RuleMetricsMaxKeys = 2 })
+	ec := newEnvoyClient(ts)
+	for range 11 { // 10 allowed (the 9th and 10th near the limit), 1 denied
+		ec.call("edge", 0, rd("remote_address", "10.0.0.1"))
+	}
+	ec.call("edge", 3, rd("remote_address", "10.0.0.2")) // 3 hits at once
+	ec.call("edge", 0, rd("soft", "x"), rd("soft", "x")) // 1 allowed, 1 over in shadow mode
+	for _, user := range []string{"a", "b", "a", "c", "d"} {
+		ec.call("edge", 0, rd("service", "auth", "user", user))
+	}
+	ec.call("edge", 0, inline(rd("route", "r"), 5, typev3.RateLimitUnit_MINUTE, 0))
+	ec.call("edge", 0, rd("unknown", "x"))                                                                       // no limit: no statistics
+	ec.call("edge", 0, &ratelimitv3.RateLimitDescriptor{Entries: rd("soft", "x").Entries, IsNegativeHits: true}) // a refund is no hit
+
+	rs := ts.srv.ruleStats
+	for _, tc := range []struct {
+		name string
+		vec  *prometheus.CounterVec
+		want map[string]float64
+	}{
+		{"hits", rs.hits, map[string]float64{
+			"edge/remote_address": 14, "edge/soft": 2, "edge/service_auth.user_a": 2, "edge/service_auth.user_b": 1,
+			"edge/other": 2, "other/other": 1,
+		}},
+		{"within_limit", rs.within, map[string]float64{
+			"edge/remote_address": 13, "edge/soft": 1, "edge/service_auth.user_a": 2, "edge/service_auth.user_b": 1,
+			"edge/other": 2, "other/other": 1,
+		}},
+		{"near_limit", rs.near, map[string]float64{
+			"edge/remote_address": 2, "edge/soft": 1, "edge/service_auth.user_a": 0, "edge/service_auth.user_b": 0,
+			"edge/other": 0, "other/other": 0,
+		}},
+		{"over_limit", rs.over, map[string]float64{
+			"edge/remote_address": 1, "edge/soft": 1, "edge/service_auth.user_a": 0, "edge/service_auth.user_b": 0,
+			"edge/other": 0, "other/other": 0,
+		}},
+		{"shadow_mode", rs.shadow, map[string]float64{
+			"edge/remote_address": 0, "edge/soft": 1, "edge/service_auth.user_a": 0, "edge/service_auth.user_b": 0,
+			"edge/other": 0, "other/other": 0,
+		}},
+	} {
+		if got := ruleSeries(t, tc.vec); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+			t.Errorf("%s: series %v; want %v", tc.name, got, tc.want)
+		}
+	}
+	var m dto.Metric
+	if err := rs.folded.Write(&m); err != nil || m.GetCounter().GetValue() != 3 {
+		t.Errorf("sluice_rule_metrics_folded_total = %v (%v); want 3 (users c and d, the inline limit)", m.GetCounter().GetValue(), err)
+	}
+}
+
+// TestRuleStatisticsBounded: however many values clients send, the
+// series of keys that hold request values stay within the bound.
+func TestRuleStatisticsBounded(t *testing.T) {
+	ts, _ := newLimitsServer(t, statsLimits, func(c *testConfig) { c.RuleMetricsMaxKeys = 10 })
+	ec := newEnvoyClient(ts)
+	for i := range 200 {
+		ec.call("edge", 0, rd("service", "auth", "user", fmt.Sprint(i)), inline(rd("ip", fmt.Sprint(i)), 5, typev3.RateLimitUnit_MINUTE, 0))
+	}
+	got := ruleSeries(t, ts.srv.ruleStats.hits)
+	if len(got) != 10+2 { // the cap, edge/other, other/other
+		t.Errorf("%d series of sluice_rule_hits_total; want 12: %v", len(got), got)
+	}
+	var total float64
+	for _, v := range got {
+		total += v
+	}
+	if total != 400 {
+		t.Errorf("hits over all series = %v; want 400 (folded hits are still counted)", total)
 	}
 }

@@ -93,6 +93,10 @@ type envoyDescriptor struct {
 	// meta is the rule's metadata, for the response's dynamic metadata;
 	// nil without a rule (or for an unlimited one).
 	meta *structpb.Struct
+	// rule is the limits file's rule, nil without one; entries are the
+	// descriptor's entries as sent. Both name its statistics.
+	rule    *limits.Rule
+	entries []limits.Entry
 	// cost is the hits to record (or to give back, with refund).
 	cost   uint64
 	refund bool
@@ -139,6 +143,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		d := &descs[i]
 		d.cost, d.refund = envoyCost(pd, req.HitsAddend), pd.GetIsNegativeHits()
+		d.entries = entries
 		counted[i] = entries
 		if pd.GetLimit() != nil {
 			if err := inlineLimit(i, pd.GetLimit(), bounds, d); err != nil {
@@ -161,7 +166,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 				d.kind = envoyUnlimited
 			} else {
 				d.kind, d.limit, d.window, d.unit, d.mult = envoyCheck, r.Limit, r.Window, r.Unit, 1
-				d.meta = r.Metadata
+				d.meta, d.rule = r.Metadata, r
 			}
 		}
 		d.shadow = d.shadow || s.cfg.ShadowMode
@@ -219,7 +224,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			return nil, err
 		}
 	}
-	resp := s.envoyResponse(descs, out)
+	resp := s.envoyResponse(req.Domain, descs, out)
 	if s.cfg.ResponseDynamicMetadata {
 		resp.DynamicMetadata = dynamicMetadata(req, descs, resp.Statuses)
 	}
@@ -236,9 +241,9 @@ type envoyOutcome struct {
 	neverFits bool          // denied whatever happens: no retry helps
 }
 
-// envoyResponse builds the response from the descriptors and the engine's
-// decisions, and counts the decisions.
-func (s *Server) envoyResponse(descs []envoyDescriptor, out []actor.Decision) *rlsv3.RateLimitResponse {
+// envoyResponse builds the response from the descriptors of a request of
+// domain and the engine's decisions, and counts the decisions.
+func (s *Server) envoyResponse(domain string, descs []envoyDescriptor, out []actor.Decision) *rlsv3.RateLimitResponse {
 	resp := &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs))}
 	// The messages of the statuses, allocated together: a response costs a
 	// few allocations, not a few per descriptor.
@@ -279,6 +284,7 @@ func (s *Server) envoyResponse(descs []envoyDescriptor, out []actor.Decision) *r
 			o = envoyOutcome{d: d, allowed: dec.Allowed && !d.neverFits, remaining: dec.Remaining,
 				reset: dec.ResetAfter, retry: dec.RetryAfter, neverFits: d.neverFits}
 		}
+		s.ruleStats.count(domain, &o)
 		code := rlsv3.RateLimitResponse_OK
 		switch {
 		case o.allowed:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,6 +51,15 @@ type Config struct {
 	// allowed it), as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA
 	// does. See dynamicMetadata.
 	ResponseDynamicMetadata bool
+	// RuleMetricsMaxKeys bounds the per-rule statistics keys that hold
+	// request values (detailed_metric, value_to_metric, inline limits):
+	// past it they are counted under key "other" (see rulestats.go).
+	// Default 1000 (DefaultRuleMetricsMaxKeys).
+	RuleMetricsMaxKeys int
+	// NearLimitRatio is the share of a limit above which allowed hits
+	// count as near the limit in the per-rule statistics, in (0, 1].
+	// Default 0.8 (envoyproxy/ratelimit's NEAR_LIMIT_RATIO).
+	NearLimitRatio float64
 	// MaxMessageBytes bounds the body of a decision over HTTP (/json).
 	// Default 4 MiB.
 	MaxMessageBytes int
@@ -107,6 +117,7 @@ type Server struct {
 	clustered  bool
 	// headerNames is cfg.HeaderNames with the defaults filled in.
 	headerNames HeaderNames
+	ruleStats   *ruleStats
 }
 
 // New builds the services and loads the overrides kept in d.Store.
@@ -143,6 +154,13 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if _, err := ParseHeaderFormat(string(cfg.HeaderFormat)); err != nil {
 		return nil, err
 	}
+	if cfg.RuleMetricsMaxKeys < 0 {
+		return nil, fmt.Errorf("api: config: rule metrics max keys %d: must not be negative", cfg.RuleMetricsMaxKeys)
+	}
+	if r := cfg.NearLimitRatio; r < 0 || r > 1 || math.IsNaN(r) {
+		return nil, fmt.Errorf("api: config: near limit ratio %v: want a share of the limit in (0, 1]", r)
+	}
+	s.ruleStats = newRuleStats(d.Registry, cfg.RuleMetricsMaxKeys, cfg.NearLimitRatio)
 	var overrides []*Override
 	if s.store != nil {
 		var err error

@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-io/sluice/actor"
+	"github.com/sluice-io/sluice/api"
 	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/cmd/sluice/node"
 )
@@ -98,6 +99,8 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.StringVar(&cfg.RateLimitHeaderNames.Remaining, "limit-remaining-header", "", "draft03: name of the remaining field (empty: RateLimit-Remaining; LIMIT_REMAINING_HEADER)")
 	fs.StringVar(&cfg.RateLimitHeaderNames.Reset, "limit-reset-header", "", "draft03: name of the reset field (empty: RateLimit-Reset; LIMIT_RESET_HEADER)")
 	fs.BoolVar(&cfg.ResponseDynamicMetadata, "response-dynamic-metadata", false, "Envoy responses carry dynamic metadata: the request, and the metadata of the limits file's rules that allowed it (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA)")
+	fs.IntVar(&cfg.RuleMetricsMaxKeys, "rule-metrics-max-keys", api.DefaultRuleMetricsMaxKeys, "most per-rule statistics keys that hold request values (detailed_metric, value_to_metric, inline limits); the rest are counted under key \"other\"")
+	fs.Float64Var(&cfg.NearLimitRatio, "near-limit-ratio", api.DefaultNearLimitRatio, "share of a limit above which allowed hits count as near the limit in the per-rule statistics (envoyproxy/ratelimit's NEAR_LIMIT_RATIO)")
 	fs.BoolVar(&cfg.ShadowMode, "shadow", false, "every limit of Envoy requests in shadow mode: counted and reported, never OVER_LIMIT (envoyproxy/ratelimit's SHADOW_MODE)")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles on --http-addr under /debug/pprof/ (for profiling; off by default)")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest gRPC request, in bytes")
@@ -143,6 +146,7 @@ func (o *serveOptions) check() error {
 		{"max-message-bytes", o.cfg.MaxMessageBytes},
 		{"max-connections", o.cfg.MaxConnections},
 		{"max-concurrent-streams", o.cfg.MaxConcurrentStreams},
+		{"rule-metrics-max-keys", o.cfg.RuleMetricsMaxKeys},
 	} {
 		if f.v < 0 {
 			return fmt.Errorf("--%s %d: must not be negative", f.name, f.v)
@@ -324,6 +328,8 @@ func (o *serveOptions) attrs() []any {
 		"limit_reset_header", cfg.RateLimitHeaderNames.Reset,
 		"shadow", cfg.ShadowMode,
 		"response_dynamic_metadata", cfg.ResponseDynamicMetadata,
+		"rule_metrics_max_keys", cfg.RuleMetricsMaxKeys,
+		"near_limit_ratio", cfg.NearLimitRatio,
 		"max_message_bytes", cfg.MaxMessageBytes,
 		slog.Group("transport",
 			"max_connections", cfg.MaxConnections,

@@ -90,6 +90,14 @@ type Config struct {
 	// the request, and the metadata of the limits file's rules that allowed
 	// it (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA). Default off.
 	ResponseDynamicMetadata bool
+	// RuleMetricsMaxKeys bounds the per-rule statistics keys that hold
+	// request values (detailed_metric, value_to_metric, inline limits);
+	// past it they are counted under key "other". Default 1000.
+	RuleMetricsMaxKeys int
+	// NearLimitRatio is the share of a limit above which allowed hits
+	// count as near the limit in the per-rule statistics, in (0, 1].
+	// Default 0.8 (envoyproxy/ratelimit's NEAR_LIMIT_RATIO).
+	NearLimitRatio float64
 	// Pprof serves Go's profiles on the HTTP listener under /debug/pprof/.
 	// Off by default: profiles reveal internals and cost CPU while taken.
 	Pprof bool
@@ -223,6 +231,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("node: config: --max-concurrent-streams %d: at most %d", c.MaxConcurrentStreams, uint32(math.MaxUint32))
 	case c.PeerAddr != "" && c.Cluster == nil:
 		return errors.New("node: config: --peer-addr serves the peer service, which only a cluster node has; set --gossip-addr or --join, or leave it empty")
+	}
+	if c.RuleMetricsMaxKeys < 0 {
+		return fmt.Errorf("node: config: --rule-metrics-max-keys %d: must not be negative", c.RuleMetricsMaxKeys)
+	}
+	if r := c.NearLimitRatio; r < 0 || r > 1 || math.IsNaN(r) {
+		return fmt.Errorf("node: config: --near-limit-ratio %v: want a share of the limit, above 0 and at most 1", r)
 	}
 	if format, err := api.ParseHeaderFormat(c.RateLimitHeadersFormat); err != nil {
 		return fmt.Errorf("node: config: --rate-limit-headers-format %q: want ietf or draft03", c.RateLimitHeadersFormat)

@@ -239,3 +239,32 @@ func TestResponseDynamicMetadata(t *testing.T) {
 		t.Errorf("POST /json = %d %s; want dynamicMetadata with metadata.team growth", code, raw)
 	}
 }
+
+// TestRuleMetrics: a node's /metrics carries the per-rule statistics, by
+// domain and rule key, and the count of folded keys from the start.
+func TestRuleMetrics(t *testing.T) {
+	ts := newDropinServer(t, dropinLimits, func(c *Config) { c.RuleMetricsMaxKeys = 5 })
+	if _, body := httpGet(t, "http://"+ts.srv.HTTPAddr()+"/metrics"); !strings.Contains(body, "\nsluice_rule_metrics_folded_total 0") {
+		t.Errorf("/metrics of a fresh node lacks sluice_rule_metrics_folded_total 0")
+	}
+	for range 2 {
+		ts.postJSON("", `{"domain": "dummy", "descriptors": [{"entries": [{"key": "one_per_day", "value": "x"}]}]}`)
+	}
+	_, body := httpGet(t, "http://"+ts.srv.HTTPAddr()+"/metrics")
+	for _, want := range []string{
+		`sluice_rule_hits_total{domain="dummy",key="one_per_day"} 2`,
+		`sluice_rule_within_limit_hits_total{domain="dummy",key="one_per_day"} 1`,
+		`sluice_rule_near_limit_hits_total{domain="dummy",key="one_per_day"} 1`,
+		`sluice_rule_over_limit_hits_total{domain="dummy",key="one_per_day"} 1`,
+		`sluice_rule_shadow_mode_hits_total{domain="dummy",key="one_per_day"} 0`,
+	} {
+		if !strings.Contains(body, "\n"+want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+	cfg := DefaultConfig()
+	cfg.NearLimitRatio = 1.5
+	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "--near-limit-ratio") {
+		t.Errorf("Validate(near limit ratio 1.5) = %v; want an error naming --near-limit-ratio", err)
+	}
+}

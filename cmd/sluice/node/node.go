@@ -194,6 +194,8 @@ func New(cfg Config) (n *Node, err error) {
 		HeaderNames:             cfg.RateLimitHeaderNames,
 		ShadowMode:              cfg.ShadowMode,
 		ResponseDynamicMetadata: cfg.ResponseDynamicMetadata,
+		RuleMetricsMaxKeys:      cfg.RuleMetricsMaxKeys,
+		NearLimitRatio:          cfg.NearLimitRatio,
 		MaxMessageBytes:         cfg.MaxMessageBytes,
 		Limits:                  cfg.Engine.Limits,
 	}, api.Deps{
