@@ -90,13 +90,23 @@ type Config struct {
 	version string
 }
 
-// domain is one file's tree of descriptors.
+// domain is one domain's tree of descriptors: one file's, or, when domains
+// may span files, several files'.
 type domain struct {
 	name  string
-	file  string
+	file  string // the first file's
 	line  int
 	root  node
 	rules []*Rule // in file order
+	// top holds where each top-level descriptor was defined, to refuse one
+	// that a second file of the domain repeats.
+	top map[Entry]position
+}
+
+// position is a place in a limits file.
+type position struct {
+	file string
+	line int
 }
 
 // node is one descriptor of the tree, or a domain's root. Its children are

@@ -24,8 +24,11 @@
 //     pattern on "key_value"), keys and values are matched as a pair rather
 //     than as the string key + "_" + value, and a file holds exactly one
 //     YAML document.
-//   - Domains cannot be merged across files (ratelimit's
-//     MERGE_DOMAIN_CONFIG): a domain defined twice is an error.
+//   - A domain defined in two files is an error unless
+//     LoadOptions.MergeDomains (WatcherOptions.MergeDomains; ratelimit's
+//     MERGE_DOMAIN_CONFIG) lets it span them; then, as in ratelimit, the
+//     files' top-level descriptors are put together and one repeated in
+//     two files is an error.
 //
 // The fields that name ratelimit's statistics, detailed_metric and
 // value_to_metric, shape each rule's statistics key as they do in

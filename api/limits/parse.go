@@ -29,7 +29,17 @@ type source struct {
 // messages. Every problem found is reported (up to ten), each as an *Error
 // with its line.
 func Parse(name string, data []byte) (*Config, error) {
-	return build([]source{{name: name, data: data}})
+	return build([]source{{name: name, data: data}}, LoadOptions{})
+}
+
+// LoadOptions changes how Load reads several files.
+type LoadOptions struct {
+	// MergeDomains lets a domain span several files, as
+	// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG does: the top-level
+	// descriptors of every file of the domain are put together, in load
+	// order, and a top-level descriptor (key and value) found in two files
+	// is an error. Without it, two files with the same domain are an error.
+	MergeDomains bool
 }
 
 // Load reads the limits file at path or, when path is a directory, every
@@ -43,11 +53,16 @@ func Parse(name string, data []byte) (*Config, error) {
 // one domain and no two may have the same domain. A directory with no such
 // file is an error.
 func Load(path string) (*Config, error) {
+	return LoadOptions{}.Load(path)
+}
+
+// Load is Load with the options o.
+func (o LoadOptions) Load(path string) (*Config, error) {
 	srcs, err := readSources(path)
 	if err != nil {
 		return nil, err
 	}
-	return build(srcs)
+	return build(srcs, o)
 }
 
 // readSources reads the file or the directory's limits files, sorted by
@@ -148,12 +163,15 @@ func fingerprint(srcs []source) [sha256.Size]byte {
 }
 
 // build parses the sources into one Config.
-func build(srcs []source) (*Config, error) {
+func build(srcs []source, o LoadOptions) (*Config, error) {
 	var ps problems
 	c := &Config{domains: make(map[string]*domain)}
 	for _, s := range srcs {
 		c.files = append(c.files, s.name)
 		p := &parser{file: s.name, ps: &ps, budget: nodeBudget(len(s.data))}
+		if o.MergeDomains {
+			p.merge = func(name string) *domain { return c.domains[name] }
+		}
 		first := len(ps.list)
 		d := p.parseFile(s.data)
 		ps.sortFrom(first)
@@ -161,9 +179,11 @@ func build(srcs []source) (*Config, error) {
 			continue
 		}
 		if prev, dup := c.domains[d.name]; dup {
-			ps.add(&Error{File: s.name, Line: d.line, Reason: fmt.Sprintf(
-				"domain %q is already defined in %s:%d; each domain must be in exactly one file, so merge the two files",
-				d.name, prev.file, prev.line)})
+			if prev != d { // d == prev: this file was merged into it
+				ps.add(&Error{File: s.name, Line: d.line, Reason: fmt.Sprintf(
+					"domain %q is already defined in %s:%d; each domain must be in exactly one file, so merge the two files (or let domains span files: sluice serve --merge-domain-config)",
+					d.name, prev.file, prev.line)})
+			}
 			continue
 		}
 		c.domains[d.name] = d
@@ -205,6 +225,9 @@ type parser struct {
 	file   string
 	ps     *problems
 	budget int
+	// merge, when domains may span files, returns the domain of that name
+	// that earlier files defined, or nil.
+	merge func(name string) *domain
 }
 
 func (p *parser) errorf(n *yaml.Node, format string, args ...any) {
@@ -299,6 +322,11 @@ func (p *parser) parseFile(data []byte) (d *domain) {
 	if d.name == "" {
 		return nil
 	}
+	if p.merge != nil {
+		if prev := p.merge(d.name); prev != nil {
+			d = prev // this file's descriptors join the domain's
+		}
+	}
 	if f, ok := fields.get("descriptors"); ok {
 		p.descriptors(f.val, &d.root, d, "domain="+d.name+" ", nil, 1)
 	}
@@ -378,6 +406,17 @@ func (p *parser) descriptors(list *yaml.Node, parent *node, d *domain, prefix st
 			continue
 		}
 		seen[e] = item.Line
+		if depth == 1 {
+			if at, dup := d.top[e]; dup && at.file != p.file {
+				p.errorf(item, "descriptor %s is also at the top of domain %q in %s:%d; a domain that spans files may not repeat a top-level descriptor, so merge the two into one",
+					describeEntry(e), d.name, at.file, at.line)
+				continue
+			}
+			if d.top == nil {
+				d.top = make(map[Entry]position)
+			}
+			d.top[e] = position{p.file, item.Line}
+		}
 
 		n := &node{}
 		here := prefix + describeEntry(e)

@@ -79,7 +79,7 @@ func TestDump(t *testing.T) {
 	c, err := build([]source{
 		{name: "b.yaml", data: []byte(statKeyLimits)},
 		{name: "a.yaml", data: []byte("domain: api\ndescriptors:\n  - key: k\n    rate_limit: { unit: day, requests_per_unit: 3 }\n")},
-	})
+	}, LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,8 @@ type WatcherOptions struct {
 	// Path is a limits file, or a directory of them, as Load takes.
 	// Required.
 	Path string
+	// MergeDomains lets a domain span several files (see LoadOptions).
+	MergeDomains bool
 	// Interval is how often the polling goroutine reads the files to see
 	// whether they changed. Default DefaultInterval (2s); it must not be
 	// negative. Polling (rather than inotify) sees a Kubernetes ConfigMap
@@ -50,6 +52,7 @@ type WatcherOptions struct {
 // hashes the files, and never touches rate limit keys.
 type Watcher struct {
 	path     string
+	load     LoadOptions
 	interval time.Duration
 	log      *slog.Logger
 	onReload func(*Config)
@@ -87,6 +90,7 @@ func NewWatcher(o WatcherOptions) (*Watcher, error) {
 	}
 	w := &Watcher{
 		path:     o.Path,
+		load:     LoadOptions{MergeDomains: o.MergeDomains},
 		interval: o.Interval,
 		log:      log.With("component", "limits", "path", o.Path),
 		onReload: o.OnReload,
@@ -97,7 +101,7 @@ func NewWatcher(o WatcherOptions) (*Watcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := build(srcs)
+	cfg, err := build(srcs, w.load)
 	if err != nil {
 		return nil, err
 	}
@@ -190,7 +194,7 @@ func (w *Watcher) reload(force bool) error {
 	w.seen = sum
 	var cfg *Config
 	if err == nil {
-		cfg, err = build(srcs)
+		cfg, err = build(srcs, w.load)
 	}
 	if err != nil {
 		w.lastErr.Store(&err)

@@ -86,6 +86,7 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 		"when a decision is acknowledged: commit (its hits are written to the data file; survives kill -9), fsync (and synced; survives power loss), async (at once; kill -9 loses the last milliseconds), memory (no data file)")
 	fs.BoolVar(&cfg.AcceptWALLoss, "accept-wal-loss", false, "start even if the data file's write-ahead log ends with a damaged frame (acknowledged hits): drop that frame, keeping the file aside as .damaged")
 	fs.StringVar(&cfg.LimitsFile, "limits-file", "", "envoyproxy/ratelimit YAML limits file, or a directory of them, reloaded when it changes")
+	fs.BoolVar(&cfg.MergeDomainConfig, "merge-domain-config", false, "let a domain span several files of --limits-file, their top-level descriptors put together (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); without it a domain in two files is an error")
 	fs.Var(newDurationValue(&cfg.LimitsPollInterval, cfg.LimitsPollInterval), "limits-poll-interval", "how often the limits file is checked for changes")
 	fs.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token the admin API requires (empty: no token); it also allows refunds")
 	fs.StringVar(&cfg.RefundToken, "refund-token", "", "bearer token that allows refunds (refund, is_negative_hits) and nothing else; with an admin or refund token set, a refund without one is refused")
@@ -316,6 +317,7 @@ func (o *serveOptions) attrs() []any {
 		"durability", cfg.Durability,
 		"limits_file", cfg.LimitsFile,
 		"limits_poll_interval", cfg.LimitsPollInterval,
+		"merge_domain_config", cfg.MergeDomainConfig,
 		"admin_token", redact(cfg.AdminToken),
 		"refund_token", redact(cfg.RefundToken),
 		"tls_cert", cfg.TLSCert,

@@ -55,6 +55,10 @@ type Config struct {
 	// them, giving limits to descriptors and keys that carry none. Reloaded
 	// when it changes. Empty: no limits file.
 	LimitsFile string
+	// MergeDomainConfig lets a domain span several files of LimitsFile
+	// (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); without it, two files
+	// with the same domain are an error. Default off.
+	MergeDomainConfig bool
 	// LimitsPollInterval is how often the limits file is checked for
 	// changes. Default 2s.
 	LimitsPollInterval time.Duration

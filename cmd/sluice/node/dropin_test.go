@@ -268,3 +268,34 @@ func TestRuleMetrics(t *testing.T) {
 		t.Errorf("Validate(near limit ratio 1.5) = %v; want an error naming --near-limit-ratio", err)
 	}
 }
+
+// TestMergeDomainConfig: with MergeDomainConfig, a node loads a domain
+// spread over two files and decides by the rules of both; without it, the
+// node refuses to start.
+func TestMergeDomainConfig(t *testing.T) {
+	dir := t.TempDir()
+	for name, data := range map[string]string{
+		"a.yaml": "domain: dummy\ndescriptors:\n  - key: one_per_day\n    rate_limit: {unit: day, requests_per_unit: 1}\n",
+		"b.yaml": "domain: dummy\ndescriptors:\n  - key: two_per_day\n    rate_limit: {unit: day, requests_per_unit: 2}\n",
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := DefaultConfig()
+	cfg.GRPCAddr, cfg.HTTPAddr, cfg.DataDir, cfg.LimitsFile = "127.0.0.1:0", "127.0.0.1:0", t.TempDir(), dir
+	if n, err := New(cfg); err == nil {
+		n.Shutdown(t.Context())
+		t.Fatal("New with a domain in two files, without MergeDomainConfig: no error")
+	} else if !strings.Contains(err.Error(), "--merge-domain-config") {
+		t.Errorf("New with a domain in two files = %v; want a hint at --merge-domain-config", err)
+	}
+
+	ts := newTestServer(t, func(c *Config) { c.LimitsFile, c.MergeDomainConfig = dir, true })
+	for key, want := range map[string]uint32{"one_per_day": 1, "two_per_day": 2} {
+		_, resp, raw := ts.postJSON("", `{"domain": "dummy", "descriptors": [{"entries": [{"key": "`+key+`"}]}]}`)
+		if resp == nil || resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() != want {
+			t.Errorf("POST /json for %s = %s; want the limit %d of its file", key, raw, want)
+		}
+	}
+}

@@ -156,11 +156,12 @@ func New(cfg Config) (n *Node, err error) {
 	}
 	if cfg.LimitsFile != "" {
 		n.limits, err = limits.NewWatcher(limits.WatcherOptions{
-			Path:     cfg.LimitsFile,
-			Interval: cfg.LimitsPollInterval,
-			Logger:   n.log.With("component", "limits"),
-			OnReload: func(*limits.Config) { n.metrics.limitsReloads.WithLabelValues("ok").Inc() },
-			OnError:  func(error) { n.metrics.limitsReloads.WithLabelValues("error").Inc() },
+			Path:         cfg.LimitsFile,
+			MergeDomains: cfg.MergeDomainConfig,
+			Interval:     cfg.LimitsPollInterval,
+			Logger:       n.log.With("component", "limits"),
+			OnReload:     func(*limits.Config) { n.metrics.limitsReloads.WithLabelValues("ok").Inc() },
+			OnError:      func(error) { n.metrics.limitsReloads.WithLabelValues("error").Inc() },
 		})
 		if err != nil {
 			return nil, err
