@@ -71,4 +71,16 @@
 // polling goroutine is the package's only background work: every Interval
 // it reads and hashes the files, which costs in proportion to their size
 // and nothing per rate-limited key. Close stops it and waits for it.
+//
+// # xDS
+//
+// A Watcher with WatcherOptions.XDS takes the limits from an xDS
+// management server instead of files, as envoyproxy/ratelimit does with
+// CONFIG_TYPE=GRPC_XDS_SOTW: the resources of type RateLimitConfigTypeURL
+// (go-control-plane's ratelimit.config.ratelimit.v3.RateLimitConfig, a
+// limits file as a protobuf message) over one Aggregated Discovery Service
+// stream, state of the world. Each response is checked as a directory of
+// files would be, then ACKed and put in force, or NACKed with its problems;
+// its one goroutine keeps the stream open, and Close ends it. Package
+// xdstest is a management server for tests.
 package limits

@@ -86,6 +86,13 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 		"when a decision is acknowledged: commit (its hits are written to the data file; survives kill -9), fsync (and synced; survives power loss), async (at once; kill -9 loses the last milliseconds), memory (no data file)")
 	fs.BoolVar(&cfg.AcceptWALLoss, "accept-wal-loss", false, "start even if the data file's write-ahead log ends with a damaged frame (acknowledged hits): drop that frame, keeping the file aside as .damaged")
 	fs.StringVar(&cfg.LimitsFile, "limits-file", "", "envoyproxy/ratelimit YAML limits file, or a directory of them, reloaded when it changes")
+	fs.StringVar(&cfg.LimitsXDS.Server, "limits-xds-server", "", "take the limits from this xDS management server (host:port) instead of --limits-file, as RateLimitConfig resources over ADS (envoyproxy/ratelimit's CONFIG_TYPE=GRPC_XDS_SOTW, CONFIG_GRPC_XDS_SERVER_URL); not ready until the first set arrives")
+	fs.StringVar(&cfg.LimitsXDS.NodeID, "limits-xds-node-id", "default", "node id presented to --limits-xds-server, which picks the limits by it (CONFIG_GRPC_XDS_NODE_ID)")
+	fs.StringVar(&cfg.LimitsXDS.CAFile, "limits-xds-ca", "", "CA file (PEM): connect to --limits-xds-server over TLS, verifying its certificate (CONFIG_GRPC_XDS_SERVER_TLS_CACERT)")
+	fs.StringVar(&cfg.LimitsXDS.CertFile, "limits-xds-cert", "", "client certificate file (PEM) presented to --limits-xds-server; needs --limits-xds-key and --limits-xds-ca (CONFIG_GRPC_XDS_CLIENT_TLS_CERT)")
+	fs.StringVar(&cfg.LimitsXDS.KeyFile, "limits-xds-key", "", "private key file (PEM) of --limits-xds-cert (CONFIG_GRPC_XDS_CLIENT_TLS_KEY)")
+	fs.StringToStringVar(&cfg.LimitsXDS.NodeMetadata, "limits-xds-node-metadata", nil, "key=value,... sent with the node id to --limits-xds-server (CONFIG_GRPC_XDS_NODE_METADATA)")
+	fs.StringToStringVar(&cfg.LimitsXDS.Headers, "limits-xds-header", nil, "key=value,... added to the request metadata of the xDS stream, for example a token the server wants (CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS)")
 	fs.BoolVar(&cfg.MergeDomainConfig, "merge-domain-config", false, "let a domain span several files of --limits-file, their top-level descriptors put together (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); without it a domain in two files is an error")
 	fs.Var(newDurationValue(&cfg.LimitsPollInterval, cfg.LimitsPollInterval), "limits-poll-interval", "how often the limits file is checked for changes")
 	fs.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token the admin API requires (empty: no token); it also allows refunds")
@@ -318,6 +325,9 @@ func (o *serveOptions) attrs() []any {
 		"limits_file", cfg.LimitsFile,
 		"limits_poll_interval", cfg.LimitsPollInterval,
 		"merge_domain_config", cfg.MergeDomainConfig,
+		slog.Group("limits_xds", "server", cfg.LimitsXDS.Server, "node_id", cfg.LimitsXDS.NodeID, "ca", cfg.LimitsXDS.CAFile,
+			"cert", cfg.LimitsXDS.CertFile, "key", cfg.LimitsXDS.KeyFile, "node_metadata", cfg.LimitsXDS.NodeMetadata,
+			"headers", len(cfg.LimitsXDS.Headers)), // header values may be secrets
 		"admin_token", redact(cfg.AdminToken),
 		"refund_token", redact(cfg.RefundToken),
 		"tls_cert", cfg.TLSCert,

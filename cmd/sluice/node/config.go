@@ -55,6 +55,9 @@ type Config struct {
 	// them, giving limits to descriptors and keys that carry none. Reloaded
 	// when it changes. Empty: no limits file.
 	LimitsFile string
+	// LimitsXDS, when its Server is set, takes the limits from an xDS
+	// management server instead of LimitsFile.
+	LimitsXDS LimitsXDSConfig
 	// MergeDomainConfig lets a domain span several files of LimitsFile
 	// (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); without it, two files
 	// with the same domain are an error. Default off.
@@ -233,6 +236,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("node: config: --keepalive-time %v: at least 1s (gRPC pings no more often)", c.KeepaliveTime)
 	case c.MaxConcurrentStreams > math.MaxUint32:
 		return fmt.Errorf("node: config: --max-concurrent-streams %d: at most %d", c.MaxConcurrentStreams, uint32(math.MaxUint32))
+	case c.LimitsFile != "" && c.LimitsXDS.Server != "":
+		return errors.New("node: config: --limits-file and --limits-xds-server both give the limits; set one")
 	case c.PeerAddr != "" && c.Cluster == nil:
 		return errors.New("node: config: --peer-addr serves the peer service, which only a cluster node has; set --gossip-addr or --join, or leave it empty")
 	}

@@ -11,7 +11,11 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	rlsconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/sluice-io/sluice/api/limits/xdstest"
 )
 
 // The drop-in tests: what users of envoyproxy/ratelimit script against,
@@ -297,5 +301,76 @@ func TestMergeDomainConfig(t *testing.T) {
 		if resp == nil || resp.Statuses[0].GetCurrentLimit().GetRequestsPerUnit() != want {
 			t.Errorf("POST /json for %s = %s; want the limit %d of its file", key, raw, want)
 		}
+	}
+}
+
+// TestLimitsOverXDS: a node with LimitsXDS takes its limits from the
+// management server: not ready until the first set is in force, then it
+// decides by them, lists them on /rlconfig, and follows each new version.
+func TestLimitsOverXDS(t *testing.T) {
+	xds := xdstest.New(t)
+	ts := newTestServer(t, func(c *Config) {
+		c.LimitsXDS = LimitsXDSConfig{Server: xds.Addr, NodeID: "sluice-a",
+			NodeMetadata: map[string]string{"zone": "a"}, Headers: map[string]string{"x-token": "t0k"}}
+	})
+	base := "http://" + ts.srv.HTTPAddr()
+	if code, body := httpGet(t, base+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "xDS") {
+		t.Errorf("/readyz before the limits arrived = %d %q; want 503 waiting for xDS", code, body)
+	}
+	health := func() healthpb.HealthCheckResponse_ServingStatus {
+		resp, err := healthpb.NewHealthClient(ts.conn).Check(ts.ctx(), &healthpb.HealthCheckRequest{Service: "envoy.service.ratelimit.v3.RateLimitService"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Status
+	}
+	if got := health(); got != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("grpc health before the limits arrived = %v; want NOT_SERVING", got)
+	}
+	if first := xds.Request(); first.GetNode().GetId() != "sluice-a" || first.GetNode().GetMetadata().GetFields()["zone"].GetStringValue() != "a" {
+		t.Errorf("first xDS request from node %v; want sluice-a, zone a", first.GetNode())
+	}
+	if got := xds.Metadata().Get("x-token"); len(got) != 1 || got[0] != "t0k" {
+		t.Errorf("xDS stream metadata x-token = %v; want t0k", got)
+	}
+	day := func(n uint32) *rlsconfv3.RateLimitConfig {
+		return &rlsconfv3.RateLimitConfig{Name: "dummy", Domain: "dummy", Descriptors: []*rlsconfv3.RateLimitDescriptor{
+			{Key: "one_per_day", RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_DAY, RequestsPerUnit: n}},
+		}}
+	}
+	xds.Send("v1", "n1", day(1))
+	if ack := xds.Request(); ack.VersionInfo != "v1" || ack.ErrorDetail != nil {
+		t.Fatalf("after v1: %v; want an ACK of v1", ack)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for code, _ := httpGet(t, base+"/readyz"); code != http.StatusOK; code, _ = httpGet(t, base+"/readyz") {
+		if time.Now().After(deadline) {
+			t.Fatal("/readyz not 200 within 10s of the limits")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := health(); got != healthpb.HealthCheckResponse_SERVING {
+		t.Errorf("grpc health once the limits arrived = %v; want SERVING", got)
+	}
+	const req = `{"domain": "dummy", "descriptors": [{"entries": [{"key": "one_per_day", "value": "x"}]}]}`
+	if code, _, raw := ts.postJSON("", req); code != http.StatusOK {
+		t.Errorf("first decision by the xDS limits = %d %s; want 200", code, raw)
+	}
+	if code, _, raw := ts.postJSON("", req); code != http.StatusTooManyRequests {
+		t.Errorf("second decision by the xDS limits (1 a day) = %d %s; want 429", code, raw)
+	}
+	xds.Send("v2", "n2", day(5))
+	xds.Request()
+	if _, body := ts.httpDo(http.MethodGet, "/rlconfig", "", ""); body != "dummy.one_per_day: unit=DAY requests_per_unit=5, shadow_mode: false, quota_mode: false\n" {
+		t.Errorf("/rlconfig after v2 = %q; want the rule at 5 a day", body)
+	}
+	if code, _, raw := ts.postJSON("", req); code != http.StatusOK {
+		t.Errorf("decision after v2 raised the limit = %d %s; want 200", code, raw)
+	}
+
+	cfg := DefaultConfig()
+	cfg.LimitsFile, cfg.LimitsXDS.Server = "limits.yaml", "127.0.0.1:1"
+	if err := cfg.Validate(); err == nil {
+		t.Error("Validate(a limits file and an xDS server) = nil; want an error")
 	}
 }

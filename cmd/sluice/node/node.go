@@ -154,18 +154,8 @@ func New(cfg Config) (n *Node, err error) {
 			return float64(info.Size())
 		}))
 	}
-	if cfg.LimitsFile != "" {
-		n.limits, err = limits.NewWatcher(limits.WatcherOptions{
-			Path:         cfg.LimitsFile,
-			MergeDomains: cfg.MergeDomainConfig,
-			Interval:     cfg.LimitsPollInterval,
-			Logger:       n.log.With("component", "limits"),
-			OnReload:     func(*limits.Config) { n.metrics.limitsReloads.WithLabelValues("ok").Inc() },
-			OnError:      func(error) { n.metrics.limitsReloads.WithLabelValues("error").Inc() },
-		})
-		if err != nil {
-			return nil, err
-		}
+	if n.limits, err = n.newLimitsWatcher(); err != nil {
+		return nil, err
 	}
 
 	ecfg := cfg.Engine
@@ -385,6 +375,9 @@ func (n *Node) Start() error {
 func (n *Node) NotReady() string {
 	if !n.ready.Load() {
 		return "starting or stopping"
+	}
+	if n.limits != nil && !n.limits.Loaded() {
+		return "waiting for the limits from the xDS server"
 	}
 	if r := n.router.Load(); r != nil {
 		return r.Status()
