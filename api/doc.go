@@ -22,6 +22,10 @@
 // every live member for its figures and merges their top lists (api/topk),
 // whose error bounds survive the merge.
 //
+// Two HTTP handlers serve envoyproxy/ratelimit's /json (a decision over
+// HTTP, through the same path as ShouldRateLimit) and /rlconfig (the
+// limits in force); the node mounts them on its HTTP listener.
+//
 // The package wires nothing: the node (cmd/sluice/node) opens the store,
 // starts the engine, joins the cluster and serves these services with
 // Register and Interceptors (which require the admin token on admin and

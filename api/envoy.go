@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"math"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/sluice-io/sluice/actor"
@@ -34,8 +36,9 @@ import (
 //     limit) is OVER_LIMIT, not an error: Envoy lets a request through when
 //     its rate limit service fails. Errors (InvalidArgument) are for
 //     malformed requests, and record nothing.
-//   - Shadow-mode rules count and report, but their descriptors say OK and
-//     never make the request OVER_LIMIT.
+//   - Shadow-mode rules (every limit, with Config.ShadowMode) count and
+//     report, but their descriptors say OK and never make the request
+//     OVER_LIMIT.
 type envoyService struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	s *Server
@@ -89,6 +92,13 @@ type envoyDescriptor struct {
 	name string
 	// shadow and quota are the rule's shadow_mode and quota_mode.
 	shadow, quota bool
+	// meta is the rule's metadata, for the response's dynamic metadata;
+	// nil without a rule (or for an unlimited one).
+	meta *structpb.Struct
+	// rule is the limits file's rule, nil without one; entries are the
+	// descriptor's entries as sent. Both name its statistics.
+	rule    *limits.Rule
+	entries []limits.Entry
 	// cost is the hits to record (or to give back, with refund).
 	cost   uint64
 	refund bool
@@ -136,6 +146,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 		}
 		d := &descs[i]
 		d.cost, d.refund = envoyCost(pd, req.HitsAddend), pd.GetIsNegativeHits()
+		d.entries = entries
 		counted[i] = entries
 		if pd.GetLimit() != nil {
 			if err := inlineLimit(i, pd.GetLimit(), bounds, d); err != nil {
@@ -158,8 +169,10 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 				d.kind = envoyUnlimited
 			} else {
 				d.kind, d.limit, d.window, d.unit, d.mult = envoyCheck, r.Limit, r.Window, r.Unit, 1
+				d.meta, d.rule = r.Metadata, r
 			}
 		}
+		d.shadow = d.shadow || s.cfg.ShadowMode
 		if o := s.overrides.match(d.key, now); o != nil {
 			c := actor.Check{Limit: d.limit, Window: d.window, Algorithm: d.algo}
 			o.apply(&c)
@@ -214,7 +227,10 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			return nil, err
 		}
 	}
-	resp := s.envoyResponse(descs, out)
+	resp := s.envoyResponse(req.Domain, descs, out)
+	if s.cfg.ResponseDynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, descs, resp.Statuses)
+	}
 	t.descs, t.resp = descs, resp
 	return resp, nil
 }
@@ -229,9 +245,9 @@ type envoyOutcome struct {
 	neverFits bool          // denied whatever happens: no retry helps
 }
 
-// envoyResponse builds the response from the descriptors and the engine's
-// decisions, and counts the decisions.
-func (s *Server) envoyResponse(descs []envoyDescriptor, out []actor.Decision) *rlsv3.RateLimitResponse {
+// envoyResponse builds the response from the descriptors of a request of
+// domain and the engine's decisions, and counts the decisions.
+func (s *Server) envoyResponse(domain string, descs []envoyDescriptor, out []actor.Decision) *rlsv3.RateLimitResponse {
 	resp := &rlsv3.RateLimitResponse{Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(descs))}
 	// The messages of the statuses, allocated together: a response costs a
 	// few allocations, not a few per descriptor.
@@ -272,12 +288,14 @@ func (s *Server) envoyResponse(descs []envoyDescriptor, out []actor.Decision) *r
 			o = envoyOutcome{d: d, allowed: dec.Allowed && !d.neverFits, remaining: dec.Remaining,
 				reset: dec.ResetAfter, retry: dec.RetryAfter, neverFits: d.neverFits}
 		}
+		s.ruleStats.count(domain, &o)
 		code := rlsv3.RateLimitResponse_OK
 		switch {
 		case o.allowed:
 			allowed++
 		case d.shadow:
 			shadowDenied++ // as envoyproxy/ratelimit: reported OK, counted apart
+			s.logShadowDenial(d)
 		default:
 			denied++
 			code = rlsv3.RateLimitResponse_OVER_LIMIT
@@ -308,7 +326,7 @@ func (s *Server) envoyResponse(descs []envoyDescriptor, out []actor.Decision) *r
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
 	if s.cfg.RateLimitHeaders {
-		resp.ResponseHeadersToAdd = rateLimitHeaders(enforced, overLimit)
+		resp.ResponseHeadersToAdd = s.rateLimitHeaders(enforced, overLimit)
 	}
 	m := &s.metrics.envoy
 	m.allowed.Add(float64(allowed))
@@ -317,6 +335,14 @@ func (s *Server) envoyResponse(descs []envoyDescriptor, out []actor.Decision) *r
 		m.shadowDenied.Add(float64(shadowDenied))
 	}
 	return resp
+}
+
+// logShadowDenial logs, at debug level, a descriptor over its limit that
+// shadow mode answered OK.
+func (s *Server) logShadowDenial(d *envoyDescriptor) {
+	if s.log.Enabled(context.Background(), slog.LevelDebug) {
+		s.log.Debug("shadow mode: over the limit, answered OK", "key", d.key, "rule", d.name, "limit", d.limit, "window", d.window)
+	}
 }
 
 // currentLimit describes d's limit for the response in rl, and returns rl.
@@ -411,16 +437,27 @@ func clampUint32(v int64) uint32 {
 	return uint32(min(max(v, 0), math.MaxUint32))
 }
 
-// rateLimitHeaders returns the RateLimit-Policy and RateLimit fields of
-// draft-ietf-httpapi-ratelimit-headers for the most restrictive enforced
-// descriptor, and Retry-After when the request is over its limit and
-// waiting can help. Shadow-mode descriptors never show.
-//
-// The most restrictive descriptor is, when the request is over its limit,
-// the one that fails it for longest (a descriptor that can never fit beats
-// any wait; when only quota-mode descriptors fail the request, the one that
-// frees up first); otherwise the one with the fewest hits remaining.
-func rateLimitHeaders(enforced []envoyOutcome, overLimit bool) []*corev3.HeaderValue {
+// rateLimitHeaders returns the header fields of s's HeaderFormat for the
+// most restrictive enforced descriptor, nil when there is none.
+// Shadow-mode descriptors never show.
+func (s *Server) rateLimitHeaders(enforced []envoyOutcome, overLimit bool) []*corev3.HeaderValue {
+	best := mostRestrictive(enforced, overLimit)
+	switch {
+	case best == nil:
+		return nil
+	case s.cfg.HeaderFormat == HeadersDraft03:
+		return draft03Headers(s.headerNames, best)
+	}
+	return ietfHeaders(best, overLimit)
+}
+
+// mostRestrictive returns the outcome the response headers describe: when
+// the request is over its limit, the one that fails it for longest (a
+// descriptor that can never fit beats any wait; when only quota-mode
+// descriptors fail the request, the one that frees up first); otherwise
+// the one with the fewest hits remaining. It returns nil when enforced is
+// empty.
+func mostRestrictive(enforced []envoyOutcome, overLimit bool) *envoyOutcome {
 	var best *envoyOutcome
 	if overLimit {
 		for i := range enforced {
@@ -444,20 +481,29 @@ func rateLimitHeaders(enforced []envoyOutcome, overLimit bool) []*corev3.HeaderV
 			}
 		}
 	}
-	if best == nil {
-		return nil
+	return best
+}
+
+// wait is the time the headers announce: until a retry can succeed when
+// denied (and waiting helps), else until the limit is whole again.
+func (o *envoyOutcome) wait() time.Duration {
+	if !o.allowed && !o.neverFits {
+		return o.retry
 	}
+	return o.reset
+}
+
+// ietfHeaders returns the RateLimit-Policy and RateLimit fields of
+// draft-ietf-httpapi-ratelimit-headers for best, and Retry-After when the
+// request is over its limit and waiting can help.
+func ietfHeaders(best *envoyOutcome, overLimit bool) []*corev3.HeaderValue {
 	name := best.d.name
 	if name == "" {
 		name = "default"
 	}
 	policy := sfString(name)
-	// t is the time within which the client can use no more than r: until
-	// a retry can succeed when denied, else until the limit is whole again.
-	t := best.reset
-	if !best.allowed && !best.neverFits {
-		t = best.retry
-	}
+	// t is the time within which the client can use no more than r.
+	t := best.wait()
 	h := []*corev3.HeaderValue{
 		{Key: "RateLimit-Policy", Value: policy + ";q=" + strconv.FormatInt(best.d.limit, 10) + ";w=" + strconv.FormatInt(ceilSeconds(best.d.window), 10)},
 		{Key: "RateLimit", Value: policy + ";r=" + strconv.FormatInt(max(best.remaining, 0), 10) + ";t=" + strconv.FormatInt(ceilSeconds(t), 10)},

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -33,9 +34,37 @@ type Config struct {
 	// nothing else. Refunds need it or the admin token; with neither set,
 	// refunds are open like every decision.
 	RefundToken string
-	// RateLimitHeaders makes Envoy responses carry the IETF RateLimit-Policy
-	// and RateLimit header fields and Retry-After for the client.
+	// RateLimitHeaders makes Envoy responses carry rate limit header
+	// fields for the client, in HeaderFormat.
 	RateLimitHeaders bool
+	// HeaderFormat chooses the fields RateLimitHeaders adds: HeadersIETF
+	// (the default, also for "") or HeadersDraft03.
+	HeaderFormat HeaderFormat
+	// HeaderNames names the fields of HeadersDraft03; an empty name takes
+	// envoyproxy/ratelimit's default (RateLimit-Limit, RateLimit-Remaining,
+	// RateLimit-Reset).
+	HeaderNames HeaderNames
+	// ShadowMode puts every limit of Envoy requests in shadow mode, as
+	// envoyproxy/ratelimit's SHADOW_MODE does: counted and reported, never
+	// OVER_LIMIT.
+	ShadowMode bool
+	// ResponseDynamicMetadata makes Envoy responses carry dynamic metadata
+	// (the request, and the metadata of the limits file's rules that
+	// allowed it), as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA
+	// does. See dynamicMetadata.
+	ResponseDynamicMetadata bool
+	// RuleMetricsMaxKeys bounds the per-rule statistics keys that hold
+	// request values (detailed_metric, value_to_metric, inline limits):
+	// past it they are counted under key "other" (see rulestats.go).
+	// Default 1000 (DefaultRuleMetricsMaxKeys).
+	RuleMetricsMaxKeys int
+	// NearLimitRatio is the share of a limit above which allowed hits
+	// count as near the limit in the per-rule statistics, in (0, 1].
+	// Default 0.8 (envoyproxy/ratelimit's NEAR_LIMIT_RATIO).
+	NearLimitRatio float64
+	// MaxMessageBytes bounds the body of a decision over HTTP (/json).
+	// Default 4 MiB.
+	MaxMessageBytes int
 	// Limits bounds what a check may ask for: the engine's
 	// (actor.Config.Limits), so that the APIs refuse what the engine would.
 	Limits actor.Limits
@@ -93,6 +122,9 @@ type Server struct {
 	clustered  bool
 	traffic    *traffic.Recorder // nil only in benchmarks that measure its cost
 	started    time.Time
+	// headerNames is cfg.HeaderNames with the defaults filled in.
+	headerNames HeaderNames
+	ruleStats   *ruleStats
 }
 
 // New builds the services and loads the overrides kept in d.Store.
@@ -124,12 +156,22 @@ func New(cfg Config, d Deps) (*Server, error) {
 	s := &Server{
 		cfg: cfg, log: d.Logger, clock: d.Clock, store: d.Store, engine: d.Engine, limits: d.Limits,
 		router: d.Router, membership: d.Membership, grpcAddr: d.GRPCAddr, clustered: d.Clustered,
-		metrics: newMetrics(d.Registry), started: d.Clock.Now(),
+		metrics: newMetrics(d.Registry), started: d.Clock.Now(), headerNames: cfg.HeaderNames.withDefaults(),
 	}
 	var err error
 	if s.traffic, err = traffic.New(cfg.Traffic); err != nil {
 		return nil, err
 	}
+	if _, err := ParseHeaderFormat(string(cfg.HeaderFormat)); err != nil {
+		return nil, err
+	}
+	if cfg.RuleMetricsMaxKeys < 0 {
+		return nil, fmt.Errorf("api: config: rule metrics max keys %d: must not be negative", cfg.RuleMetricsMaxKeys)
+	}
+	if r := cfg.NearLimitRatio; r < 0 || r > 1 || math.IsNaN(r) {
+		return nil, fmt.Errorf("api: config: near limit ratio %v: want a share of the limit in (0, 1]", r)
+	}
+	s.ruleStats = newRuleStats(d.Registry, cfg.RuleMetricsMaxKeys, cfg.NearLimitRatio)
 	var overrides []*Override
 	if s.store != nil {
 		if overrides, err = loadOverrides(s.store); err != nil {

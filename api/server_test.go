@@ -31,6 +31,13 @@ type testConfig struct {
 	AdminToken       string
 	RefundToken      string
 	RateLimitHeaders bool
+	HeaderFormat     HeaderFormat
+	HeaderNames      HeaderNames
+	ShadowMode       bool
+	DynamicMetadata  bool
+	// RuleMetricsMaxKeys and NearLimitRatio shape the per-rule statistics.
+	RuleMetricsMaxKeys int
+	NearLimitRatio     float64
 	// Durability is "memory" or a persist mode; DataDir holds the data file.
 	Durability string
 	DataDir    string
@@ -112,6 +119,9 @@ func (ts *testServer) start() {
 	ts.srv, err = New(Config{
 		NodeName: ts.cfg.NodeName, AdminToken: ts.cfg.AdminToken, RefundToken: ts.cfg.RefundToken,
 		RateLimitHeaders: ts.cfg.RateLimitHeaders, Limits: ts.cfg.Engine.Limits,
+		HeaderFormat: ts.cfg.HeaderFormat, HeaderNames: ts.cfg.HeaderNames, ShadowMode: ts.cfg.ShadowMode,
+		ResponseDynamicMetadata: ts.cfg.DynamicMetadata,
+		RuleMetricsMaxKeys:      ts.cfg.RuleMetricsMaxKeys, NearLimitRatio: ts.cfg.NearLimitRatio,
 	}, Deps{
 		Engine: ts.engine, Store: ts.store, Limits: ts.limits, Clock: ts.clk, Logger: log, Clustered: ts.cfg.Clustered,
 		GRPCAddr: func() string { return ts.addr },

@@ -68,6 +68,16 @@ type Rule struct {
 	File string
 	// Line is the line of the rule's descriptor in File.
 	Line int
+	// StatKey names the rule in statistics and in /rlconfig as
+	// envoyproxy/ratelimit does, without the domain: the descriptors from
+	// the top of the domain to the rule, each as key_value or, without a
+	// value, key, joined by dots ("message_type_marketing.to_number"). See
+	// RequestStatKey for the key of one request.
+	StatKey string
+
+	// statLevels are the levels of the statistics key when some show the
+	// request's values (detailed_metric, value_to_metric); nil otherwise.
+	statLevels []statLevel
 }
 
 // Config is a parsed, checked set of limits files: one file per domain.
@@ -80,13 +90,23 @@ type Config struct {
 	version string
 }
 
-// domain is one file's tree of descriptors.
+// domain is one domain's tree of descriptors: one file's, or, when domains
+// may span files, several files'.
 type domain struct {
 	name  string
-	file  string
+	file  string // the first file's
 	line  int
 	root  node
 	rules []*Rule // in file order
+	// top holds where each top-level descriptor was defined, to refuse one
+	// that a second file of the domain repeats.
+	top map[Entry]position
+}
+
+// position is a place in a limits file.
+type position struct {
+	file string
+	line int
 }
 
 // node is one descriptor of the tree, or a domain's root. Its children are

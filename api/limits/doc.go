@@ -24,13 +24,17 @@
 //     pattern on "key_value"), keys and values are matched as a pair rather
 //     than as the string key + "_" + value, and a file holds exactly one
 //     YAML document.
-//   - Domains cannot be merged across files (ratelimit's
-//     MERGE_DOMAIN_CONFIG): a domain defined twice is an error.
+//   - A domain defined in two files is an error unless
+//     LoadOptions.MergeDomains (WatcherOptions.MergeDomains; ratelimit's
+//     MERGE_DOMAIN_CONFIG) lets it span them; then, as in ratelimit, the
+//     files' top-level descriptors are put together and one repeated in
+//     two files is an error.
 //
-// Fields that only name ratelimit's statistics are checked and kept where
-// they can matter (detailed_metric, on Rule) or accepted and ignored
-// (value_to_metric). quota_mode, share_threshold and metadata, which
-// ratelimit added after its README's format section, are supported.
+// The fields that name ratelimit's statistics, detailed_metric and
+// value_to_metric, shape each rule's statistics key as they do in
+// ratelimit (Rule.StatKey, Rule.RequestStatKey). quota_mode,
+// share_threshold and metadata, which ratelimit added after its README's
+// format section, are supported.
 //
 // Every problem is reported as an *Error with its file and line; a load
 // reports up to ten of them at once.
@@ -67,4 +71,16 @@
 // polling goroutine is the package's only background work: every Interval
 // it reads and hashes the files, which costs in proportion to their size
 // and nothing per rate-limited key. Close stops it and waits for it.
+//
+// # xDS
+//
+// A Watcher with WatcherOptions.XDS takes the limits from an xDS
+// management server instead of files, as envoyproxy/ratelimit does with
+// CONFIG_TYPE=GRPC_XDS_SOTW: the resources of type RateLimitConfigTypeURL
+// (go-control-plane's ratelimit.config.ratelimit.v3.RateLimitConfig, a
+// limits file as a protobuf message) over one Aggregated Discovery Service
+// stream, state of the world. Each response is checked as a directory of
+// files would be, then ACKed and put in force, or NACKed with its problems;
+// its one goroutine keeps the stream open, and Close ends it. Package
+// xdstest is a management server for tests.
 package limits

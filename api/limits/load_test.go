@@ -79,7 +79,7 @@ func TestLoadErrors(t *testing.T) {
 		writeFile(t, filepath.Join(dir, "b.yaml"), "# the same domain again\n"+rule("edge", "j", 2))
 		_, err := Load(dir)
 		want := "limits: " + filepath.Join(dir, "b.yaml") + ":2: domain \"edge\" is already defined in " +
-			filepath.Join(dir, "a.yaml") + ":1; each domain must be in exactly one file, so merge the two files"
+			filepath.Join(dir, "a.yaml") + ":1; each domain must be in exactly one file, so merge the two files (or let domains span files: sluice serve --merge-domain-config)"
 		if err == nil || err.Error() != want {
 			t.Errorf("Load = %v; want %s", err, want)
 		}
@@ -178,5 +178,48 @@ func TestLoadRuntimeLayout(t *testing.T) {
 	configMap(t, filepath.Join(cm, "config"), "1", map[string]string{"edge.yaml": rule("edge", "remote_address", 10)})
 	if c, err := Load(cm); err != nil || !slices.Equal(c.Domains(), []string{"edge"}) {
 		t.Errorf("Load(a ConfigMap at config/) = %v; want the domain edge", err)
+	}
+}
+
+// TestLoadMergeDomains: with MergeDomains, the files of one domain put
+// their top-level descriptors together, as envoyproxy/ratelimit's
+// MERGE_DOMAIN_CONFIG does; a top-level descriptor in two files is still
+// an error, naming both places.
+func TestLoadMergeDomains(t *testing.T) {
+	dir := t.TempDir()
+	writeFile(t, filepath.Join(dir, "a.yaml"), rule("edge", "remote_address", 10))
+	writeFile(t, filepath.Join(dir, "b.yaml"), rule("edge", "user", 20)+"  - key: remote_address\n    value: 10.0.0.1\n    rate_limit: {unit: second, requests_per_unit: 0}\n")
+	writeFile(t, filepath.Join(dir, "c.yaml"), rule("api", "user", 30))
+
+	if _, err := Load(dir); err == nil {
+		t.Fatal("Load of a domain in two files without MergeDomains: no error")
+	}
+	c, err := LoadOptions{MergeDomains: true}.Load(dir)
+	if err != nil {
+		t.Fatalf("Load with MergeDomains: %v", err)
+	}
+	if got, want := c.Domains(), []string{"api", "edge"}; !slices.Equal(got, want) {
+		t.Errorf("Domains = %v; want %v", got, want)
+	}
+	runLookups(t, c, []lookupCase{
+		{"edge", d("remote_address=1.2.3.4"), "10/second"},
+		{"edge", d("remote_address=10.0.0.1"), "0/second"},
+		{"edge", d("user=bob"), "20/second"},
+		{"api", d("user=bob"), "30/second"},
+	})
+	var files []string
+	for _, r := range c.Rules("edge") {
+		files = append(files, filepath.Base(r.File)+":"+strconv.Itoa(r.Line))
+	}
+	if want := []string{"a.yaml:3", "b.yaml:3", "b.yaml:7"}; !slices.Equal(files, want) {
+		t.Errorf("Rules(edge) at %v; want %v (load order)", files, want)
+	}
+
+	writeFile(t, filepath.Join(dir, "d.yaml"), "# again\n"+rule("edge", "user", 5))
+	_, err = LoadOptions{MergeDomains: true}.Load(dir)
+	want := "limits: " + filepath.Join(dir, "d.yaml") + ":4: descriptor key=user is also at the top of domain \"edge\" in " +
+		filepath.Join(dir, "b.yaml") + ":3; a domain that spans files may not repeat a top-level descriptor, so merge the two into one"
+	if err == nil || err.Error() != want {
+		t.Errorf("Load with a top-level descriptor in two files = %v\nwant %s", err, want)
 	}
 }

@@ -367,9 +367,13 @@ descriptors:
 		Name: "marketing_per_number", Limit: 5, Unit: UnitDay, Window: 24 * time.Hour,
 		DetailedMetric: true, QuotaMode: true,
 		Domain: "messaging", Path: "domain=messaging key=message_type value=marketing > key=to_number",
-		File: "f.yaml", Line: 6,
+		File: "f.yaml", Line: 6, StatKey: "message_type_marketing.to_number",
 	}
 	got := *r
+	if k := got.RequestStatKey(d("message_type=marketing", "to_number=1")); k != "message_type_marketing.to_number_1" {
+		t.Errorf("RequestStatKey = %q; want the request's values (detailed_metric)", k)
+	}
+	got.statLevels = nil
 	if got.Metadata.GetFields()["team"].GetStringValue() != "growth" {
 		t.Errorf("Metadata = %v; want team: growth", got.Metadata)
 	}

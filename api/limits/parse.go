@@ -29,7 +29,17 @@ type source struct {
 // messages. Every problem found is reported (up to ten), each as an *Error
 // with its line.
 func Parse(name string, data []byte) (*Config, error) {
-	return build([]source{{name: name, data: data}})
+	return build([]source{{name: name, data: data}}, LoadOptions{})
+}
+
+// LoadOptions changes how Load reads several files.
+type LoadOptions struct {
+	// MergeDomains lets a domain span several files, as
+	// envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG does: the top-level
+	// descriptors of every file of the domain are put together, in load
+	// order, and a top-level descriptor (key and value) found in two files
+	// is an error. Without it, two files with the same domain are an error.
+	MergeDomains bool
 }
 
 // Load reads the limits file at path or, when path is a directory, every
@@ -43,11 +53,16 @@ func Parse(name string, data []byte) (*Config, error) {
 // one domain and no two may have the same domain. A directory with no such
 // file is an error.
 func Load(path string) (*Config, error) {
+	return LoadOptions{}.Load(path)
+}
+
+// Load is Load with the options o.
+func (o LoadOptions) Load(path string) (*Config, error) {
 	srcs, err := readSources(path)
 	if err != nil {
 		return nil, err
 	}
-	return build(srcs)
+	return build(srcs, o)
 }
 
 // readSources reads the file or the directory's limits files, sorted by
@@ -148,12 +163,15 @@ func fingerprint(srcs []source) [sha256.Size]byte {
 }
 
 // build parses the sources into one Config.
-func build(srcs []source) (*Config, error) {
+func build(srcs []source, o LoadOptions) (*Config, error) {
 	var ps problems
 	c := &Config{domains: make(map[string]*domain)}
 	for _, s := range srcs {
 		c.files = append(c.files, s.name)
 		p := &parser{file: s.name, ps: &ps, budget: nodeBudget(len(s.data))}
+		if o.MergeDomains {
+			p.merge = func(name string) *domain { return c.domains[name] }
+		}
 		first := len(ps.list)
 		d := p.parseFile(s.data)
 		ps.sortFrom(first)
@@ -161,9 +179,11 @@ func build(srcs []source) (*Config, error) {
 			continue
 		}
 		if prev, dup := c.domains[d.name]; dup {
-			ps.add(&Error{File: s.name, Line: d.line, Reason: fmt.Sprintf(
-				"domain %q is already defined in %s:%d; each domain must be in exactly one file, so merge the two files",
-				d.name, prev.file, prev.line)})
+			if prev != d { // d == prev: this file was merged into it
+				ps.add(&Error{File: s.name, Line: d.line, Reason: fmt.Sprintf(
+					"domain %q is already defined in %s:%d; each domain must be in exactly one file, so merge the two files (or let domains span files: sluice serve --merge-domain-config)",
+					d.name, prev.file, prev.line)})
+			}
 			continue
 		}
 		c.domains[d.name] = d
@@ -205,6 +225,9 @@ type parser struct {
 	file   string
 	ps     *problems
 	budget int
+	// merge, when domains may span files, returns the domain of that name
+	// that earlier files defined, or nil.
+	merge func(name string) *domain
 }
 
 func (p *parser) errorf(n *yaml.Node, format string, args ...any) {
@@ -299,8 +322,13 @@ func (p *parser) parseFile(data []byte) (d *domain) {
 	if d.name == "" {
 		return nil
 	}
+	if p.merge != nil {
+		if prev := p.merge(d.name); prev != nil {
+			d = prev // this file's descriptors join the domain's
+		}
+	}
 	if f, ok := fields.get("descriptors"); ok {
-		p.descriptors(f.val, &d.root, d, "domain="+d.name+" ", 1)
+		p.descriptors(f.val, &d.root, d, "domain="+d.name+" ", nil, 1)
 	}
 	return d
 }
@@ -322,9 +350,9 @@ func isNull(n *yaml.Node) bool {
 }
 
 // descriptors parses a list of descriptors into the children of parent;
-// prefix starts the Path of the rules found; depth is the list's level,
-// 1 at the top.
-func (p *parser) descriptors(list *yaml.Node, parent *node, d *domain, prefix string, depth int) {
+// prefix starts the Path of the rules found and stat holds the statistics
+// key levels above the list; depth is the list's level, 1 at the top.
+func (p *parser) descriptors(list *yaml.Node, parent *node, d *domain, prefix string, stat []statLevel, depth int) {
 	p.spend()
 	list = p.deref(list)
 	if isNull(list) {
@@ -378,6 +406,17 @@ func (p *parser) descriptors(list *yaml.Node, parent *node, d *domain, prefix st
 			continue
 		}
 		seen[e] = item.Line
+		if depth == 1 {
+			if at, dup := d.top[e]; dup && at.file != p.file {
+				p.errorf(item, "descriptor %s is also at the top of domain %q in %s:%d; a domain that spans files may not repeat a top-level descriptor, so merge the two into one",
+					describeEntry(e), d.name, at.file, at.line)
+				continue
+			}
+			if d.top == nil {
+				d.top = make(map[Entry]position)
+			}
+			d.top[e] = position{p.file, item.Line}
+		}
 
 		n := &node{}
 		here := prefix + describeEntry(e)
@@ -394,7 +433,7 @@ func (p *parser) descriptors(list *yaml.Node, parent *node, d *domain, prefix st
 			return b
 		}
 		shadow, quota, detailed := flag("shadow_mode"), flag("quota_mode"), flag("detailed_metric")
-		flag("value_to_metric") // checked, then unused: it only names metrics
+		valueToMetric := flag("value_to_metric")
 		if flag("share_threshold") {
 			if strings.Contains(e.Value, "*") {
 				n.share = e.Value
@@ -407,15 +446,23 @@ func (p *parser) descriptors(list *yaml.Node, parent *node, d *domain, prefix st
 		if f, ok := fields.get("metadata"); ok {
 			meta = p.metadata(f)
 		}
+		// This level of the statistics key: the value shows when the
+		// descriptor has one that is not a pattern; value_to_metric shows
+		// the request's instead of none or of a pattern (unless the
+		// pattern's values share one counter).
+		level := statLevel{key: e.Key, fixed: e.Value, shared: n.share != ""}
+		level.fromRequest = valueToMetric && (e.Value == "" || strings.Contains(e.Value, "*") && !level.shared)
+		stat := append(stat[:len(stat):len(stat)], level)
 		if rule != nil {
 			rule.ShadowMode, rule.QuotaMode, rule.DetailedMetric = shadow, quota, detailed
 			rule.Metadata = meta
 			rule.Domain, rule.Path, rule.File, rule.Line = d.name, here, p.file, item.Line
+			rule.StatKey, rule.statLevels = staticStatKey(stat), ruleStatLevels(stat, detailed)
 			n.rule = rule
 			d.rules = append(d.rules, rule)
 		}
 		if f, ok := fields.get("descriptors"); ok {
-			p.descriptors(f.val, n, d, here+" > ", depth+1)
+			p.descriptors(f.val, n, d, here+" > ", stat, depth+1)
 		}
 
 		parent.hasChildren = true
@@ -442,6 +489,26 @@ func (p *parser) descriptors(list *yaml.Node, parent *node, d *domain, prefix st
 			parent.wild[e.Key] = append(parent.wild[e.Key], w)
 		}
 	}
+}
+
+// ruleStatLevels returns the levels of a rule's statistics key when some
+// come from the request, nil otherwise. detailed (the rule's
+// detailed_metric) shows the request's value at every level but those of
+// a shared wildcard, which show their pattern.
+func ruleStatLevels(stat []statLevel, detailed bool) []statLevel {
+	out := slices.Clone(stat)
+	fromRequest := false
+	for i := range out {
+		l := &out[i]
+		if detailed && !l.shared {
+			l.fromRequest = true
+		}
+		fromRequest = fromRequest || l.fromRequest
+	}
+	if !fromRequest {
+		return nil
+	}
+	return out
 }
 
 // describeEntry names a descriptor's key and value for messages.

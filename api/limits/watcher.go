@@ -1,6 +1,7 @@
 package limits
 
 import (
+	"context"
 	"crypto/sha256"
 	"log/slog"
 	"sync"
@@ -16,8 +17,13 @@ const DefaultInterval = 2 * time.Second
 // NewWatcher returns, except for the functions and the logger.
 type WatcherOptions struct {
 	// Path is a limits file, or a directory of them, as Load takes.
-	// Required.
+	// Required, unless XDS is set.
 	Path string
+	// XDS, when set, takes the limits from an xDS management server
+	// instead of Path (see XDSOptions); Interval is then unused.
+	XDS *XDSOptions
+	// MergeDomains lets a domain span several files (see LoadOptions).
+	MergeDomains bool
 	// Interval is how often the polling goroutine reads the files to see
 	// whether they changed. Default DefaultInterval (2s); it must not be
 	// negative. Polling (rather than inotify) sees a Kubernetes ConfigMap
@@ -50,28 +56,40 @@ type WatcherOptions struct {
 // hashes the files, and never touches rate limit keys.
 type Watcher struct {
 	path     string
+	load     LoadOptions
 	interval time.Duration
 	log      *slog.Logger
 	onReload func(*Config)
 	onError  func(error)
 
-	cur atomic.Pointer[Config]
+	cur    atomic.Pointer[Config]
+	loaded atomic.Bool // a Config from Path or from xDS is in force
 
-	mu      sync.Mutex // serializes reloads; guards seen
-	seen    [sha256.Size]byte
-	lastErr atomic.Pointer[error] // nil after a successful load
+	mu         sync.Mutex // serializes reloads; guards seen and xdsVersion
+	seen       [sha256.Size]byte
+	xds        *XDSOptions           // nil: the limits come from path
+	xdsVersion string                // the version of the xDS response in force
+	lastErr    atomic.Pointer[error] // nil after a successful load
 
 	life    sync.Mutex // guards started and closed
 	started bool
 	closed  bool
 	stop    chan struct{}
+	cancel  context.CancelFunc // ends the xDS stream
 	wg      sync.WaitGroup
 }
 
 // NewWatcher loads o.Path once, synchronously, and returns a Watcher
 // serving that Config, or the error of that first load. Call Start to
 // begin polling and Close when done.
+//
+// With o.XDS, NewWatcher loads nothing: the Watcher serves an empty Config
+// until Start has received the first set of limits from the management
+// server (see Loaded).
 func NewWatcher(o WatcherOptions) (*Watcher, error) {
+	if o.XDS != nil {
+		return newXDSWatcher(o)
+	}
 	if o.Path == "" {
 		return nil, &Error{Reason: "WatcherOptions.Path is empty; set it to the limits file or directory"}
 	}
@@ -87,17 +105,19 @@ func NewWatcher(o WatcherOptions) (*Watcher, error) {
 	}
 	w := &Watcher{
 		path:     o.Path,
+		load:     LoadOptions{MergeDomains: o.MergeDomains},
 		interval: o.Interval,
 		log:      log.With("component", "limits", "path", o.Path),
 		onReload: o.OnReload,
 		onError:  o.OnError,
 		stop:     make(chan struct{}),
 	}
+	w.loaded.Store(true)
 	srcs, err := readSources(o.Path)
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := build(srcs)
+	cfg, err := build(srcs, w.load)
 	if err != nil {
 		return nil, err
 	}
@@ -117,8 +137,55 @@ func (w *Watcher) Start() {
 	}
 	w.started = true
 	w.wg.Add(1)
+	if w.xds != nil {
+		ctx, cancel := context.WithCancel(context.Background())
+		w.cancel = cancel
+		go w.runXDS(ctx)
+		return
+	}
 	go w.poll()
 }
+
+// newXDSWatcher is NewWatcher for o.XDS.
+func newXDSWatcher(o WatcherOptions) (*Watcher, error) {
+	x := *o.XDS
+	switch {
+	case o.Path != "":
+		return nil, &Error{Reason: "WatcherOptions has both a Path and XDS; the limits come from one of them"}
+	case x.Server == "":
+		return nil, &Error{Reason: "XDSOptions.Server is empty; set it to the management server's host:port"}
+	case x.MinBackoff < 0 || x.MaxBackoff < 0:
+		return nil, &Error{Reason: "XDSOptions: backoffs must not be negative"}
+	}
+	if x.NodeID == "" {
+		x.NodeID = "default"
+	}
+	if x.MinBackoff == 0 {
+		x.MinBackoff = time.Second
+	}
+	if x.MaxBackoff == 0 {
+		x.MaxBackoff = 30 * time.Second
+	}
+	x.MaxBackoff = max(x.MaxBackoff, x.MinBackoff)
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	w := &Watcher{
+		load:     LoadOptions{MergeDomains: o.MergeDomains},
+		log:      log.With("component", "limits", "xds_server", x.Server),
+		onReload: o.OnReload,
+		onError:  o.OnError,
+		stop:     make(chan struct{}),
+		xds:      &x,
+	}
+	w.cur.Store(&Config{domains: map[string]*domain{}})
+	return w, nil
+}
+
+// Loaded reports whether limits are in force: always for a Watcher of
+// files; for one of xDS, once the first response was put in force.
+func (w *Watcher) Loaded() bool { return w.loaded.Load() }
 
 // Current returns the Config in force. It never returns nil and takes no
 // lock: call it for every request rather than keeping the result.
@@ -128,7 +195,12 @@ func (w *Watcher) Current() *Config { return w.cur.Load() }
 // tests), and puts them in force. On error the previous Config stays in
 // force and the error is returned, kept for LastError and passed to
 // OnError.
+//
+// A Watcher of xDS returns ErrXDS: its server pushes every change.
 func (w *Watcher) Reload() error {
+	if w.xds != nil {
+		return ErrXDS
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.reload(true)
@@ -153,6 +225,9 @@ func (w *Watcher) Close() error {
 	}
 	w.closed = true
 	close(w.stop)
+	if w.cancel != nil {
+		w.cancel()
+	}
 	w.life.Unlock()
 	w.wg.Wait()
 	return nil
@@ -190,22 +265,33 @@ func (w *Watcher) reload(force bool) error {
 	w.seen = sum
 	var cfg *Config
 	if err == nil {
-		cfg, err = build(srcs)
+		cfg, err = build(srcs, w.load)
 	}
 	if err != nil {
-		w.lastErr.Store(&err)
-		w.log.Error("limits change refused; the previous limits stay in force",
-			"version", w.cur.Load().Version(), "err", err)
-		if w.onError != nil {
-			w.onError(err)
-		}
+		w.refuse(err)
 		return err
 	}
+	w.put(cfg)
+	return nil
+}
+
+// put puts cfg in force and reports it. w.mu must be held.
+func (w *Watcher) put(cfg *Config, attrs ...any) {
 	prev := w.cur.Swap(cfg)
+	w.loaded.Store(true)
 	w.lastErr.Store(nil)
-	w.log.Info("limits reloaded", "version", cfg.Version(), "previous", prev.Version(), "domains", len(cfg.names))
+	w.log.Info("limits reloaded", append([]any{"version", cfg.Version(), "previous", prev.Version(), "domains", len(cfg.names)}, attrs...)...)
 	if w.onReload != nil {
 		w.onReload(cfg)
 	}
-	return nil
+}
+
+// refuse reports a change that did not load. w.mu must be held.
+func (w *Watcher) refuse(err error, attrs ...any) {
+	w.lastErr.Store(&err)
+	w.log.Error("limits change refused; the previous limits stay in force",
+		append([]any{"version", w.cur.Load().Version(), "err", err}, attrs...)...)
+	if w.onError != nil {
+		w.onError(err)
+	}
 }

@@ -14,21 +14,24 @@ func (c *cli) limitsCommand() *cobra.Command {
 		Use:   "limits",
 		Short: "Work with limits files offline",
 	}
-	cmd.AddCommand(&cobra.Command{
+	var opts limits.LoadOptions
+	check := &cobra.Command{
 		Use:   "check PATH...",
 		Short: "Check limits files (or directories of them) as sluice serve would load them",
 		Long: `Check each PATH, a limits file or a directory of them (as --limits-file
 takes it, envoyproxy/ratelimit's runtime layout with its config/
 directory included), without a node: print one line per problem as
 FILE:LINE: REASON, or PATH: ok with its domains and rules. Exit 0 when
-every PATH loads, 1 otherwise: for CI pipelines that change limits.`,
+every PATH loads, 1 otherwise: for CI pipelines that change limits.
+With --merge-domain-config, a domain may span the files of a PATH, as
+under sluice serve --merge-domain-config.`,
 		Example: `  sluice limits check limits/
   sluice limits check /data/ratelimit edge.yaml`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, paths []string) error {
 			bad := 0
 			for _, p := range paths {
-				cfg, err := limits.Load(p)
+				cfg, err := opts.Load(p)
 				if err != nil {
 					bad++
 					for _, line := range strings.Split(err.Error(), "\n") {
@@ -47,6 +50,8 @@ every PATH loads, 1 otherwise: for CI pipelines that change limits.`,
 			}
 			return nil
 		},
-	})
+	}
+	check.Flags().BoolVar(&opts.MergeDomains, "merge-domain-config", false, "let a domain span several files, as serve --merge-domain-config does")
+	cmd.AddCommand(check)
 	return cmd
 }

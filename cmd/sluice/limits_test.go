@@ -40,4 +40,15 @@ func TestLimitsCheck(t *testing.T) {
 	if !strings.Contains(r.stderr, "1 of 2 limits paths did not load") {
 		t.Errorf("stderr %q; want the count of paths that did not load", r.stderr)
 	}
+
+	// A domain in two files loads with --merge-domain-config only.
+	write("ratelimit/config/edge-more.yaml", "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: {unit: second, requests_per_unit: 5}\n")
+	r = mustRun(t, exitError, nil, "limits", "check", good)
+	if !strings.Contains(r.stdout, "--merge-domain-config") {
+		t.Errorf("limits check of a domain in two files printed %q; want a hint at --merge-domain-config", r.stdout)
+	}
+	r = mustRun(t, exitOK, nil, "limits", "check", "--merge-domain-config", good)
+	if want := good + ": ok, 1 domains (edge), 2 rules\n"; r.stdout != want {
+		t.Errorf("limits check --merge-domain-config printed %q; want %q", r.stdout, want)
+	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/sluice-io/sluice/actor"
+	"github.com/sluice-io/sluice/api"
 	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/cmd/sluice/node"
 )
@@ -79,13 +80,21 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", cfg.GRPCAddr, "address of the gRPC API: decisions (native, Envoy RLS v3) and health; also admin and peer unless --admin-addr, --peer-addr; port 0 picks a free port")
 	fs.StringVar(&cfg.PeerAddr, "peer-addr", "", "cluster: serve the peer service (forwarded checks, handoffs, leases, standby copies) only on this address, which the other nodes dial; empty: on --grpc-addr")
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", "", "serve the admin API and server reflection only on this address (the other nodes of a cluster dial it for admin calls); empty: on --grpc-addr")
-	fs.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "address of /metrics, /healthz and /readyz; empty disables them")
+	fs.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "address of /metrics, /healthz, /readyz, the web UI (/ui/) and envoyproxy/ratelimit's /json and /rlconfig; empty disables them")
 	fs.StringVar(&cfg.HealthAddr, "health-addr", "", "address of /healthz and /readyz alone, in plain HTTP even with --tls-cert and without client certificates: for probes that cannot speak TLS (the kubelet's); empty: none")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "directory of the data file, sluice.db")
 	fs.Var(newEnumValue(&cfg.Durability, cfg.Durability, "commit", "fsync", "async", "memory"), "durability",
 		"when a decision is acknowledged: commit (its hits are written to the data file; survives kill -9), fsync (and synced; survives power loss), async (at once; kill -9 loses the last milliseconds), memory (no data file)")
 	fs.BoolVar(&cfg.AcceptWALLoss, "accept-wal-loss", false, "start even if the data file's write-ahead log ends with a damaged frame (acknowledged hits): drop that frame, keeping the file aside as .damaged")
 	fs.StringVar(&cfg.LimitsFile, "limits-file", "", "envoyproxy/ratelimit YAML limits file, or a directory of them, reloaded when it changes")
+	fs.StringVar(&cfg.LimitsXDS.Server, "limits-xds-server", "", "take the limits from this xDS management server (host:port) instead of --limits-file, as RateLimitConfig resources over ADS (envoyproxy/ratelimit's CONFIG_TYPE=GRPC_XDS_SOTW, CONFIG_GRPC_XDS_SERVER_URL); not ready until the first set arrives")
+	fs.StringVar(&cfg.LimitsXDS.NodeID, "limits-xds-node-id", "default", "node id presented to --limits-xds-server, which picks the limits by it (CONFIG_GRPC_XDS_NODE_ID)")
+	fs.StringVar(&cfg.LimitsXDS.CAFile, "limits-xds-ca", "", "CA file (PEM): connect to --limits-xds-server over TLS, verifying its certificate (CONFIG_GRPC_XDS_SERVER_TLS_CACERT)")
+	fs.StringVar(&cfg.LimitsXDS.CertFile, "limits-xds-cert", "", "client certificate file (PEM) presented to --limits-xds-server; needs --limits-xds-key and --limits-xds-ca (CONFIG_GRPC_XDS_CLIENT_TLS_CERT)")
+	fs.StringVar(&cfg.LimitsXDS.KeyFile, "limits-xds-key", "", "private key file (PEM) of --limits-xds-cert (CONFIG_GRPC_XDS_CLIENT_TLS_KEY)")
+	fs.StringToStringVar(&cfg.LimitsXDS.NodeMetadata, "limits-xds-node-metadata", nil, "key=value,... sent with the node id to --limits-xds-server (CONFIG_GRPC_XDS_NODE_METADATA)")
+	fs.StringToStringVar(&cfg.LimitsXDS.Headers, "limits-xds-header", nil, "key=value,... added to the request metadata of the xDS stream, for example a token the server wants (CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS)")
+	fs.BoolVar(&cfg.MergeDomainConfig, "merge-domain-config", false, "let a domain span several files of --limits-file, their top-level descriptors put together (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); without it a domain in two files is an error")
 	fs.Var(newDurationValue(&cfg.LimitsPollInterval, cfg.LimitsPollInterval), "limits-poll-interval", "how often the limits file is checked for changes")
 	fs.StringVar(&cfg.AdminToken, "admin-token", "", "bearer token the admin API requires (empty: no token); it also allows refunds")
 	fs.StringVar(&cfg.RefundToken, "refund-token", "", "bearer token that allows refunds (refund, is_negative_hits) and nothing else; with an admin or refund token set, a refund without one is refused")
@@ -93,7 +102,16 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "private key file (PEM) of --tls-cert")
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA file (PEM): require client certificates signed by it")
 	fs.Var(newDurationValue(&cfg.TLSPollInterval, cfg.TLSPollInterval), "tls-poll-interval", "how often the --tls-cert, --tls-key and --tls-client-ca files are read again: changed ones are served from the next handshake on, without a restart (so is SIGHUP)")
-	fs.BoolVar(&cfg.RateLimitHeaders, "rate-limit-headers", false, "add RateLimit-Policy, RateLimit and Retry-After headers to Envoy responses")
+	fs.BoolVar(&cfg.RateLimitHeaders, "rate-limit-headers", false, "add rate limit header fields to Envoy responses, in --rate-limit-headers-format")
+	fs.Var(newEnumValue(&cfg.RateLimitHeadersFormat, "ietf", "ietf", "draft03"), "rate-limit-headers-format",
+		"fields of --rate-limit-headers: ietf (the current draft: RateLimit-Policy, RateLimit, Retry-After) or draft03 (envoyproxy/ratelimit's: limit, remaining, reset, named by --limit-*-header)")
+	fs.StringVar(&cfg.RateLimitHeaderNames.Limit, "limit-limit-header", "", "draft03: name of the limit field (empty: RateLimit-Limit; envoyproxy/ratelimit's LIMIT_LIMIT_HEADER)")
+	fs.StringVar(&cfg.RateLimitHeaderNames.Remaining, "limit-remaining-header", "", "draft03: name of the remaining field (empty: RateLimit-Remaining; LIMIT_REMAINING_HEADER)")
+	fs.StringVar(&cfg.RateLimitHeaderNames.Reset, "limit-reset-header", "", "draft03: name of the reset field (empty: RateLimit-Reset; LIMIT_RESET_HEADER)")
+	fs.BoolVar(&cfg.ResponseDynamicMetadata, "response-dynamic-metadata", false, "Envoy responses carry dynamic metadata: the request, and the metadata of the limits file's rules that allowed it (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA)")
+	fs.IntVar(&cfg.RuleMetricsMaxKeys, "rule-metrics-max-keys", api.DefaultRuleMetricsMaxKeys, "most per-rule statistics keys that hold request values (detailed_metric, value_to_metric, inline limits); the rest are counted under key \"other\"")
+	fs.Float64Var(&cfg.NearLimitRatio, "near-limit-ratio", api.DefaultNearLimitRatio, "share of a limit above which allowed hits count as near the limit in the per-rule statistics (envoyproxy/ratelimit's NEAR_LIMIT_RATIO)")
+	fs.BoolVar(&cfg.ShadowMode, "shadow", false, "every limit of Envoy requests in shadow mode: counted and reported, never OVER_LIMIT (envoyproxy/ratelimit's SHADOW_MODE)")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles on --http-addr under /debug/pprof/ (for profiling; off by default)")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest gRPC request, in bytes")
 	fs.IntVar(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "most connections each listener (gRPC, peer, admin, HTTP) holds open; past it new ones wait, unanswered, until one closes")
@@ -138,6 +156,7 @@ func (o *serveOptions) check() error {
 		{"max-message-bytes", o.cfg.MaxMessageBytes},
 		{"max-connections", o.cfg.MaxConnections},
 		{"max-concurrent-streams", o.cfg.MaxConcurrentStreams},
+		{"rule-metrics-max-keys", o.cfg.RuleMetricsMaxKeys},
 	} {
 		if f.v < 0 {
 			return fmt.Errorf("--%s %d: must not be negative", f.name, f.v)
@@ -312,6 +331,10 @@ func (o *serveOptions) attrs() []any {
 		"durability", cfg.Durability,
 		"limits_file", cfg.LimitsFile,
 		"limits_poll_interval", cfg.LimitsPollInterval,
+		"merge_domain_config", cfg.MergeDomainConfig,
+		slog.Group("limits_xds", "server", cfg.LimitsXDS.Server, "node_id", cfg.LimitsXDS.NodeID, "ca", cfg.LimitsXDS.CAFile,
+			"cert", cfg.LimitsXDS.CertFile, "key", cfg.LimitsXDS.KeyFile, "node_metadata", cfg.LimitsXDS.NodeMetadata,
+			"headers", len(cfg.LimitsXDS.Headers)), // header values may be secrets
 		"admin_token", redact(cfg.AdminToken),
 		"refund_token", redact(cfg.RefundToken),
 		"tls_cert", cfg.TLSCert,
@@ -319,6 +342,14 @@ func (o *serveOptions) attrs() []any {
 		"tls_client_ca", cfg.TLSClientCA,
 		"tls_poll_interval", cfg.TLSPollInterval,
 		"rate_limit_headers", cfg.RateLimitHeaders,
+		"rate_limit_headers_format", cfg.RateLimitHeadersFormat,
+		"limit_limit_header", cfg.RateLimitHeaderNames.Limit,
+		"limit_remaining_header", cfg.RateLimitHeaderNames.Remaining,
+		"limit_reset_header", cfg.RateLimitHeaderNames.Reset,
+		"shadow", cfg.ShadowMode,
+		"response_dynamic_metadata", cfg.ResponseDynamicMetadata,
+		"rule_metrics_max_keys", cfg.RuleMetricsMaxKeys,
+		"near_limit_ratio", cfg.NearLimitRatio,
 		"max_message_bytes", cfg.MaxMessageBytes,
 		slog.Group("transport",
 			"max_connections", cfg.MaxConnections,

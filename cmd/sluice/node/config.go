@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/actor/clock"
+	"github.com/sluice-io/sluice/api"
 	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/persist"
 )
@@ -38,8 +39,9 @@ type Config struct {
 	// dial it for the admin calls they fan out. Default empty: both are on
 	// GRPCAddr.
 	AdminAddr string
-	// HTTPAddr is where /metrics, /healthz, /readyz and the web UI (/ui/)
-	// listen. Default 127.0.0.1:8080. Empty disables the HTTP listener.
+	// HTTPAddr is where /metrics, /healthz, /readyz, the web UI (/ui/) and
+	// envoyproxy/ratelimit's /json and /rlconfig listen. Default
+	// 127.0.0.1:8080. Empty disables the HTTP listener.
 	HTTPAddr string
 	// HealthAddr, when set, serves /healthz and /readyz (as on HTTPAddr)
 	// and nothing else, in plain HTTP even with TLS on and without asking
@@ -58,6 +60,13 @@ type Config struct {
 	// them, giving limits to descriptors and keys that carry none. Reloaded
 	// when it changes. Empty: no limits file.
 	LimitsFile string
+	// LimitsXDS, when its Server is set, takes the limits from an xDS
+	// management server instead of LimitsFile.
+	LimitsXDS LimitsXDSConfig
+	// MergeDomainConfig lets a domain span several files of LimitsFile
+	// (envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG); without it, two files
+	// with the same domain are an error. Default off.
+	MergeDomainConfig bool
 	// LimitsPollInterval is how often the limits file is checked for
 	// changes. Default 2s.
 	LimitsPollInterval time.Duration
@@ -78,9 +87,34 @@ type Config struct {
 	// on (files that cannot be used are refused, keeping the previous
 	// ones). Default 30s.
 	TLSPollInterval time.Duration
-	// RateLimitHeaders makes Envoy responses carry the IETF RateLimit-Policy
-	// and RateLimit header fields and Retry-After for the client.
+	// RateLimitHeaders makes Envoy responses carry rate limit header
+	// fields for the client, in RateLimitHeadersFormat.
 	RateLimitHeaders bool
+	// RateLimitHeadersFormat is "ietf" (default, also ""): the current
+	// IETF draft's RateLimit-Policy, RateLimit and Retry-After; or
+	// "draft03": envoyproxy/ratelimit's three fields, named by
+	// RateLimitHeaderNames.
+	RateLimitHeadersFormat string
+	// RateLimitHeaderNames names the "draft03" fields; empty names take
+	// envoyproxy/ratelimit's defaults (RateLimit-Limit,
+	// RateLimit-Remaining, RateLimit-Reset).
+	RateLimitHeaderNames api.HeaderNames
+	// ShadowMode puts every limit of Envoy requests in shadow mode:
+	// counted and reported, never OVER_LIMIT (envoyproxy/ratelimit's
+	// SHADOW_MODE). Default off.
+	ShadowMode bool
+	// ResponseDynamicMetadata makes Envoy responses carry dynamic metadata:
+	// the request, and the metadata of the limits file's rules that allowed
+	// it (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA). Default off.
+	ResponseDynamicMetadata bool
+	// RuleMetricsMaxKeys bounds the per-rule statistics keys that hold
+	// request values (detailed_metric, value_to_metric, inline limits);
+	// past it they are counted under key "other". Default 1000.
+	RuleMetricsMaxKeys int
+	// NearLimitRatio is the share of a limit above which allowed hits
+	// count as near the limit in the per-rule statistics, in (0, 1].
+	// Default 0.8 (envoyproxy/ratelimit's NEAR_LIMIT_RATIO).
+	NearLimitRatio float64
 	// Pprof serves Go's profiles on the HTTP listener under /debug/pprof/.
 	// Off by default: profiles reveal internals and cost CPU while taken.
 	Pprof bool
@@ -213,8 +247,21 @@ func (c Config) Validate() error {
 		return fmt.Errorf("node: config: --keepalive-time %v: at least 1s (gRPC pings no more often)", c.KeepaliveTime)
 	case c.MaxConcurrentStreams > math.MaxUint32:
 		return fmt.Errorf("node: config: --max-concurrent-streams %d: at most %d", c.MaxConcurrentStreams, uint32(math.MaxUint32))
+	case c.LimitsFile != "" && c.LimitsXDS.Server != "":
+		return errors.New("node: config: --limits-file and --limits-xds-server both give the limits; set one")
 	case c.PeerAddr != "" && c.Cluster == nil:
 		return errors.New("node: config: --peer-addr serves the peer service, which only a cluster node has; set --gossip-addr or --join, or leave it empty")
+	}
+	if c.RuleMetricsMaxKeys < 0 {
+		return fmt.Errorf("node: config: --rule-metrics-max-keys %d: must not be negative", c.RuleMetricsMaxKeys)
+	}
+	if r := c.NearLimitRatio; r < 0 || r > 1 || math.IsNaN(r) {
+		return fmt.Errorf("node: config: --near-limit-ratio %v: want a share of the limit, above 0 and at most 1", r)
+	}
+	if format, err := api.ParseHeaderFormat(c.RateLimitHeadersFormat); err != nil {
+		return fmt.Errorf("node: config: --rate-limit-headers-format %q: want ietf or draft03", c.RateLimitHeadersFormat)
+	} else if c.RateLimitHeaderNames != (api.HeaderNames{}) && format != api.HeadersDraft03 {
+		return errors.New("node: config: --limit-limit-header, --limit-remaining-header and --limit-reset-header name the fields of --rate-limit-headers-format draft03; set it, or leave them empty")
 	}
 	if err := distinctAddrs(map[string]string{"grpc-addr": c.GRPCAddr, "peer-addr": c.PeerAddr, "admin-addr": c.AdminAddr, "http-addr": c.HTTPAddr, "health-addr": c.HealthAddr}); err != nil {
 		return err

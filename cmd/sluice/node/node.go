@@ -160,17 +160,8 @@ func New(cfg Config) (n *Node, err error) {
 			return float64(info.Size())
 		}))
 	}
-	if cfg.LimitsFile != "" {
-		n.limits, err = limits.NewWatcher(limits.WatcherOptions{
-			Path:     cfg.LimitsFile,
-			Interval: cfg.LimitsPollInterval,
-			Logger:   n.log.With("component", "limits"),
-			OnReload: func(*limits.Config) { n.metrics.limitsReloads.WithLabelValues("ok").Inc() },
-			OnError:  func(error) { n.metrics.limitsReloads.WithLabelValues("error").Inc() },
-		})
-		if err != nil {
-			return nil, err
-		}
+	if n.limits, err = n.newLimitsWatcher(); err != nil {
+		return nil, err
 	}
 
 	ecfg := cfg.Engine
@@ -192,11 +183,18 @@ func New(cfg Config) (n *Node, err error) {
 	}
 
 	n.api, err = api.New(api.Config{
-		NodeName:         cfg.NodeName,
-		AdminToken:       cfg.AdminToken,
-		RefundToken:      cfg.RefundToken,
-		RateLimitHeaders: cfg.RateLimitHeaders,
-		Limits:           cfg.Engine.Limits,
+		NodeName:                cfg.NodeName,
+		AdminToken:              cfg.AdminToken,
+		RefundToken:             cfg.RefundToken,
+		RateLimitHeaders:        cfg.RateLimitHeaders,
+		HeaderFormat:            api.HeaderFormat(cfg.RateLimitHeadersFormat),
+		HeaderNames:             cfg.RateLimitHeaderNames,
+		ShadowMode:              cfg.ShadowMode,
+		ResponseDynamicMetadata: cfg.ResponseDynamicMetadata,
+		RuleMetricsMaxKeys:      cfg.RuleMetricsMaxKeys,
+		NearLimitRatio:          cfg.NearLimitRatio,
+		MaxMessageBytes:         cfg.MaxMessageBytes,
+		Limits:                  cfg.Engine.Limits,
 	}, api.Deps{
 		Engine:     n.engine,
 		Store:      n.store,
@@ -290,6 +288,8 @@ func New(cfg Config) (n *Node, err error) {
 	mux.Handle("/metrics", n.metricsHandler())
 	mux.HandleFunc("/healthz", healthz)
 	mux.HandleFunc("/readyz", readyz)
+	mux.Handle("/json", n.api.JSONHandler())             // envoyproxy/ratelimit's decision over HTTP
+	mux.Handle("/rlconfig", n.api.LimitsConfigHandler()) // and its dump of the limits in force
 	mux.Handle(ui.Prefix, ui.New(ui.Config{AdminToken: cfg.AdminToken, Clock: cfg.Clock, Logger: n.log}, n.api))
 	if cfg.HealthAddr != "" {
 		hmux := http.NewServeMux()
@@ -420,6 +420,9 @@ func (n *Node) Start() error {
 func (n *Node) NotReady() string {
 	if !n.ready.Load() {
 		return "starting or stopping"
+	}
+	if n.limits != nil && !n.limits.Loaded() {
+		return "waiting for the limits from the xDS server"
 	}
 	if r := n.router.Load(); r != nil {
 		return r.Status()

@@ -1,0 +1,193 @@
+package api
+
+import (
+	"math"
+	"strings"
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sluice-io/sluice/api/limits"
+)
+
+// Per-rule statistics.
+//
+// envoyproxy/ratelimit counts, for each rule, the hits it saw (total_hits),
+// those allowed (within_limit), those allowed above the near-limit ratio of
+// the limit (near_limit), those denied (over_limit), and those denied that
+// shadow mode let through (shadow_mode). Sluice counts the same, in hits
+// (a descriptor's cost), labelled by domain and by the rule's statistics
+// key (limits.Rule.StatKey: "message_type_marketing.to_number"), in
+//
+//	sluice_rule_hits_total{domain,key}
+//	sluice_rule_within_limit_hits_total{domain,key}
+//	sluice_rule_near_limit_hits_total{domain,key}
+//	sluice_rule_over_limit_hits_total{domain,key}
+//	sluice_rule_shadow_mode_hits_total{domain,key}
+//
+// An inline limit (or an override's, without a rule) is counted under the
+// descriptor's own entries ("route_r.method_GET"), as ratelimit does.
+//
+// Cardinality. The keys of the limits file's rules are as many as its
+// rules. Keys that hold request values (a rule with detailed_metric or
+// value_to_metric, an inline limit, an override) are as many as clients
+// care to send: at most RuleMetricsMaxKeys of them get series of their own
+// (first come, for the life of the node); the others are counted under
+// key "other", in their rule's domain or, without a rule, in domain
+// "other", and each descriptor so counted increments
+// sluice_rule_metrics_folded_total.
+
+// DefaultRuleMetricsMaxKeys is Config.RuleMetricsMaxKeys when 0.
+const DefaultRuleMetricsMaxKeys = 1000
+
+// DefaultNearLimitRatio is Config.NearLimitRatio when 0: ratelimit's
+// NEAR_LIMIT_RATIO.
+const DefaultNearLimitRatio = 0.8
+
+// otherLabel is the label value of the series that folded keys share.
+const otherLabel = "other"
+
+// ruleStats holds the per-rule counters. Its methods are safe for
+// concurrent use; the read path takes a read lock only.
+type ruleStats struct {
+	hits, within, near, over, shadow *prometheus.CounterVec
+	folded                           prometheus.Counter
+	maxKeys                          int
+	ratio                            float64
+
+	mu     sync.RWMutex
+	series map[string]map[string]*ruleCounters // domain, key
+	// fromRequest counts the series admitted for keys that hold request
+	// values; at maxKeys, more fold.
+	fromRequest int
+}
+
+// ruleCounters are the counters of one (domain, key).
+type ruleCounters struct {
+	hits, within, near, over, shadow prometheus.Counter
+}
+
+func newRuleStats(reg prometheus.Registerer, maxKeys int, ratio float64) *ruleStats {
+	if maxKeys == 0 {
+		maxKeys = DefaultRuleMetricsMaxKeys
+	}
+	if ratio == 0 {
+		ratio = DefaultNearLimitRatio
+	}
+	vec := func(name, help string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"domain", "key"})
+	}
+	rs := &ruleStats{
+		hits:   vec("sluice_rule_hits_total", "Hits (descriptor costs) of Envoy requests, by domain and rule key (envoyproxy/ratelimit's total_hits)."),
+		within: vec("sluice_rule_within_limit_hits_total", "Hits allowed, by domain and rule key (within_limit)."),
+		near:   vec("sluice_rule_near_limit_hits_total", "Hits allowed above the near-limit ratio of the limit, by domain and rule key (near_limit)."),
+		over:   vec("sluice_rule_over_limit_hits_total", "Hits denied, shadow mode's included, by domain and rule key (over_limit)."),
+		shadow: vec("sluice_rule_shadow_mode_hits_total", "Hits denied that shadow mode answered OK, by domain and rule key (shadow_mode)."),
+		folded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_rule_metrics_folded_total",
+			Help: "Descriptors counted under key \"other\" because their rule key holds request values and the node already has the most such keys (--rule-metrics-max-keys).",
+		}),
+		maxKeys: maxKeys,
+		ratio:   ratio,
+		series:  make(map[string]map[string]*ruleCounters),
+	}
+	reg.MustRegister(rs.hits, rs.within, rs.near, rs.over, rs.shadow, rs.folded)
+	return rs
+}
+
+// counters returns the counters of (domain, key); fromRequest says key
+// holds request values, ruled that domain is a limits file's.
+func (rs *ruleStats) counters(domain, key string, fromRequest, ruled bool) *ruleCounters {
+	rs.mu.RLock()
+	c := rs.series[domain][key]
+	rs.mu.RUnlock()
+	if c != nil {
+		return c
+	}
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	if c = rs.series[domain][key]; c != nil {
+		return c
+	}
+	if fromRequest {
+		if rs.fromRequest >= rs.maxKeys {
+			rs.folded.Inc()
+			if !ruled {
+				domain = otherLabel
+			}
+			return rs.add(domain, otherLabel)
+		}
+		rs.fromRequest++
+	}
+	return rs.add(domain, key)
+}
+
+// add returns the counters of (domain, key), creating them. rs.mu is held.
+func (rs *ruleStats) add(domain, key string) *ruleCounters {
+	byKey := rs.series[domain]
+	if byKey == nil {
+		byKey = make(map[string]*ruleCounters)
+		rs.series[domain] = byKey
+	}
+	if c := byKey[key]; c != nil {
+		return c
+	}
+	c := &ruleCounters{
+		hits:   rs.hits.WithLabelValues(domain, key),
+		within: rs.within.WithLabelValues(domain, key),
+		near:   rs.near.WithLabelValues(domain, key),
+		over:   rs.over.WithLabelValues(domain, key),
+		shadow: rs.shadow.WithLabelValues(domain, key),
+	}
+	byKey[key] = c
+	return c
+}
+
+// count counts the outcome o of descriptor d, of a request of domain.
+// Refunds are not hits and are not counted.
+func (rs *ruleStats) count(domain string, o *envoyOutcome) {
+	d := o.d
+	if d.refund {
+		return
+	}
+	var c *ruleCounters
+	if r := d.rule; r != nil {
+		c = rs.counters(r.Domain, r.RequestStatKey(d.entries), r.StatKeyFromRequest(), true)
+	} else {
+		c = rs.counters(domain, descriptorStatKey(d.entries), true, false)
+	}
+	cost := float64(d.cost)
+	c.hits.Add(cost)
+	if !o.allowed {
+		c.over.Add(cost)
+		if d.shadow {
+			c.shadow.Add(cost)
+		}
+		return
+	}
+	c.within.Add(cost)
+	// Near the limit: the part of the cost that lands above the ratio,
+	// counting the hits used after the decision.
+	threshold := math.Floor(float64(d.limit) * rs.ratio)
+	after := float64(d.limit - max(o.remaining, 0))
+	if near := min(after-threshold, cost); near > 0 {
+		c.near.Add(near)
+	}
+}
+
+// descriptorStatKey is the statistics key of a descriptor without a rule:
+// its entries as key_value (key alone for an empty value) joined by dots.
+func descriptorStatKey(entries []limits.Entry) string {
+	var b strings.Builder
+	for i, e := range entries {
+		if i > 0 {
+			b.WriteByte('.')
+		}
+		b.WriteString(e.Key)
+		if e.Value != "" {
+			b.WriteByte('_')
+			b.WriteString(e.Value)
+		}
+	}
+	return b.String()
+}
