@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -57,13 +58,23 @@ func (a *adminService) GetKey(ctx context.Context, req *sluicepb.GetKeyRequest) 
 	return &sluicepb.GetKeyResponse{State: s.keyState(&v)}, nil
 }
 
+// keyText is key for the key_text fields: itself when it is valid UTF-8,
+// else empty.
+func keyText(key string) string {
+	if utf8.ValidString(key) {
+		return key
+	}
+	return ""
+}
+
 // keyState is v as the API shows it.
 func (s *Server) keyState(v *actor.KeyState) *sluicepb.KeyState {
 	ks := &sluicepb.KeyState{
-		Key:    []byte(v.Key),
-		Found:  v.Found,
-		Node:   s.cfg.NodeName,
-		ReadAt: timestamppb.New(v.ReadAt),
+		Key:     []byte(v.Key),
+		KeyText: keyText(v.Key),
+		Found:   v.Found,
+		Node:    s.cfg.NodeName,
+		ReadAt:  timestamppb.New(v.ReadAt),
 	}
 	if !v.Found {
 		return ks
@@ -127,7 +138,7 @@ func (a *adminService) ListKeys(ctx context.Context, req *sluicepb.ListKeysReque
 	}
 	resp.Keys = make([]*sluicepb.KeySummary, len(keys))
 	for i, k := range keys {
-		ks := &sluicepb.KeySummary{Key: []byte(k.Key), InMemory: k.InMemory, Node: s.cfg.NodeName}
+		ks := &sluicepb.KeySummary{Key: []byte(k.Key), KeyText: keyText(k.Key), InMemory: k.InMemory, Node: s.cfg.NodeName}
 		if !k.ExpiresAt.IsZero() {
 			ks.ExpiresAt = timestamppb.New(k.ExpiresAt)
 		}

@@ -87,6 +87,12 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest, t
 // still missing.
 func (s *Server) nativeCheck(i int, pc *sluicepb.Check, now time.Time, c *actor.Check) error {
 	c.Key = string(pc.Key)
+	if pc.KeyText != "" {
+		if len(pc.Key) > 0 {
+			return badInput("check %d: both key and key_text are set; set one (key_text is the key as text)", i)
+		}
+		c.Key = pc.KeyText
+	}
 	c.Limit = pc.Limit
 	if pc.Window != nil {
 		if err := pc.Window.CheckValid(); err != nil {
@@ -121,7 +127,7 @@ func (s *Server) nativeCheck(i int, pc *sluicepb.Check, now time.Time, c *actor.
 		}
 	}
 	if c.Limit == 0 || c.Window == 0 {
-		return missingLimitOrWindow(i, pc.Key, c)
+		return missingLimitOrWindow(i, []byte(c.Key), c)
 	}
 	return nil
 }

@@ -72,6 +72,7 @@ func TestNativeBadInput(t *testing.T) {
 		{"negative cost", nativeCheck("x", 10, time.Minute, -1)},
 		{"cost above limit", nativeCheck("x", 10, time.Minute, 11)},
 		{"unknown algorithm", &sluicepb.Check{Key: []byte("x"), Limit: 10, Window: durationpb.New(time.Minute), Algorithm: 42}},
+		{"key and key_text", &sluicepb.Check{Key: []byte("x"), KeyText: "x", Limit: 10, Window: durationpb.New(time.Minute)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -95,6 +96,33 @@ func TestNativeBadInput(t *testing.T) {
 	resp, err := client.Check(ts.ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck("good", 10, time.Minute, 0)}})
 	if err != nil || resp.Decisions[0].Remaining != 10 {
 		t.Fatalf("peek at good after refused calls = %v, %v; want 10 remaining (nothing recorded)", resp, err)
+	}
+}
+
+// TestNativeKeyText: key_text names the same key as key's bytes, for
+// clients that write JSON by hand, and the admin API shows keys as text.
+func TestNativeKeyText(t *testing.T) {
+	ts := newTestServer(t, nil)
+	client := sluicepb.NewRateLimitServiceClient(ts.conn)
+	text := &sluicepb.Check{KeyText: "tenant:42", Limit: 2, Window: durationpb.New(time.Minute)}
+	for i, want := range []bool{true, true, false} {
+		c := text
+		if i == 1 {
+			c = nativeCheck("tenant:42", 2, time.Minute, 1)
+		}
+		resp, err := client.Check(ts.ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{c}})
+		if err != nil || resp.Decisions[0].Allowed != want {
+			t.Fatalf("check %d of tenant:42 (limit 2), alternately by key_text and key = %v, %v; want allowed %v", i, resp, err, want)
+		}
+	}
+	admin := sluicepb.NewAdminServiceClient(ts.conn)
+	got, err := admin.GetKey(ts.ctx(), &sluicepb.GetKeyRequest{Key: []byte("tenant:42")})
+	if err != nil || got.State.KeyText != "tenant:42" || got.State.Used != 2 {
+		t.Fatalf("GetKey(tenant:42) = %v, %v; want key_text tenant:42, 2 used", got, err)
+	}
+	list, err := admin.ListKeys(ts.ctx(), &sluicepb.ListKeysRequest{Prefix: []byte("tenant:")})
+	if err != nil || len(list.Keys) != 1 || list.Keys[0].KeyText != "tenant:42" {
+		t.Fatalf("ListKeys(tenant:) = %v, %v; want tenant:42 with its key_text", list, err)
 	}
 }
 

@@ -180,8 +180,13 @@ func (x *CheckRequest) GetAllOrNothing() bool {
 type Check struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The limited thing, for example "tenant:42:GET /search". Opaque bytes,
-	// 1 to 1024 bytes long by default (a server setting). Required.
+	// 1 to 1024 bytes long by default (a server setting). Required, unless
+	// key_text gives it.
 	Key []byte `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// The key as text, for clients that write JSON by hand (grpcurl), where
+	// a bytes field is base64: "tenant:42" is the same key as key
+	// "dGVuYW50OjQy". Set key or key_text, not both.
+	KeyText string `protobuf:"bytes,8,opt,name=key_text,json=keyText,proto3" json:"key_text,omitempty"`
 	// Hits allowed per window; positive. 0 means unset: the server takes the
 	// limit from an override (see AdminService.SetOverride) or its limits
 	// file; if neither has one, the check is INVALID_ARGUMENT. An override
@@ -254,6 +259,13 @@ func (x *Check) GetKey() []byte {
 		return x.Key
 	}
 	return nil
+}
+
+func (x *Check) GetKeyText() string {
+	if x != nil {
+		return x.KeyText
+	}
+	return ""
 }
 
 func (x *Check) GetLimit() int64 {
@@ -860,7 +872,10 @@ type KeyState struct {
 	// Name of the node that owns the key and answered (its --node-name).
 	Node string `protobuf:"bytes,15,opt,name=node,proto3" json:"node,omitempty"`
 	// The owner's clock when it read the state.
-	ReadAt        *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=read_at,json=readAt,proto3" json:"read_at,omitempty"`
+	ReadAt *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=read_at,json=readAt,proto3" json:"read_at,omitempty"`
+	// The key as text when it is valid UTF-8, else empty: JSON renders key
+	// in base64.
+	KeyText       string `protobuf:"bytes,17,opt,name=key_text,json=keyText,proto3" json:"key_text,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1018,6 +1033,13 @@ func (x *KeyState) GetReadAt() *timestamppb.Timestamp {
 		return x.ReadAt
 	}
 	return nil
+}
+
+func (x *KeyState) GetKeyText() string {
+	if x != nil {
+		return x.KeyText
+	}
+	return ""
 }
 
 type isKeyState_Counters interface {
@@ -1403,7 +1425,10 @@ type KeySummary struct {
 	// When the key will leave memory and disk if nothing else arrives.
 	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
 	// Name of the node that owns the key.
-	Node          string `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	Node string `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	// The key as text when it is valid UTF-8, else empty: JSON renders key
+	// in base64.
+	KeyText       string `protobuf:"bytes,5,opt,name=key_text,json=keyText,proto3" json:"key_text,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1462,6 +1487,13 @@ func (x *KeySummary) GetExpiresAt() *timestamppb.Timestamp {
 func (x *KeySummary) GetNode() string {
 	if x != nil {
 		return x.Node
+	}
+	return ""
+}
+
+func (x *KeySummary) GetKeyText() string {
+	if x != nil {
+		return x.KeyText
 	}
 	return ""
 }
@@ -3031,9 +3063,10 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"^\n" +
 	"\fCheckRequest\x12(\n" +
 	"\x06checks\x18\x01 \x03(\v2\x10.sluice.v1.CheckR\x06checks\x12$\n" +
-	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\"\xea\x01\n" +
+	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\"\x85\x02\n" +
 	"\x05Check\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x19\n" +
+	"\bkey_text\x18\b \x01(\tR\akeyText\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x121\n" +
 	"\x06window\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x06window\x122\n" +
 	"\talgorithm\x18\x04 \x01(\x0e2\x14.sluice.v1.AlgorithmR\talgorithm\x12\x17\n" +
@@ -3071,7 +3104,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\rGetKeyRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\";\n" +
 	"\x0eGetKeyResponse\x12)\n" +
-	"\x05state\x18\x01 \x01(\v2\x13.sluice.v1.KeyStateR\x05state\"\xcf\x05\n" +
+	"\x05state\x18\x01 \x01(\v2\x13.sluice.v1.KeyStateR\x05state\"\xea\x05\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05found\x18\x02 \x01(\bR\x05found\x122\n" +
@@ -3093,7 +3126,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"expires_at\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x1b\n" +
 	"\tin_memory\x18\x0e \x01(\bR\binMemory\x12\x12\n" +
 	"\x04node\x18\x0f \x01(\tR\x04node\x123\n" +
-	"\aread_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\x06readAtB\n" +
+	"\aread_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\x06readAt\x12\x19\n" +
+	"\bkey_text\x18\x11 \x01(\tR\akeyTextB\n" +
 	"\n" +
 	"\bcounters\"8\n" +
 	"\x0fSlidingLogState\x12%\n" +
@@ -3115,14 +3149,15 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"page_token\x18\x03 \x01(\tR\tpageToken\"e\n" +
 	"\x10ListKeysResponse\x12)\n" +
 	"\x04keys\x18\x01 \x03(\v2\x15.sluice.v1.KeySummaryR\x04keys\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\x8a\x01\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"\xa5\x01\n" +
 	"\n" +
 	"KeySummary\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1b\n" +
 	"\tin_memory\x18\x02 \x01(\bR\binMemory\x129\n" +
 	"\n" +
 	"expires_at\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x12\n" +
-	"\x04node\x18\x04 \x01(\tR\x04node\"#\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12\x19\n" +
+	"\bkey_text\x18\x05 \x01(\tR\akeyText\"#\n" +
 	"\x0fResetKeyRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\",\n" +
 	"\x10ResetKeyResponse\x12\x18\n" +
