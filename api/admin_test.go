@@ -125,6 +125,7 @@ func TestAdminGetKeyAgreesWithDecisions(t *testing.T) {
 		now := ts.clk.Now()
 		want := &sluicepb.KeyState{
 			Key:        []byte("log"),
+			KeyText:    "log",
 			Found:      true,
 			Algorithm:  sluicepb.Algorithm_ALGORITHM_SLIDING_LOG,
 			Limit:      5,
@@ -190,7 +191,7 @@ func TestAdminGetKeyAgreesWithDecisions(t *testing.T) {
 
 	t.Run("unknown key", func(t *testing.T) {
 		got := ts.getKey("never")
-		want := &sluicepb.KeyState{Key: []byte("never"), Node: "test-node", ReadAt: timestamppb.New(ts.clk.Now())}
+		want := &sluicepb.KeyState{Key: []byte("never"), KeyText: "never", Node: "test-node", ReadAt: timestamppb.New(ts.clk.Now())}
 		if !proto.Equal(got, want) {
 			t.Errorf("GetKey(never) = %v; want %v", got, want)
 		}
