@@ -6,6 +6,7 @@ package clustertest
 import (
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"strconv"
@@ -23,12 +24,17 @@ func FreePort(t testing.TB, ips ...string) int {
 	if len(ips) == 0 {
 		ips = []string{"127.0.0.1"}
 	}
-	for range 20 {
-		tl, err := net.Listen("tcp", net.JoinHostPort(ips[0], "0"))
+	for range 100 {
+		// Below the kernel's ephemeral range (32768 and up by default):
+		// a port picked by the kernel for a ":0" listener or an outgoing
+		// connection elsewhere in the tests can never take it between
+		// this check and the node's bind, as it could take a freed
+		// ephemeral one.
+		port := 20000 + rand.IntN(12000)
+		tl, err := net.Listen("tcp", net.JoinHostPort(ips[0], strconv.Itoa(port)))
 		if err != nil {
-			t.Fatalf("listen: %v", err)
+			continue
 		}
-		port := tl.Addr().(*net.TCPAddr).Port
 		free := true
 		var held []io.Closer
 		for i, ip := range ips {
