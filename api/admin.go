@@ -167,7 +167,7 @@ func (a *adminService) ResetKey(ctx context.Context, req *sluicepb.ResetKeyReque
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	s.log.Info("admin: key reset", "key", printableKey(req.Key), "existed", existed)
+	s.log.Info("admin: key reset", "key", PrintableKey(req.Key), "existed", existed)
 	return &sluicepb.ResetKeyResponse{Existed: existed}, nil
 }
 
@@ -197,7 +197,7 @@ func (a *adminService) SetOverride(ctx context.Context, req *sluicepb.SetOverrid
 	if err := s.overrides.set(o, now, save); err != nil {
 		return nil, toStatus(err)
 	}
-	s.log.Info("admin: override set", "key", printableKey([]byte(o.Key)), "prefix", o.Prefix,
+	s.log.Info("admin: override set", "key", PrintableKey([]byte(o.Key)), "prefix", o.Prefix,
 		"limit", o.Limit, "window", o.Window, "algorithm", algorithmAttr(o), "expires_at", o.ExpiresAt, "note", o.Note)
 	if err := s.replicateOverride(ctx, func(ctx context.Context, c sluicepb.AdminServiceClient) error {
 		_, err := c.SetOverride(ctx, req)
@@ -226,7 +226,7 @@ func (s *Server) deleteExpiredOverrides(now time.Time) {
 			continue
 		}
 		if _, err := s.store.DeleteMeta(overridesBucket, overrideRecordKey(o.Key, o.Prefix)); err != nil {
-			s.log.Warn("admin: delete expired override from the data file", "key", printableKey([]byte(o.Key)), "prefix", o.Prefix, "err", err)
+			s.log.Warn("admin: delete expired override from the data file", "key", PrintableKey([]byte(o.Key)), "prefix", o.Prefix, "err", err)
 			return
 		}
 	}
@@ -348,7 +348,7 @@ func (a *adminService) DeleteOverride(ctx context.Context, req *sluicepb.DeleteO
 	if err != nil {
 		return nil, toStatus(err)
 	}
-	s.log.Info("admin: override deleted", "key", printableKey(req.Key), "prefix", req.Prefix, "existed", existed)
+	s.log.Info("admin: override deleted", "key", PrintableKey(req.Key), "prefix", req.Prefix, "existed", existed)
 	if err := s.replicateOverride(ctx, func(ctx context.Context, c sluicepb.AdminServiceClient) error {
 		_, err := c.DeleteOverride(ctx, req)
 		return err
@@ -497,12 +497,12 @@ func (a *adminService) EnvoyKey(ctx context.Context, req *sluicepb.EnvoyKeyReque
 		entries[i] = limits.Entry{Key: e.Key, Value: e.Value}
 	}
 	key := envoyKey(req.Domain, entries)
-	return &sluicepb.EnvoyKeyResponse{Key: []byte(key), Printable: printableKey([]byte(key))}, nil
+	return &sluicepb.EnvoyKeyResponse{Key: []byte(key), Printable: PrintableKey([]byte(key))}, nil
 }
 
-// printableKey shows a key for people: printable ASCII as it is, a
-// backslash as \\, every other byte as \xNN.
-func printableKey(key []byte) string {
+// PrintableKey shows a key for people: printable ASCII as it is, a
+// backslash as \\, every other byte as \xNN. ParseKey reads it back.
+func PrintableKey(key []byte) string {
 	const hex = "0123456789abcdef"
 	var b strings.Builder
 	b.Grow(len(key))
@@ -561,4 +561,42 @@ func (s *Server) engineLimits() actor.Limits {
 		l.MaxBatch = actor.DefaultMaxBatch
 	}
 	return l
+}
+
+// ParseKey reads a key in PrintableKey's form: \\ is a backslash, \xNN a byte
+// (either case), anything else as it is.
+func ParseKey(s string) ([]byte, error) {
+	out := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c != '\\' {
+			out = append(out, c)
+			continue
+		}
+		switch {
+		case i+1 < len(s) && s[i+1] == '\\':
+			out = append(out, '\\')
+			i++
+		case i+3 < len(s) && s[i+1] == 'x' && isHex(s[i+2]) && isHex(s[i+3]):
+			out = append(out, unhex(s[i+2])<<4|unhex(s[i+3]))
+			i += 3
+		default:
+			return nil, fmt.Errorf("key: a backslash at byte %d starts neither \\\\ nor \\xNN", i)
+		}
+	}
+	return out, nil
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c >= 'a':
+		return c - 'a' + 10
+	}
+	return c - 'A' + 10
 }

@@ -692,8 +692,8 @@ func TestAdminEnvoyKey(t *testing.T) {
 		t.Fatalf("EnvoyKey(%v) = %v", req, err)
 	}
 	want := envoyKey("edge", []limits.Entry{{Key: "remote_address", Value: "10.0.0.1"}, {Key: "path", Value: "/a|b"}})
-	if string(resp.Key) != want || resp.Printable != printableKey([]byte(want)) {
-		t.Errorf("EnvoyKey(%v) = %q, %q; want %q, %q", req, resp.Key, resp.Printable, want, printableKey([]byte(want)))
+	if string(resp.Key) != want || resp.Printable != PrintableKey([]byte(want)) {
+		t.Errorf("EnvoyKey(%v) = %q, %q; want %q, %q", req, resp.Key, resp.Printable, want, PrintableKey([]byte(want)))
 	}
 }
 
@@ -705,8 +705,8 @@ func TestPrintableKey(t *testing.T) {
 		{"\x00\x1f\x7f\xff~", `\x00\x1f\x7f\xff~`},
 		{"Zoë", `Zo\xc3\xab`},
 	} {
-		if got := printableKey([]byte(tt.in)); got != tt.want {
-			t.Errorf("printableKey(%q) = %s; want %s", tt.in, got, tt.want)
+		if got := PrintableKey([]byte(tt.in)); got != tt.want {
+			t.Errorf("PrintableKey(%q) = %s; want %s", tt.in, got, tt.want)
 		}
 	}
 }

@@ -20,7 +20,7 @@ import (
 func topList(t *sluicepb.TopKeys) string {
 	s := ""
 	for _, k := range t.GetKeys() {
-		s += fmt.Sprintf("%s=%d±%d@%s ", printableKey(k.Key), k.Count, k.Error, k.Owner)
+		s += fmt.Sprintf("%s=%d±%d@%s ", PrintableKey(k.Key), k.Count, k.Error, k.Owner)
 	}
 	return s
 }

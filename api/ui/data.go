@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/sluice-io/sluice/api"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -238,7 +239,7 @@ func (h *Handler) topList(t *sluicepb.TopKeys, n int) topList {
 			out.Floor = max(out.Floor, k.Count) // as topk.Summary.Truncate does
 			break
 		}
-		out.Keys = append(out.Keys, keyCount{Key: printable(k.Key), Count: k.Count, Error: k.Error, Owner: k.Owner})
+		out.Keys = append(out.Keys, keyCount{Key: api.PrintableKey(k.Key), Count: k.Count, Error: k.Error, Owner: k.Owner})
 	}
 	return out
 }
@@ -290,7 +291,7 @@ func keyParam(r *http.Request) ([]byte, error) {
 	if s == "" {
 		return nil, httpError{http.StatusBadRequest, "key: empty; give a key (printable form: \\\\ for a backslash, \\xNN for other bytes)"}
 	}
-	key, err := parseKey(s)
+	key, err := api.ParseKey(s)
 	if err != nil {
 		return nil, httpError{http.StatusBadRequest, err.Error()}
 	}
@@ -309,7 +310,7 @@ func (h *Handler) key(r *http.Request) (any, error) {
 	s := resp.GetState()
 	readAt := s.GetReadAt().AsTime()
 	v := &keyView{
-		Key:       printable(key),
+		Key:       api.PrintableKey(key),
 		Found:     s.Found,
 		Node:      s.Node,
 		Owner:     h.b.KeyOwner(string(key)),
@@ -371,7 +372,7 @@ func overrideOf(o *sluicepb.Override, now time.Time) *overrideView {
 	if o == nil {
 		return nil
 	}
-	v := &overrideView{Key: printable(o.Key), Prefix: o.Prefix, Limit: o.Limit, WindowMs: msp(o.Window), Note: o.Note}
+	v := &overrideView{Key: api.PrintableKey(o.Key), Prefix: o.Prefix, Limit: o.Limit, WindowMs: msp(o.Window), Note: o.Note}
 	if o.Algorithm != sluicepb.Algorithm_ALGORITHM_UNSPECIFIED {
 		v.Algorithm = algorithmName(o.Algorithm)
 	}

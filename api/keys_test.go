@@ -1,4 +1,4 @@
-package ui
+package api
 
 import (
 	"bytes"
@@ -9,21 +9,21 @@ import (
 // bytes, and parseKey refuses a lone backslash.
 func TestKeyForms(t *testing.T) {
 	for _, key := range [][]byte{[]byte("tenant:42"), []byte(`a\b`), {0, 0xff, '\\', 'x', '4', '1'}, []byte("edge|k=v")} {
-		p := printable(key)
-		got, err := parseKey(p)
+		p := PrintableKey(key)
+		got, err := ParseKey(p)
 		if err != nil || !bytes.Equal(got, key) {
-			t.Errorf("parseKey(printable(%q) = %q) = %q, %v; want %q", key, p, got, err, key)
+			t.Errorf("ParseKey(PrintableKey(%q) = %q) = %q, %v; want %q", key, p, got, err, key)
 		}
 	}
-	if got, err := parseKey(`\X41\x4a`); err == nil || got != nil {
-		t.Errorf(`parseKey(\X41\x4a) = %q, %v; want an error (\X is not an escape)`, got, err)
+	if got, err := ParseKey(`\X41\x4a`); err == nil || got != nil {
+		t.Errorf(`ParseKey(\X41\x4a) = %q, %v; want an error (\X is not an escape)`, got, err)
 	}
-	if got, _ := parseKey(`\x4A\x4a`); string(got) != "JJ" {
-		t.Errorf(`parseKey(\x4A\x4a) = %q; want JJ (either case)`, got)
+	if got, _ := ParseKey(`\x4A\x4a`); string(got) != "JJ" {
+		t.Errorf(`ParseKey(\x4A\x4a) = %q; want JJ (either case)`, got)
 	}
 	for _, bad := range []string{`\`, `a\q`, `\x4`, `\xzz`} {
-		if _, err := parseKey(bad); err == nil {
-			t.Errorf("parseKey(%q) = nil error; want one", bad)
+		if _, err := ParseKey(bad); err == nil {
+			t.Errorf("ParseKey(%q) = nil error; want one", bad)
 		}
 	}
 }
@@ -35,13 +35,13 @@ func FuzzParseKey(f *testing.F) {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		key, err := parseKey(s)
+		key, err := ParseKey(s)
 		if err != nil {
 			return
 		}
-		again, err := parseKey(printable(key))
+		again, err := ParseKey(PrintableKey(key))
 		if err != nil || !bytes.Equal(again, key) {
-			t.Fatalf("parseKey(printable(%q)) = %q, %v", key, again, err)
+			t.Fatalf("ParseKey(PrintableKey(%q)) = %q, %v", key, again, err)
 		}
 	})
 }
