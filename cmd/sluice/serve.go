@@ -442,6 +442,12 @@ func writeReadyFile(path string, srv *node.Node) error {
 	if err != nil {
 		return err
 	}
+	return writeFileAtomic(path, b)
+}
+
+// writeFileAtomic writes b and a newline to path atomically (a temporary
+// file renamed over it), so that a script polling for it never reads half.
+func writeFileAtomic(path string, b []byte) error {
 	tmp, err := os.CreateTemp(filepath.Dir(path), ".sluice-ready-*")
 	if err != nil {
 		return fmt.Errorf("write ready file: %w", err)
