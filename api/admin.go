@@ -1,11 +1,10 @@
 package api
 
 import (
+	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -16,6 +15,7 @@ import (
 	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/api/limits"
 	"github.com/sluice-io/sluice/cluster"
+	"github.com/sluice-io/sluice/cluster/control"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -363,13 +363,13 @@ func (a *adminService) DeleteOverride(ctx context.Context, req *sluicepb.DeleteO
 // standard deviation at a third) and the call costs a millisecond or so.
 const shareSamples = 10_000
 
-// ListMembers lists the members as this node sees them: the live ones and
-// the last ones seen dead or left, each with the share of keys it owns in
-// this node's view. A single node lists itself, owning every key.
+// ListMembers lists the members of the cluster map as this node applied
+// it, with what gossip says of each, the share of keys each acts for, and
+// the Raft roles. A single node lists itself, owning every key.
 func (a *adminService) ListMembers(ctx context.Context, req *sluicepb.ListMembersRequest) (*sluicepb.ListMembersResponse, error) {
 	s := a.s
-	m := s.Membership()
-	if m == nil {
+	r, m := s.router(), s.Membership()
+	if r == nil || m == nil || r.Map() == nil {
 		return &sluicepb.ListMembersResponse{
 			Node: s.cfg.NodeName,
 			Members: []*sluicepb.ClusterMember{{
@@ -377,107 +377,88 @@ func (a *adminService) ListMembers(ctx context.Context, req *sluicepb.ListMember
 				GrpcAddr: s.grpcAddr(),
 				State:    cluster.StateAlive.String(),
 				Share:    1,
+				Live:     true,
+				Voter:    true,
+				Leader:   true,
 			}},
 		}, nil
 	}
-	// The live members, their states and shares come from one view; the
-	// departed ones from the list of nodes, which may be a moment newer.
-	view := m.View()
-	shares := keyShares(view.Owners())
-	members := slices.Clone(view.Members)
-	listed := make(map[string]bool)
-	for _, n := range members {
-		listed[n.Name] = true
-	}
-	// Members that are not live: the ones memberlist remembers, and the
-	// roster's, whose phase says whether they left (or were forgotten).
+	cm := r.Map()
+	shares := r.Shares(shareSamples)
+	voters := r.Voters()
+	leader := r.Leader()
+	gossip := make(map[string]cluster.Member)
 	for _, n := range m.Nodes() {
-		if !listed[n.Name] && !n.State.Live() {
-			members = append(members, n)
-			listed[n.Name] = true
-		}
+		gossip[n.Name] = n
 	}
-	for _, e := range view.Roster.Entries() {
-		if !listed[e.Name] {
-			members = append(members, cluster.Member{Name: e.Name, GossipAddr: e.GossipAddr, GRPCAddr: e.GRPCAddr, State: cluster.StateDead})
-		}
-	}
-	for i, n := range members {
-		if e, ok := view.Roster.Entry(n.Name); ok && !n.State.Live() && e.Phase == cluster.PhaseLeft {
-			members[i].State = cluster.StateLeft
-		}
-	}
-	slices.SortFunc(members, func(a, b cluster.Member) int { return strings.Compare(a.Name, b.Name) })
 	resp := &sluicepb.ListMembersResponse{
-		Epoch:   view.Epoch,
-		Node:    s.cfg.NodeName,
-		Members: make([]*sluicepb.ClusterMember, len(members)),
+		MapVersion: cm.Version,
+		Node:       s.cfg.NodeName,
+		Leader:     leader,
+		ClusterId:  cm.ClusterID,
 	}
-	for i, n := range members {
-		resp.Members[i] = &sluicepb.ClusterMember{
-			Name:       n.Name,
-			GossipAddr: n.GossipAddr,
-			GrpcAddr:   n.GRPCAddr,
-			State:      n.State.String(),
-			Share:      shares[n.Name],
+	listed := make(map[string]bool)
+	for _, x := range cm.Members {
+		listed[x.Name] = true
+		g, seen := gossip[x.Name]
+		state := "dead"
+		switch {
+		case x.Phase == control.PhaseLeft:
+			state = "left"
+		case x.Phase == control.PhaseLeaving && x.Live:
+			state = "leaving"
+		case x.Live && seen && g.State == cluster.StateAlive:
+			state = cluster.StateAlive.String()
+		}
+		gs := ""
+		if seen {
+			gs = g.State.String()
+		}
+		resp.Members = append(resp.Members, &sluicepb.ClusterMember{
+			Name:       x.Name,
+			GossipAddr: cmp.Or(g.GossipAddr, x.Addrs.Gossip),
+			GrpcAddr:   cmp.Or(g.GRPCAddr, x.Addrs.GRPC),
+			State:      state,
+			Share:      shares[x.Name],
+			Epoch:      x.Epoch,
+			Live:       x.Live,
+			Voter:      voters[x.ID],
+			Leader:     x.Name == leader,
+			Phase:      x.Phase.String(),
+			Id:         x.ID,
+			Gossip:     gs,
+			Releasable: x.Releasable,
+		})
+	}
+	// Nodes gossip sees that the map does not list (yet): joining, or of
+	// another cluster.
+	for name, g := range gossip {
+		if !listed[name] {
+			resp.Members = append(resp.Members, &sluicepb.ClusterMember{
+				Name: name, GossipAddr: g.GossipAddr, GrpcAddr: g.GRPCAddr, State: "joining", Id: g.ID, Gossip: g.State.String(),
+			})
 		}
 	}
+	slices.SortFunc(resp.Members, func(a, b *sluicepb.ClusterMember) int { return strings.Compare(a.Name, b.Name) })
 	return resp, nil
 }
 
-// ForgetMember removes a member that is down for good from the roster of
-// this node and of every other live node.
+// ForgetMember removes a member that is down for good from the cluster
+// map, through the Raft leader.
 func (a *adminService) ForgetMember(ctx context.Context, req *sluicepb.ForgetMemberRequest) (*sluicepb.ForgetMemberResponse, error) {
 	s := a.s
 	if req.Name == "" {
 		return nil, toStatus(badInput("forget member: name is empty"))
 	}
-	m := s.Membership()
-	if m == nil {
+	r := s.router()
+	if r == nil || r.Map() == nil {
 		return nil, toStatus(fmt.Errorf("forget member: %w", errNotClustered))
 	}
-	if err := m.Forget(req.Name); err != nil {
+	fromCopies, err := r.Forget(ctx, req.Name)
+	if err != nil {
 		return nil, toStatus(err)
 	}
-	resp := &sluicepb.ForgetMemberResponse{Nodes: []string{s.cfg.NodeName}}
-	var errs []error
-	for _, name := range s.otherMembers(ctx) {
-		client, err := s.peerAdmin(name)
-		if err == nil {
-			_, err = client.ForgetMember(s.peerContext(ctx), req)
-		}
-		if err != nil {
-			s.log.Warn("admin: forget member", "member", req.Name, "on", name, "err", err)
-			errs = append(errs, fmt.Errorf("%s: %w", name, err))
-			continue
-		}
-		resp.Nodes = append(resp.Nodes, name)
-	}
-	if len(errs) > 0 {
-		s.log.Warn("admin: some nodes did not forget the member yet; they learn it by gossip", "member", req.Name, "errs", errors.Join(errs...))
-	}
-	return resp, nil
-}
-
-// keyShares measures the fraction of keys each member of owners owns by
-// hashing shareSamples synthetic keys through it. The keys are always the
-// same, so the same view always gives the same shares.
-func keyShares(owners *cluster.View) map[string]float64 {
-	if owners.Len() == 0 {
-		return nil
-	}
-	counts := make(map[string]int, owners.Len())
-	buf := []byte("sluice-share-probe:")
-	n := len(buf)
-	for i := range shareSamples {
-		buf = strconv.AppendInt(buf[:n], int64(i), 10)
-		counts[owners.Owner(string(buf)).Name]++
-	}
-	shares := make(map[string]float64, len(counts))
-	for name, c := range counts {
-		shares[name] = float64(c) / shareSamples
-	}
-	return shares
+	return &sluicepb.ForgetMemberResponse{FromCopies: fromCopies}, nil
 }
 
 // EnvoyKey computes the key under which the Envoy adapter counts a

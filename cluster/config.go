@@ -96,19 +96,21 @@ type Config struct {
 	// Default 10s.
 	RejoinInterval time.Duration
 
-	// Expect is the number of members the cluster is meant to have: a
-	// StatefulSet's replicas. While fewer are alive in this node's view, it
-	// contacts the join list and the gossip addresses of its roster every
-	// second instead of every RejoinInterval, and the node decides
-	// nothing without a lease from a majority of Expect (see
-	// docs/cluster.md, "Fenced ownership"). Default 1.
+	// Expect is how many nodes bootstrap the cluster together (see
+	// control.Config.Expect); it travels in the gossip metadata so that the
+	// nodes can compare it. While fewer members are alive, the rejoin loop
+	// runs every second instead of every RejoinInterval. Default 1.
 	Expect int
 
-	// Store keeps the roster (the members, up or down) and this node's
-	// incarnation across restarts, in the meta bucket "cluster". Nil keeps
-	// them in memory: a restarted node then learns the roster from the
-	// members it joins.
-	Store MetaStore
+	// ID is this node's Raft server ID, gossiped so that the leader can
+	// add it. Set by the node from its control plane.
+	ID string
+	// Settings are this node's cluster-wide settings
+	// (control.Settings.String), gossiped so that nodes compare them.
+	Settings string
+	// Zone is this node's failure domain (--zone), gossiped so that the
+	// leader spreads voters across zones. Default empty.
+	Zone string
 
 	// GossipKey, when set, encrypts and authenticates all gossip with
 	// AES-GCM (memberlist's keyring): 16, 24 or 32 bytes for AES-128, -192
@@ -159,7 +161,7 @@ type Config struct {
 // Observer receives measurements for metrics. Changed is called from
 // memberlist's goroutines while memberlist holds its node lock: it must
 // return quickly without blocking (a Prometheus counter's Inc is fine) and
-// must not call Start, Join, SetLeaving, Leave or Shutdown.
+// must not call Start, Join, Leave or Shutdown.
 type Observer interface {
 	// Changed is called once per membership change, after the new view is
 	// published: its kind, the view's epoch and its number of live members.
@@ -167,14 +169,6 @@ type Observer interface {
 	// JoinAttempt is called after each attempt of Start or Join to contact
 	// the join list; err is nil for the attempt that succeeded.
 	JoinAttempt(err error)
-}
-
-// MetaStore keeps small records on disk; *persist.Store is one.
-type MetaStore interface {
-	// PutMeta stores value under key in bucket, synced before it returns.
-	PutMeta(bucket, key string, value []byte) error
-	// ScanMeta calls fn for every record of bucket until fn returns false.
-	ScanMeta(bucket string, fn func(key string, value []byte) bool) error
 }
 
 type nopObserver struct{}

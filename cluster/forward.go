@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluice-io/sluice/actor"
+	"github.com/sluice-io/sluice/cluster/control"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -24,7 +25,7 @@ const maxBatchWait = 5 * time.Second
 // reserving). Checks that are not reservations share batches with other
 // callers' checks to the same member.
 func (r *Router) forward(ctx context.Context, own *ownership, member string, checks []actor.Check, out []actor.Decision, marks []int64, reserve bool) error {
-	p, err := r.peer(member)
+	p, err := r.peers.get(member)
 	if err != nil {
 		return err
 	}
@@ -64,7 +65,7 @@ func (r *Router) forward(ctx context.Context, own *ownership, member string, che
 
 // release takes back reserved hits on member.
 func (r *Router) release(ctx context.Context, own *ownership, member string, checks []actor.Check, marks []int64) error {
-	p, err := r.peer(member)
+	p, err := r.peers.get(member)
 	if err != nil {
 		return err
 	}
@@ -78,52 +79,127 @@ func (r *Router) release(ctx context.Context, own *ownership, member string, che
 	return err
 }
 
-// liveMember returns the live member named name in the current ownership.
-func (r *Router) liveMember(name string) (Member, bool) {
-	if own := r.own.Load(); own != nil {
-		m, ok := own.cur.live[name]
-		return m, ok
-	}
-	return Member{}, false
+// peerPool holds a connection and senders per peer, and connections to
+// the admin services that have a listener of their own. Its lock is the
+// last of the router's (see Router).
+type peerPool struct {
+	r      *Router
+	mu     sync.Mutex
+	peers  map[string]*peer      // by name
+	admins map[string]*adminConn // by name
+	closed bool
 }
 
-// peer returns the sender for the live member named name, dialling it if
-// needed (again, if its address changed).
-func (r *Router) peer(name string) (*peer, error) {
-	addr := ""
-	if m, ok := r.liveMember(name); ok {
-		addr = cmp.Or(m.PeerAddr, m.GRPCAddr)
+// adminConn is a connection to a member's admin service at addr.
+type adminConn struct {
+	addr string
+	conn *grpc.ClientConn
+}
+
+func (pp *peerPool) init(r *Router) {
+	pp.r = r
+	pp.peers = make(map[string]*peer)
+	pp.admins = make(map[string]*adminConn)
+}
+
+// addrs returns where the member named name serves, as gossip sees it now
+// (a pod that came back with a new IP), else as the cluster map recorded.
+func (pp *peerPool) addrs(name string) (control.Addrs, bool) {
+	r := pp.r
+	if r.cfg.Membership != nil {
+		if m, ok := r.cfg.Membership.View().Member(name); ok && m.State == StateAlive {
+			return control.Addrs{Gossip: m.GossipAddr, GRPC: m.GRPCAddr, Peer: cmp.Or(m.PeerAddr, m.GRPCAddr), Admin: cmp.Or(m.AdminAddr, m.GRPCAddr)}, true
+		}
 	}
-	if addr == "" {
-		return nil, &UnreachableError{Member: name, Reason: "not a live member"}
+	if own := r.own.Load(); own != nil {
+		if x, ok := own.cur.members[name]; ok && x.Phase != control.PhaseLeft && x.Addrs.Peer != "" {
+			a := x.Addrs
+			a.Peer, a.Admin = cmp.Or(a.Peer, a.GRPC), cmp.Or(a.Admin, a.GRPC)
+			return a, true
+		}
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
+	return control.Addrs{}, false
+}
+
+// get returns the sender for the member named name, dialling it if needed
+// (again, if its address changed).
+func (pp *peerPool) get(name string) (*peer, error) {
+	a, ok := pp.addrs(name)
+	if !ok {
+		return nil, &UnreachableError{Member: name, Reason: "no address known"}
+	}
+	addr := a.Peer
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	if pp.closed {
 		return nil, fmt.Errorf("%w: router closed", ErrUnreachable)
 	}
-	if p := r.peers[name]; p != nil && p.addr == addr {
+	if p := pp.peers[name]; p != nil && p.addr == addr {
 		return p, nil
 	} else if p != nil {
 		p.close()
 	}
-	conn, err := grpc.NewClient(addr, r.cfg.DialOptions...)
+	conn, err := grpc.NewClient(addr, pp.r.cfg.DialOptions...)
 	if err != nil {
 		return nil, &UnreachableError{Member: name, Reason: fmt.Sprintf("dial %s: %v", addr, err)}
 	}
 	p := &peer{
-		r: r, name: name, addr: addr, conn: conn,
+		r: pp.r, name: name, addr: addr, conn: conn,
 		client: sluicepb.NewPeerServiceClient(conn),
 		queue:  make(chan *pending, 4096),
 		quit:   make(chan struct{}),
 	}
-	r.peers[name] = p
-	r.wg.Add(1)
+	pp.peers[name] = p
+	pp.r.wg.Add(1)
 	go func() {
-		defer r.wg.Done()
+		defer pp.r.wg.Done()
 		p.run()
 	}()
 	return p, nil
+}
+
+// adminConn returns a connection to the admin service of the member named
+// name: the peer connection when the member serves both on one address.
+func (pp *peerPool) adminConn(name string) (*grpc.ClientConn, error) {
+	a, ok := pp.addrs(name)
+	if !ok {
+		return nil, fmt.Errorf("%w: %s is not a known member", ErrUnreachable, name)
+	}
+	if a.Admin == a.Peer {
+		p, err := pp.get(name)
+		if err != nil {
+			return nil, err
+		}
+		return p.conn, nil
+	}
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	if pp.closed {
+		return nil, fmt.Errorf("%w: router closed", ErrUnreachable)
+	}
+	if c := pp.admins[name]; c != nil && c.addr == a.Admin {
+		return c.conn, nil
+	} else if c != nil {
+		c.conn.Close()
+	}
+	conn, err := grpc.NewClient(a.Admin, pp.r.cfg.DialOptions...)
+	if err != nil {
+		return nil, fmt.Errorf("%w: dial %s's admin service at %s: %v", ErrUnreachable, name, a.Admin, err)
+	}
+	pp.admins[name] = &adminConn{addr: a.Admin, conn: conn}
+	return conn, nil
+}
+
+func (pp *peerPool) close() {
+	pp.mu.Lock()
+	defer pp.mu.Unlock()
+	pp.closed = true
+	for _, p := range pp.peers {
+		p.close()
+	}
+	for _, c := range pp.admins {
+		c.conn.Close()
+	}
 }
 
 // pending is a share of a caller's checks waiting to be forwarded.
@@ -262,7 +338,7 @@ func (p *peer) send(batch []*pending, n int) {
 // call makes one Forward call and maps the receiver's status (see the
 // PeerService comment in proto/sluice/v1/sluice.proto).
 func (p *peer) call(ctx context.Context, checks []actor.Check, out []actor.Decision, marks []int64, reserve bool) error {
-	req := &sluicepb.ForwardRequest{Checks: make([]*sluicepb.Check, len(checks)), Reserve: reserve, FromNode: p.r.cfg.Self}
+	req := &sluicepb.ForwardRequest{Checks: make([]*sluicepb.Check, len(checks)), Reserve: reserve, FromNode: p.r.cfg.Self, MapVersion: p.r.mapVersion()}
 	for i := range checks {
 		req.Checks[i] = ToProtoCheck(&checks[i])
 	}

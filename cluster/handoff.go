@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/actor"
+	"github.com/sluice-io/sluice/cluster/control"
 	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
@@ -22,6 +23,52 @@ const (
 	handoffBackoffMin = 200 * time.Millisecond
 	handoffBackoffMax = time.Second
 )
+
+// handoffs is what the handoff rounds remember. Its lock is taken after
+// the router's ownMu and imports, never before.
+type handoffs struct {
+	kick chan struct{} // capacity 1: wakes the handoff loop
+
+	mu        sync.Mutex
+	handedTo  map[string]handedTo // last complete sent to each member
+	scanned   handoffScan         // the last round that delivered all it collected
+	lastRound *config             // the configuration of that round
+	idle      chan struct{}       // closed when a round left nothing to send
+	reported  syncReport          // the last synced mark written to the map
+}
+
+// handedTo records a complete sent: to which epoch, for which
+// configuration.
+type handedTo struct {
+	epoch, config, seq uint64
+}
+
+// syncReport is a synced mark this node wrote to the map.
+type syncReport struct {
+	epoch, config uint64
+}
+
+// handoffScan describes the last round that delivered everything it
+// collected: for which configuration and epoch, and whether it kept keys
+// nobody could decide.
+type handoffScan struct {
+	config, epoch uint64
+	orphans       bool
+}
+
+func (h *handoffs) init() {
+	h.kick = make(chan struct{}, 1)
+	h.handedTo = make(map[string]handedTo)
+	h.idle = make(chan struct{})
+}
+
+// rescan makes the next round collect again: what this node holds may
+// belong elsewhere now.
+func (h *handoffs) rescan() {
+	h.mu.Lock()
+	h.scanned = handoffScan{}
+	h.mu.Unlock()
+}
 
 // handoffLoop moves key state to where it belongs until ctx ends: on every
 // change of ownership (and whenever state for keys this node does not act
@@ -36,7 +83,7 @@ func (r *Router) handoffLoop(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case <-r.handoffKick:
+		case <-r.handoffs.kick:
 		case <-retry:
 		}
 		retry = nil
@@ -54,26 +101,25 @@ func (r *Router) handoffLoop(ctx context.Context) {
 		select {
 		case res = <-done:
 			cancel()
-		case <-r.handoffKick:
+		case <-r.handoffs.kick:
 			cancel()
 			<-done
-			kick(r.handoffKick) // a new round at once, for the newer ownership
+			kick(r.handoffs.kick) // a new round at once, for the newer ownership
 			continue
 		case <-ctx.Done():
 			cancel()
 			<-done
 			return
 		}
-		err := res.err
-		if err == nil {
+		if res.err == nil {
 			backoff = handoffBackoffMin
 			if res.sent > 0 {
-				kick(r.handoffKick) // make sure nothing was left behind
+				kick(r.handoffs.kick) // make sure nothing was left behind
 			}
 			continue
 		}
 		if ctx.Err() == nil {
-			r.log.Warn("handoff incomplete; retrying", "err", err, "retry_in", backoff)
+			r.log.Warn("handoff incomplete; retrying", "err", res.err, "retry_in", backoff)
 		}
 		retry = time.After(time.Duration(float64(backoff) * (0.8 + 0.4*rand.Float64())))
 		backoff = min(2*backoff, handoffBackoffMax)
@@ -83,11 +129,11 @@ func (r *Router) handoffLoop(ctx context.Context) {
 // handoffRound sends every key this node holds but does not act for to
 // the member that acts for it, forgets each once delivered, and then tells
 // every live member it has nothing more for it in this configuration. Keys
-// whose owner is down and that nobody may decide stay here until it is
-// back. It returns how many keys it delivered, and nil once every member
-// got its keys and its complete. A round that delivers nothing, finds
-// every member told and keeps no key that nobody may decide marks the
-// router idle (see HandOver).
+// nobody may decide now stay here. With standbys it also merges the copies
+// of keys this node took over into them, and brings each standby of its
+// keys up to date. Once a round did all of it, this node writes its synced
+// mark to the map (see control.Member.Synced). It returns how many keys it
+// delivered, and nil once every member got its keys and its complete.
 func (r *Router) handoffRound(ctx context.Context) (int, error) {
 	// Imports admitted under an older ownership finish before the keys are
 	// collected, so that what they brought is collected too; later ones
@@ -97,10 +143,15 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 	r.imports.Unlock()
 	cur := own.cur
 	r.ownMu.Lock()
-	seq := r.seq
+	seq := r.applied.seq
+	version := r.applied.version
 	r.ownMu.Unlock()
 	self := r.cfg.Self
 	standbys := cur.replicas >= 2
+	if own.epoch == 0 {
+		return 0, nil // no epoch: nobody would take what this node sends
+	}
+	h := &r.handoffs
 
 	// With standbys: merge the copies this node keeps of the keys it now
 	// acts for (it took them over) into them.
@@ -125,8 +176,8 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 	}
 	needResync := false
 	if standbys {
-		for name := range cur.alive {
-			if name != self && !own.syncedWith(name) {
+		for name := range cur.epochs {
+			if name != self && cur.up(name) && !own.syncedWith(name) {
 				needResync = true
 			}
 		}
@@ -134,12 +185,11 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 	// A round with no change of configuration since the last round that
 	// delivered everything finds no token to collect (imports bring only
 	// keys this node acts for), unless that round kept keys nobody could
-	// decide then (their owner was down). update resets scanned on every
-	// change of configuration.
-	scan := handoffScan{config: cur.id, inc: own.inc}
-	r.handoffMu.Lock()
-	last := r.scanned
-	r.handoffMu.Unlock()
+	// decide then. update resets scanned on every change of configuration.
+	scan := handoffScan{config: cur.id, epoch: own.epoch}
+	h.mu.Lock()
+	last := h.scanned
+	h.mu.Unlock()
 	if last != scan || last.orphans || needResync {
 		var mu sync.Mutex
 		_, err := r.cfg.Engine.Collect(ctx, func(key string) bool {
@@ -183,17 +233,18 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 
 	sent := 0
 	var wg sync.WaitGroup
-	errs := make(chan error, len(cur.alive))
-	for name, m := range cur.alive {
+	errs := make(chan error, len(cur.epochs))
+	for name, epoch := range cur.epochs {
 		if name == self {
 			continue
 		}
+		m, _ := cur.members[name]
 		b := box(name)
-		done := handedTo{inc: m.Incarnation, config: cur.id, seq: seq}
-		r.handoffMu.Lock()
-		told := r.handedTo[name] == done
-		r.handoffMu.Unlock()
-		resync := standbys && !own.syncedWith(name)
+		done := handedTo{epoch: epoch, config: cur.id, seq: seq}
+		h.mu.Lock()
+		told := h.handedTo[name] == done
+		h.mu.Unlock()
+		resync := standbys && cur.up(name) && !own.syncedWith(name)
 		if len(b.tokens) == 0 && len(b.copies) == 0 && told && !resync {
 			continue // told already, and nothing new for it
 		}
@@ -202,25 +253,25 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 		go func() {
 			defer wg.Done()
 			if len(b.tokens) > 0 || len(b.copies) > 0 || !told {
-				if err := r.handTo(ctx, m, own.inc, cur.id, seq, b); err != nil {
+				if err := r.handTo(ctx, m, epoch, own.epoch, cur.id, seq, version, b); err != nil {
 					errs <- fmt.Errorf("to %s: %w", name, err)
 					return
 				}
-				r.handoffMu.Lock()
-				r.handedTo[name] = done
-				r.handoffMu.Unlock()
+				h.mu.Lock()
+				h.handedTo[name] = done
+				h.mu.Unlock()
 			}
 			if resync {
 				if err := r.sendAndWait(ctx, own, name, b.resync); err != nil {
 					errs <- fmt.Errorf("bring standby %s up to date: %w", name, err)
 					return
 				}
-				mark := syncMark{cfg: cur, inc: m.Incarnation}
+				mark := syncMark{cfg: cur, epoch: epoch}
 				r.amend(func(o *ownership) *ownership {
-					if o.cur.id != cur.id || o.inc != own.inc {
+					if o.cur.id != cur.id || o.epoch != own.epoch {
 						return o // moved on meanwhile: the next round does it again
 					}
-					return o.amended(r.clk.Now(), func(n *ownership) {
+					return o.amended(func(n *ownership) {
 						n.synced = cloneMap(o.synced)
 						n.synced[name] = mark
 					})
@@ -236,30 +287,76 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 	}
 	if promoted && len(all) == 0 {
 		r.amend(func(o *ownership) *ownership {
-			if o.cur.id != cur.id || o.inc != own.inc {
+			if o.cur.id != cur.id || o.epoch != own.epoch {
 				return o
 			}
-			return o.amended(r.clk.Now(), func(n *ownership) { n.promoted = cur.id })
+			return o.amended(func(n *ownership) { n.promoted = cur.id })
 		})
 	}
-	if len(all) == 0 {
-		r.handoffMu.Lock()
-		r.scanned = scan
-		r.lastRound = cur
-		r.handoffMu.Unlock()
+	if len(all) > 0 {
+		return sent, errors.Join(all...)
 	}
-	if len(all) == 0 && sent == 0 && !scan.orphans {
-		r.handoffMu.Lock()
+	h.mu.Lock()
+	h.scanned = scan
+	h.lastRound = cur
+	h.mu.Unlock()
+	if err := r.reportSynced(ctx, own.epoch, cur, scan.orphans); err != nil {
+		return sent, err
+	}
+	if sent == 0 && !scan.orphans {
+		h.mu.Lock()
 		select {
-		case <-r.handoffIdle:
+		case <-h.idle:
 		default:
-			if r.own.Load() == own {
-				close(r.handoffIdle)
+			if latest := r.own.Load(); latest.epoch == own.epoch && latest.cur.id == cur.id {
+				close(h.idle)
 			}
 		}
-		r.handoffMu.Unlock()
+		h.mu.Unlock()
 	}
-	return sent, errors.Join(all...)
+	return sent, nil
+}
+
+// reportSynced writes this node's synced mark for configuration cur to the
+// map, once per configuration and epoch, when a round left everything in
+// place: with standbys, every standby of its keys is up to date and its
+// copies are promoted, and the ownership has settled; with one replica,
+// only while it is leaving and nothing is left to hand over (its keys then
+// go on without waiting for it).
+func (r *Router) reportSynced(ctx context.Context, epoch uint64, cur *config, orphans bool) error {
+	own := r.own.Load()
+	if own.epoch != epoch || own.cur.id != cur.id {
+		return nil // moved on: the next round reports
+	}
+	x := cur.members[r.cfg.Self]
+	if !x.Live || x.Epoch != epoch || x.Synced >= cur.id {
+		return nil
+	}
+	if cur.replicas >= 2 {
+		if !own.settled {
+			return nil
+		}
+	} else if x.Phase != control.PhaseLeaving || orphans {
+		return nil
+	}
+	h := &r.handoffs
+	want := syncReport{epoch: epoch, config: cur.id}
+	h.mu.Lock()
+	done := h.reported == want
+	h.mu.Unlock()
+	if done {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if err := r.ctl.ReportSynced(rctx, cur.id); err != nil {
+		return fmt.Errorf("write this node's synced mark: %w", err)
+	}
+	h.mu.Lock()
+	h.reported = want
+	h.mu.Unlock()
+	r.log.Debug("synced mark written", "config", cur.id, "epoch", epoch)
+	return nil
 }
 
 // outbox is what one round sends one member.
@@ -270,9 +367,14 @@ type outbox struct {
 }
 
 // promote merges the copies this node keeps of keys it acts for now into
-// those keys (it took them over from their owner, down), replicates them to
-// their standbys, and drops the copies.
+// those keys (it took them over from a member whose epoch ended),
+// replicates them to their standbys, and drops the copies.
 func (r *Router) promote(ctx context.Context, own *ownership) error {
+	// Standby writes admitted under an older ownership finish first, so
+	// that their copies are merged too; later ones are checked against
+	// this ownership (a sender whose epoch ended is refused).
+	r.copies.Lock()
+	r.copies.Unlock()
 	var states []actor.Exported
 	_, err := r.cfg.Engine.CollectReplicas(ctx, func(key string) bool {
 		return own.cur.actingName(key) == r.cfg.Self
@@ -297,18 +399,19 @@ func (r *Router) promote(ctx context.Context, own *ownership) error {
 // collectCopies adds to each member's outbox the copies this node keeps of
 // keys that member gained since this node's last round (it acts for them
 // now and did not then), or of every key it acts for if it came back under
-// a new incarnation (so that a node that lost its disk is filled).
+// a new epoch (so that a node that lost its disk is filled).
 func (r *Router) collectCopies(ctx context.Context, own *ownership, box func(string) *outbox) error {
 	cur := own.cur
-	r.handoffMu.Lock()
-	prev := r.lastRound
+	h := &r.handoffs
+	h.mu.Lock()
+	prev := h.lastRound
 	fresh := make(map[string]bool)
-	for name, m := range cur.alive {
-		if r.handedTo[name].inc != m.Incarnation {
+	for name, epoch := range cur.epochs {
+		if h.handedTo[name].epoch != epoch {
 			fresh[name] = true
 		}
 	}
-	r.handoffMu.Unlock()
+	h.mu.Unlock()
 	gained := func(key string) bool {
 		a := cur.actingName(key)
 		if a == "" || a == r.cfg.Self {
@@ -330,19 +433,11 @@ func (r *Router) collectCopies(ctx context.Context, own *ownership, box func(str
 	return nil
 }
 
-// handoffScan describes the last round that delivered everything it
-// collected: for which configuration and incarnation, and whether it kept
-// keys nobody could decide.
-type handoffScan struct {
-	config, inc uint64
-	orphans     bool
-}
-
-// handTo delivers b's tokens to member m in chunks, forgetting each chunk
-// here once m committed it, then b's copies (kept here), then sends m the
-// complete for configuration id.
-func (r *Router) handTo(ctx context.Context, m Member, inc, id, seq uint64, b *outbox) error {
-	p, err := r.peer(m.Name)
+// handTo delivers b's tokens to member m (epoch toEpoch) in chunks,
+// forgetting each chunk here once m committed it, then b's copies (kept
+// here), then sends m the complete for configuration id.
+func (r *Router) handTo(ctx context.Context, m control.Member, toEpoch, fromEpoch, id, seq, version uint64, b *outbox) error {
+	p, err := r.peers.get(m.Name)
 	if err != nil {
 		return err
 	}
@@ -352,8 +447,8 @@ func (r *Router) handTo(ctx context.Context, m Member, inc, id, seq uint64, b *o
 		part := keys[start:min(start+handoffChunk, len(keys))]
 		last := start+handoffChunk >= len(keys)
 		req := &sluicepb.HandoffRequest{
-			FromNode: r.cfg.Self, FromIncarnation: inc, Config: id, Complete: last, Sequence: seq,
-			ToNode: m.Name, ToIncarnation: m.Incarnation,
+			FromNode: r.cfg.Self, FromEpoch: fromEpoch, Config: id, Complete: last, Sequence: seq,
+			ToNode: m.Name, ToEpoch: toEpoch, MapVersion: version,
 			Keys: make([]*sluicepb.KeyRecord, len(part)),
 		}
 		for i, x := range part {
@@ -361,7 +456,7 @@ func (r *Router) handTo(ctx context.Context, m Member, inc, id, seq uint64, b *o
 		}
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.HandoffTimeout)
 		_, err := p.client.Handoff(cctx, req)
-		r.log.Debug("handoff part", "to", m.Name, "to_incarnation", m.Incarnation, "config", id, "complete", last, "keys", len(part), "err", err)
+		r.log.Debug("handoff part", "to", m.Name, "to_epoch", toEpoch, "config", id, "complete", last, "keys", len(part), "err", err)
 		cancel()
 		r.cfg.Observer.HandedOff(m.Name, len(part), err)
 		if err != nil {
@@ -381,21 +476,24 @@ func (r *Router) handTo(ctx context.Context, m Member, inc, id, seq uint64, b *o
 	return nil
 }
 
-// exportedKeys lists the keys of xs, for debug logs.
 // receiveHandoff merges handed-over states (committed before it returns)
-// and records the sender's complete. It takes only keys this node acts
-// for in its own configuration: were it to take others, a complete it
-// already sent for them would be false. The sender keeps refused keys and
-// tries again once the configurations agree.
+// and records the sender's complete. It first applies at least the map
+// version the sender acted under. It takes only keys this node acts for
+// in its own configuration: were it to take others, a complete it already
+// sent for them would be false. The sender keeps refused keys and tries
+// again once the configurations agree.
 func (r *Router) receiveHandoff(ctx context.Context, req *sluicepb.HandoffRequest) (int, error) {
-	if r.cfg.Membership == nil {
-		return 0, fmt.Errorf("%w: this node is not in a cluster", errWrongIncarnation)
+	if r.ctl == nil {
+		return 0, fmt.Errorf("%w: this node is not in a cluster", errWrongEpoch)
+	}
+	if err := r.catchUp(ctx, req.MapVersion); err != nil {
+		return 0, err
 	}
 	r.imports.RLock()
 	defer r.imports.RUnlock()
 	own := r.own.Load()
-	if req.ToNode != r.cfg.Self || req.ToIncarnation != own.inc {
-		return 0, fmt.Errorf("%w: meant for %s incarnation %d; this is %s incarnation %d", errWrongIncarnation, req.ToNode, req.ToIncarnation, r.cfg.Self, own.inc)
+	if req.ToNode != r.cfg.Self || req.ToEpoch != own.epoch {
+		return 0, fmt.Errorf("%w: meant for %s epoch %d; this is %s epoch %d", errWrongEpoch, req.ToNode, req.ToEpoch, r.cfg.Self, own.epoch)
 	}
 	states := make([]actor.Exported, len(req.Keys))
 	for i, k := range req.Keys {
@@ -424,61 +522,83 @@ func (r *Router) receiveHandoff(ctx context.Context, req *sluicepb.HandoffReques
 	}
 	r.cfg.Observer.HandoffReceived(req.FromNode, len(states))
 	r.log.Debug("handoff received", "from", req.FromNode, "config", req.Config, "complete", req.Complete, "keys", len(states))
-	if req.Complete {
-		c := complete{inc: req.FromIncarnation, config: req.Config, seq: req.Sequence}
+	if req.Complete && own.cur.epochs[req.FromNode] == req.FromEpoch {
+		c := complete{epoch: req.FromEpoch, config: req.Config, seq: req.Sequence}
 		r.amend(func(o *ownership) *ownership {
-			if o.inc != req.ToIncarnation {
-				return o // this node moved to a new incarnation meanwhile
+			if o.epoch != req.ToEpoch {
+				return o // this node moved to a new epoch meanwhile
 			}
-			if old, ok := o.completes[req.FromNode]; ok && old.inc == c.inc && old.seq > c.seq {
+			if old, ok := o.completes[req.FromNode]; ok && old.epoch == c.epoch && old.seq > c.seq {
 				return o // an older message overtaken by a newer one
 			}
-			return o.with(req.FromNode, &c, nil, r.clk.Now())
+			return o.with(req.FromNode, c)
 		})
 	}
 	return len(states), nil
 }
 
 // OnlyOwner reports whether this node is the only member that owns keys:
-// it has nobody to hand them to, and stops without leaving.
+// it has nobody to hand them to.
 func (r *Router) OnlyOwner() bool {
-	if r.cfg.Membership == nil {
+	if r.ctl == nil {
 		return true
 	}
-	owners := r.own.Load().cur.owners
-	_, self := owners.Member(r.cfg.Self)
-	return owners.Len() == 0 || owners.Len() == 1 && self
+	ring := r.own.Load().cur.ring
+	return len(ring) == 0 || len(ring) == 1 && ring[0] == r.cfg.Self
 }
 
-// HandOver hands every key this node holds to the members that act for
-// them and returns once everything was delivered (nil) or ctx ended. A
-// leaving node calls it after announcing that it leaves, so that it acts
-// for nothing. Keys whose owner is down cannot be delivered: HandOver then
-// waits until ctx ends, and the node must stop without leaving, so that
-// the keys wait for it rather than vanish.
-func (r *Router) HandOver(ctx context.Context) error {
-	if r.cfg.Membership == nil {
+// Leave ends this node's part in a graceful shutdown, within ctx: it
+// stops deciding, leaves its keys complete elsewhere if it can, and ends
+// its epoch (it stays a member: a rolling restart changes no Raft
+// configuration). With standbys it waits until its synced mark covers the
+// current configuration, so that its keys go on from their copies at
+// once; with one replica it moves to phase leaving and hands every key to
+// the members that act for it now. If ctx ends first, it ends its epoch
+// anyway: its keys then wait for it (policy exact) until it is back.
+func (r *Router) Leave(ctx context.Context) error {
+	if r.ctl == nil {
 		return nil
 	}
-	// The view in which this node is leaving is the membership's now, but
-	// the router follows views on a goroutine of its own: adopt it here, so
-	// that no round runs (and finds nothing to hand over) under the
-	// ownership in which this node still acts for its keys.
-	r.update(r.cfg.Membership.View(), r.cfg.Membership.Incarnation())
+	// Keep a third of the time for ending the epoch itself.
+	wctx, cancel := ctx, context.CancelFunc(func() {})
+	if d, ok := ctx.Deadline(); ok {
+		wctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(d)*2/3))
+	}
+	defer cancel()
+	var err error
+	if r.cfg.Replicas < 2 {
+		if err = r.ctl.SetLeaving(wctx); err != nil {
+			r.log.Warn("move to phase leaving", "err", err)
+		}
+	}
+	if err == nil {
+		err = r.waitSynced(wctx)
+	}
+	if err != nil {
+		r.log.Warn("could not leave every key complete elsewhere; its keys wait for this node", "err", err)
+	}
+	return r.ctl.Leave(ctx)
+}
+
+// waitSynced waits until the map records this node's synced mark for its
+// current configuration.
+func (r *Router) waitSynced(ctx context.Context) error {
 	for {
-		r.handoffMu.Lock()
-		idle := make(chan struct{})
-		r.handoffIdle = idle
-		r.handoffMu.Unlock()
-		own := r.own.Load()
-		kick(r.handoffKick)
+		m, changed := r.ctl.Watch()
+		x, ok := m.Member(r.cfg.Self)
+		if !ok || !x.Live {
+			return fmt.Errorf("cluster: this node's epoch is not live")
+		}
+		if x.Synced >= m.Changed && x.Synced > 0 {
+			return nil
+		}
+		kick(r.handoffs.kick)
 		select {
-		case <-idle:
-			if r.own.Load() == own {
-				return nil
-			}
+		case <-changed:
+		case <-time.After(100 * time.Millisecond):
 		case <-ctx.Done():
-			return fmt.Errorf("cluster: hand keys over: %w", ctx.Err())
+			own := r.own.Load()
+			return fmt.Errorf("cluster: leave: copies not complete in time (waiting for %v): %w", own.waitingFor, ctx.Err())
 		}
 	}
 }

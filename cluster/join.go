@@ -147,7 +147,7 @@ func (m *Membership) resolve(ctx context.Context, entries []string) (targets []s
 const rejoinUrgent = time.Second
 
 // rejoinLoop contacts the join addresses and the gossip addresses of the
-// roster's members that are not live members of the view: nodes that
+// cluster map's members (SetKnown) that are not live members of the view: nodes that
 // started alone at the same time (each seeing only itself in DNS), the
 // members a restarted node knew before (its join list may name only
 // itself), or the other side of a partition that outlived memberlist's
@@ -174,11 +174,7 @@ func (m *Membership) rejoinLoop(ctx context.Context, ml *memberlist.Memberlist) 
 			live[mem.Name] = true
 			live[mem.GossipAddr] = true
 		}
-		for _, e := range m.Roster().Entries() {
-			if e.Name != m.cfg.NodeName && e.Phase != PhaseLeft && e.GossipAddr != "" && !live[e.Name] {
-				targets = append(targets, e.GossipAddr)
-			}
-		}
+		targets = append(targets, m.knownAddrs()...)
 		contacted := make(map[string]bool)
 		for _, addr := range targets {
 			if live[addr] || contacted[addr] || ctx.Err() != nil {

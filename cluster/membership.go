@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/sluice-io/sluice/cluster/control"
 )
 
 var (
@@ -42,17 +44,16 @@ type Membership struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // goroutines started by Start
 
-	life       sync.Mutex // serialises Start, SetLeaving, Leave and Shutdown
+	life       sync.Mutex // serialises Start, SetClusterID, Leave and Shutdown
 	ml         *memberlist.Memberlist
 	meta       meta // what this node gossips about itself; under life
-	leaving    bool
 	left       bool
 	closed     bool
 	stopRejoin context.CancelFunc
 	self       selfAddrs // to skip this node in join lists
 
-	metaBytes atomic.Pointer[[]byte] // read by memberlist's NodeMeta
-	inc       atomic.Uint64          // m.meta.Inc
+	metaBytes   atomic.Pointer[[]byte] // read by memberlist's NodeMeta
+	joinsOthers atomic.Bool            // the join list named other nodes
 
 	// lookupIP resolves join names; tests replace it before Start.
 	lookupIP func(ctx context.Context, host string) ([]net.IPAddr, error)
@@ -64,16 +65,13 @@ type Membership struct {
 	live     map[string]Member
 	departed map[string]Member
 	epoch    uint64
-	roster   *Roster // see Roster; never nil after New
-	reborn   bool    // the roster holds a newer entry for this node: take a new incarnation
-	unsent   bool    // announcing this node's metadata timed out: announce it again
+	known    []string // gossip addresses of the cluster map's members (SetKnown)
+	unsent   bool     // announcing this node's metadata timed out: announce it again
 
 	changes []Change // the last changes of the live members (Changes); under stateMu
 
 	view  atomic.Pointer[View]
 	local atomic.Pointer[Member]
-
-	stored *Roster // the roster last written to Config.Store; dispatcher only
 
 	notify     chan struct{} // capacity 1: wakes the dispatcher
 	subMu      sync.Mutex
@@ -108,49 +106,8 @@ func New(cfg Config) (*Membership, error) {
 		lookupIP: net.DefaultResolver.LookupIPAddr,
 	}
 	m.cfg.Logger = m.log
-	m.roster = &Roster{}
-	if cfg.Store != nil {
-		if err := m.loadRoster(); err != nil {
-			return nil, err
-		}
-	}
 	m.view.Store(NewView(0, nil))
 	return m, nil
-}
-
-// rosterBucket and rosterKey locate the roster in Config.Store.
-const (
-	rosterBucket = "cluster"
-	rosterKey    = "roster"
-)
-
-// loadRoster reads the roster this node last stored.
-func (m *Membership) loadRoster() error {
-	var raw []byte
-	err := m.cfg.Store.ScanMeta(rosterBucket, func(key string, value []byte) bool {
-		if key == rosterKey {
-			raw = append([]byte(nil), value...)
-		}
-		return true
-	})
-	if err != nil {
-		return fmt.Errorf("cluster: read the roster: %w", err)
-	}
-	if raw == nil {
-		return nil
-	}
-	es, err := decodeRoster(raw)
-	if err != nil {
-		return err
-	}
-	m.roster, _ = m.roster.Merge(es...)
-	return nil
-}
-
-// newIncarnation returns an incarnation above prev: the current time in
-// nanoseconds, or prev+1 when the clock is behind it.
-func newIncarnation(prev uint64) uint64 {
-	return max(uint64(time.Now().UnixNano()), prev+1)
 }
 
 // Start binds the gossip address (a bind error returns at once), starts
@@ -170,8 +127,7 @@ func (m *Membership) Start(ctx context.Context) error {
 		m.life.Unlock()
 		return ErrStarted
 	}
-	prev, _ := m.roster.Entry(m.cfg.NodeName)
-	m.meta = newMeta(m.cfg, time.Now().UnixNano(), newIncarnation(prev.Incarnation))
+	m.meta = newMeta(m.cfg, time.Now().UnixNano())
 	m.storeMeta()
 	mc := m.cfg.memberlistConfig()
 	h := hooks{m}
@@ -191,13 +147,11 @@ func (m *Membership) Start(ctx context.Context) error {
 		}
 	}
 	m.self = newSelfAddrs(ml.LocalNode(), m.cfg.GossipAddr)
-	m.stateMu.Lock()
-	m.mergeSelfLocked()
-	m.stateMu.Unlock()
+	targets, _, _ := m.resolve(context.Background(), m.cfg.Join)
+	m.joinsOthers.Store(len(targets) > 0)
 	local := m.Local()
 	m.log.Info("gossip started", "node", local.Name, "gossip", local.GossipAddr, "grpc", local.GRPCAddr,
-		"peer", local.PeerAddr, "admin", local.AdminAddr,
-		"incarnation", m.meta.Inc, "encrypted", len(m.cfg.GossipKey) > 0)
+		"peer", local.PeerAddr, "admin", local.AdminAddr, "encrypted", len(m.cfg.GossipKey) > 0)
 	m.wg.Add(1)
 	go m.dispatch()
 	m.life.Unlock()
@@ -224,44 +178,17 @@ func (m *Membership) Start(ctx context.Context) error {
 func (m *Membership) storeMeta() {
 	b := m.meta.encode()
 	m.metaBytes.Store(&b)
-	m.inc.Store(m.meta.Inc)
 }
 
-// SetLeaving announces that this node is about to leave: peers see it in
-// state StateLeaving. It keeps its keys (and stays in every view) until it
-// leaves, so a node can hand its keys over between SetLeaving and Leave.
-// It waits up to timeout for the announcement to be gossiped. Leave calls
-// it if it was not called.
-func (m *Membership) SetLeaving(timeout time.Duration) error {
-	m.life.Lock()
-	defer m.life.Unlock()
-	if err := m.runningLocked(); err != nil {
-		return err
-	}
-	return m.setLeavingLocked(timeout)
-}
-
-func (m *Membership) setLeavingLocked(timeout time.Duration) error {
-	if m.leaving || m.left {
-		return nil
-	}
-	m.leaving = true
-	m.meta.Leaving = true
-	return m.announceLocked(timeout, "announce leaving")
-}
-
-// announceLocked publishes a change of this node's metadata: in its own
-// roster and view at once, to peers through gossip within timeout.
+// announceLocked publishes a change of this node's metadata to peers
+// through gossip within timeout.
 func (m *Membership) announceLocked(timeout time.Duration, what string) error {
 	m.storeMeta()
-	m.stateMu.Lock()
-	m.mergeSelfLocked()
-	m.stateMu.Unlock()
 	if err := m.ml.UpdateNode(max(timeout, time.Millisecond)); err != nil {
 		// memberlist keeps the broadcast queued, but a busy or lossy
-		// network can leave the others with the old metadata (an
-		// incarnation they keep handing keys to) until the next full
-		// sync: announce it again shortly, until it goes through.
+		// network can leave the others with the old metadata until the
+		// next full sync: announce it again shortly, until it goes
+		// through.
 		m.stateMu.Lock()
 		m.unsent = true
 		m.stateMu.Unlock()
@@ -278,56 +205,11 @@ func (m *Membership) announceLocked(timeout time.Duration, what string) error {
 // sent again.
 const announceRetry = 500 * time.Millisecond
 
-// mergeSelfLocked puts this node's own entry, as its metadata says, into
-// the roster and publishes the view if that changed it.
-func (m *Membership) mergeSelfLocked() {
-	e := RosterEntry{Name: m.cfg.NodeName, Incarnation: m.meta.Inc, Phase: m.meta.phase(), GRPCAddr: m.meta.GRPC}
-	if m.ml != nil {
-		e.GossipAddr = m.ml.LocalNode().Address()
-	}
-	if r, changed := m.roster.Merge(e); changed {
-		m.roster = r
-		m.publishLocked(Member{})
-	}
-}
-
-// Incarnation returns this node's current incarnation (0 before Start).
-func (m *Membership) Incarnation() uint64 { return m.metaInc() }
-
-// Reincarnate gives this node a new incarnation, larger than every earlier
-// one, and announces it. A node does so when it learns it was fenced: its
-// old incarnation will never be granted a lease again. It returns the new
-// incarnation.
-func (m *Membership) Reincarnate(timeout time.Duration) (uint64, error) {
-	m.life.Lock()
-	defer m.life.Unlock()
-	if err := m.runningLocked(); err != nil {
-		return 0, err
-	}
-	m.reincarnateLocked()
-	return m.meta.Inc, m.announceLocked(timeout, "announce a new incarnation")
-}
-
-func (m *Membership) reincarnateLocked() {
-	prev := m.meta.Inc
-	m.stateMu.Lock()
-	if e, ok := m.roster.Entry(m.cfg.NodeName); ok {
-		prev = max(prev, e.Incarnation)
-	}
-	m.reborn = false
-	m.stateMu.Unlock()
-	m.meta.Inc = newIncarnation(prev)
-	m.log.Info("new incarnation", "incarnation", m.meta.Inc)
-}
-
-// Leave leaves the cluster gracefully: it announces it is leaving (see
-// SetLeaving), then that it handed every key over (its roster entry
-// becomes PhaseLeft), then gossips its departure, waiting up to timeout in
-// all. Peers then see it in state StateLeft at once instead of after failure
-// detection, and drop it from the roster. Call it only once every key was
-// handed over: a node that could not hand its keys over stops with
-// Shutdown alone, and its keys wait for it. The node keeps answering
-// gossip until Shutdown, which must follow. Leave after Leave does nothing.
+// Leave gossips this node's departure, waiting up to timeout: peers then
+// see it in state StateLeft at once instead of after failure detection.
+// (What happens to its keys is the cluster map's business: see
+// control.Control.Leave.) The node keeps answering gossip until Shutdown,
+// which must follow. Leave after Leave does nothing.
 func (m *Membership) Leave(timeout time.Duration) error {
 	m.life.Lock()
 	defer m.life.Unlock()
@@ -340,16 +222,8 @@ func (m *Membership) Leave(timeout time.Duration) error {
 	if m.stopRejoin != nil {
 		m.stopRejoin()
 	}
-	deadline := time.Now().Add(timeout)
-	if err := m.setLeavingLocked(timeout / 4); err != nil {
-		m.log.Warn("leave: peers may see this node fail instead of leave", "err", err)
-	}
-	m.meta.Left = true
-	if err := m.announceLocked(timeout/4, "announce the handoff done"); err != nil {
-		m.log.Warn("leave: peers may keep waiting for this node", "err", err)
-	}
 	m.left = true
-	if err := m.ml.Leave(max(time.Until(deadline), time.Millisecond)); err != nil {
+	if err := m.ml.Leave(max(timeout, time.Millisecond)); err != nil {
 		return fmt.Errorf("cluster: leave: %w", err)
 	}
 	m.log.Info("left the cluster")
@@ -364,6 +238,73 @@ func (m *Membership) runningLocked() error {
 		return ErrNotStarted
 	}
 	return nil
+}
+
+// SetClusterID announces the cluster this node belongs to (its peers then
+// stop counting it among the nodes that may bootstrap one). It implements
+// control.Gossip.
+func (m *Membership) SetClusterID(id string) {
+	m.life.Lock()
+	defer m.life.Unlock()
+	if m.runningLocked() != nil || m.meta.Cluster == id {
+		return
+	}
+	m.meta.Cluster = id
+	if err := m.announceLocked(m.cfg.TCPTimeout, "announce the cluster ID"); err != nil {
+		m.log.Warn("cluster ID not announced yet", "err", err)
+	}
+	self := m.Local()
+	self.ClusterID = id
+	m.local.Store(&self)
+}
+
+// Peers returns the nodes gossip sees alive now, this one included, with
+// what they announce. It implements control.Gossip.
+func (m *Membership) Peers() []control.Peer {
+	var out []control.Peer
+	self := false
+	for _, x := range m.View().Members {
+		if x.Name == m.cfg.NodeName {
+			self = true
+		}
+		out = append(out, control.Peer{Name: x.Name, ID: x.ID, ClusterID: x.ClusterID, Zone: x.Zone, Expect: x.Expect,
+			Settings: x.Settings, Addrs: control.Addrs{Gossip: x.GossipAddr, GRPC: x.GRPCAddr, Peer: x.PeerAddr, Admin: x.AdminAddr}})
+	}
+	if !self {
+		m.life.Lock()
+		md := m.meta
+		m.life.Unlock()
+		l := m.Local()
+		out = append(out, control.Peer{Name: m.cfg.NodeName, ID: md.ID, ClusterID: md.Cluster, Zone: md.Zone, Expect: md.Expect,
+			Settings: md.Settings, Addrs: control.Addrs{Gossip: l.GossipAddr, GRPC: md.GRPC, Peer: md.peerAddr(), Admin: md.adminAddr()}})
+	}
+	return out
+}
+
+// Alive reports whether gossip sees the named node alive now. It
+// implements control.Gossip.
+func (m *Membership) Alive(name string) bool {
+	x, ok := m.View().Member(name)
+	return ok && x.State == StateAlive
+}
+
+// JoinsOthers reports whether the join list named nodes other than this
+// one when the node started. It implements control.Gossip.
+func (m *Membership) JoinsOthers() bool { return m.joinsOthers.Load() }
+
+// SetKnown gives the gossip addresses of the cluster map's members: the
+// rejoin loop contacts those that are not in the view (a restarted node
+// finds the members it knew even when its join list names only itself).
+func (m *Membership) SetKnown(addrs []string) {
+	m.stateMu.Lock()
+	defer m.stateMu.Unlock()
+	m.known = slices.Clone(addrs)
+}
+
+func (m *Membership) knownAddrs() []string {
+	m.stateMu.Lock()
+	defer m.stateMu.Unlock()
+	return m.known
 }
 
 // Shutdown stops gossip without leaving (peers detect a failure unless
@@ -415,8 +356,8 @@ func (m *Membership) Local() Member {
 	if p := m.local.Load(); p != nil {
 		return *p
 	}
-	md := newMeta(m.cfg, 0, 0)
-	return Member{Name: m.cfg.NodeName, GRPCAddr: md.GRPC, PeerAddr: md.peerAddr(), AdminAddr: md.adminAddr()}
+	md := newMeta(m.cfg, 0)
+	return Member{Name: m.cfg.NodeName, GRPCAddr: md.GRPC, PeerAddr: md.peerAddr(), AdminAddr: md.adminAddr(), ID: m.cfg.ID}
 }
 
 // Nodes returns the live members and the last members seen dead or left
@@ -472,7 +413,7 @@ func (m *Membership) dispatch() {
 			return
 		case <-m.notify:
 		}
-		m.storeRoster()
+		m.retryAnnounce()
 		v := m.view.Load()
 		m.subMu.Lock()
 		for s := range m.subs {
@@ -490,51 +431,27 @@ func (m *Membership) dispatch() {
 	}
 }
 
-// storeRoster writes the roster to Config.Store when it changed since it
-// was last written, and takes a new incarnation when the roster holds a
-// newer entry for this node than the one it announces.
-func (m *Membership) storeRoster() {
+// retryAnnounce announces this node's metadata again when the last
+// announcement timed out.
+func (m *Membership) retryAnnounce() {
 	m.stateMu.Lock()
-	r, reborn, unsent := m.roster, m.reborn, m.unsent
+	unsent := m.unsent
 	m.stateMu.Unlock()
-	if unsent && !reborn {
-		if m.life.TryLock() {
-			if m.runningLocked() == nil && !m.left {
-				if err := m.announceLocked(m.cfg.TCPTimeout, "announce this node's metadata again"); err != nil {
-					m.log.Warn("metadata not announced", "err", err)
-				}
-			}
-			m.life.Unlock()
-		} else {
-			time.AfterFunc(50*time.Millisecond, m.signal)
-		}
-	}
-	if reborn {
-		// Shutdown holds the life lock while it waits for this goroutine:
-		// never block on it here; try again shortly instead.
-		if m.life.TryLock() {
-			if m.runningLocked() == nil && !m.leaving && !m.left {
-				m.reincarnateLocked()
-				if err := m.announceLocked(m.cfg.TCPTimeout, "announce a new incarnation"); err != nil {
-					m.log.Warn("new incarnation", "err", err)
-				}
-			}
-			m.life.Unlock()
-		} else {
-			time.AfterFunc(50*time.Millisecond, m.signal)
-		}
-		m.stateMu.Lock()
-		r = m.roster
-		m.stateMu.Unlock()
-	}
-	if m.cfg.Store == nil || r == m.stored {
+	if !unsent {
 		return
 	}
-	if err := m.cfg.Store.PutMeta(rosterBucket, rosterKey, r.encode()); err != nil {
-		m.log.Error("store the roster", "err", err)
-		return
+	// Shutdown holds the life lock while it waits for this goroutine:
+	// never block on it here; try again shortly instead.
+	if m.life.TryLock() {
+		if m.runningLocked() == nil && !m.left {
+			if err := m.announceLocked(m.cfg.TCPTimeout, "announce this node's metadata again"); err != nil {
+				m.log.Warn("metadata not announced", "err", err)
+			}
+		}
+		m.life.Unlock()
+	} else {
+		time.AfterFunc(50*time.Millisecond, m.signal)
 	}
-	m.stored = r
 }
 
 // nodeUp records a member that joined or changed; called by memberlist
@@ -546,20 +463,20 @@ func (m *Membership) nodeUp(n *memberlist.Node, kind ChangeKind) {
 		return
 	}
 	mem := Member{
-		Name:        n.Name,
-		GossipAddr:  n.Address(),
-		GRPCAddr:    md.GRPC,
-		PeerAddr:    md.peerAddr(),
-		AdminAddr:   md.adminAddr(),
-		State:       StateAlive,
-		Started:     md.started(),
-		Incarnation: md.Inc,
-	}
-	if md.Leaving {
-		mem.State = StateLeaving
+		Name:       n.Name,
+		GossipAddr: n.Address(),
+		GRPCAddr:   md.GRPC,
+		PeerAddr:   md.peerAddr(),
+		AdminAddr:  md.adminAddr(),
+		State:      StateAlive,
+		Started:    md.started(),
+		ID:         md.ID,
+		ClusterID:  md.Cluster,
+		Expect:     md.Expect,
+		Settings:   md.Settings,
+		Zone:       md.Zone,
 	}
 	m.stateMu.Lock()
-	m.mergeRosterLocked(RosterEntry{Name: n.Name, Incarnation: md.Inc, Phase: md.phase(), GossipAddr: mem.GossipAddr, GRPCAddr: md.GRPC})
 	old, existed := m.live[n.Name]
 	if existed && sameMember(old, mem) {
 		m.stateMu.Unlock()
@@ -590,11 +507,8 @@ func (m *Membership) nodeDown(n *memberlist.Node) {
 		return
 	}
 	delete(m.live, n.Name)
-	if md, err := decodeMeta(n.Meta); err == nil && md.Left {
-		m.mergeRosterLocked(RosterEntry{Name: n.Name, Incarnation: md.Inc, Phase: PhaseLeft, GossipAddr: n.Address(), GRPCAddr: md.GRPC})
-	}
 	kind, state := ChangeFailed, StateDead
-	if mem.State == StateLeaving || isLeaving(n.Meta) {
+	if n.State == memberlist.StateLeft {
 		kind, state = ChangeLeft, StateLeft
 	}
 	mem.State = state
@@ -609,93 +523,11 @@ func (m *Membership) nodeDown(n *memberlist.Node) {
 	m.log.Info("member "+kind.String(), "member", mem.Name, "gossip", mem.GossipAddr, "epoch", v.Epoch, "members", v.Len())
 }
 
-func isLeaving(b []byte) bool {
-	md, err := decodeMeta(b)
-	return err == nil && md.Leaving
-}
-
 func sameMember(a, b Member) bool {
 	return a.Name == b.Name && a.GossipAddr == b.GossipAddr && a.GRPCAddr == b.GRPCAddr &&
 		a.PeerAddr == b.PeerAddr && a.AdminAddr == b.AdminAddr &&
-		a.State == b.State && a.Started.Equal(b.Started) && a.Incarnation == b.Incarnation
-}
-
-// mergeRosterLocked merges es into the roster; a change publishes a new
-// view (and the dispatcher stores the roster). An entry newer than this
-// node's own (a lost disk, a clock that went back, an operator who forgot
-// this node) makes the dispatcher take a new incarnation above it.
-func (m *Membership) mergeRosterLocked(es ...RosterEntry) {
-	r, changed := m.roster.Merge(es...)
-	if !changed {
-		return
-	}
-	m.roster = r
-	if e, ok := r.Entry(m.cfg.NodeName); ok && m.metaBytes.Load() != nil {
-		own := RosterEntry{Incarnation: m.metaInc(), Phase: m.metaPhase()}
-		if e.newer(own) && !m.leavingOrLeft() {
-			m.reborn = true
-		}
-	}
-	m.publishLocked(Member{})
-}
-
-// metaInc, metaPhase and leavingOrLeft read what this node announces; they
-// use the metadata bytes (atomic) so that memberlist's callbacks need not
-// take the life lock.
-func (m *Membership) metaInc() uint64 { return m.inc.Load() }
-
-func (m *Membership) metaPhase() Phase {
-	b := m.metaBytes.Load()
-	if b == nil {
-		return PhaseJoined
-	}
-	md, _ := decodeMeta(*b)
-	return md.phase()
-}
-
-func (m *Membership) leavingOrLeft() bool { return m.metaPhase() != PhaseJoined }
-
-// Errors of Forget.
-var (
-	// ErrAlive means a member cannot be forgotten because it is alive.
-	ErrAlive = errors.New("cluster: the member is alive")
-	// ErrNoMember means the roster has no member of that name.
-	ErrNoMember = errors.New("cluster: no such member")
-)
-
-// Forget removes the member named name from the roster (PhaseLeft at its
-// latest incarnation): it owns no keys any more, and nothing waits for the
-// state it held. It is for a member that is down for good; a live member
-// is refused with ErrAlive, and so is this node. The roster spreads the
-// change by gossip; if the member comes back, it joins again under a new
-// incarnation.
-func (m *Membership) Forget(name string) error {
-	if name == m.cfg.NodeName {
-		return fmt.Errorf("%w: %s is this node", ErrAlive, name)
-	}
-	m.stateMu.Lock()
-	defer m.stateMu.Unlock()
-	if _, live := m.live[name]; live {
-		return fmt.Errorf("%w: %s is in this node's view; stop it (or let it leave) first", ErrAlive, name)
-	}
-	e, ok := m.roster.Entry(name)
-	if !ok {
-		return fmt.Errorf("%w: %q is not in the roster", ErrNoMember, name)
-	}
-	if e.Phase == PhaseLeft {
-		return nil
-	}
-	e.Phase = PhaseLeft
-	m.log.Warn("forgetting a member: its keys go to the others without its state", "member", name, "incarnation", e.Incarnation)
-	m.mergeRosterLocked(e)
-	return nil
-}
-
-// Roster returns the current roster.
-func (m *Membership) Roster() *Roster {
-	m.stateMu.Lock()
-	defer m.stateMu.Unlock()
-	return m.roster
+		a.State == b.State && a.Started.Equal(b.Started) && a.ID == b.ID && a.ClusterID == b.ClusterID &&
+		a.Expect == b.Expect && a.Settings == b.Settings && a.Zone == b.Zone
 }
 
 func (m *Membership) forgetOldestDepartedLocked() {
@@ -718,7 +550,6 @@ func (m *Membership) publishLocked(changed Member) *View {
 		members = append(members, mem)
 	}
 	v := NewView(m.epoch, members)
-	v.Roster = m.roster
 	m.view.Store(v)
 	if changed.Name == m.cfg.NodeName {
 		m.local.Store(&changed)
@@ -753,21 +584,12 @@ func (hooks) NotifyMsg([]byte) {}
 // GetBroadcasts implements memberlist.Delegate.
 func (hooks) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 
-// LocalState implements memberlist.Delegate: the roster travels with every
-// push-pull, so a node that joins learns the members that are down too.
-func (h hooks) LocalState(join bool) []byte { return h.m.Roster().encode() }
+// LocalState implements memberlist.Delegate; Sluice adds no state of its
+// own to push-pull.
+func (hooks) LocalState(bool) []byte { return nil }
 
 // MergeRemoteState implements memberlist.Delegate.
-func (h hooks) MergeRemoteState(buf []byte, join bool) {
-	es, err := decodeRoster(buf)
-	if err != nil {
-		h.m.log.Warn("ignoring a peer's unreadable roster", "err", err)
-		return
-	}
-	h.m.stateMu.Lock()
-	h.m.mergeRosterLocked(es...)
-	h.m.stateMu.Unlock()
-}
+func (hooks) MergeRemoteState([]byte, bool) {}
 
 // NotifyJoin implements memberlist.EventDelegate.
 func (h hooks) NotifyJoin(n *memberlist.Node) { h.m.nodeUp(n, ChangeJoined) }

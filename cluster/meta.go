@@ -16,43 +16,34 @@ type meta struct {
 	// GRPC is the node's gRPC address: decisions, and the peer and admin
 	// services unless Peer or Admin name listeners of their own.
 	GRPC string `json:"grpc"`
-	// Peer is the address of the node's peer service when it is not GRPC,
-	// the one its peers dial for every peer call. Metadata without it
-	// (every version before it, or a node without --peer-addr) means GRPC.
+	// Peer is the address of the node's peer service (and Raft) when it
+	// is not GRPC. Empty means GRPC.
 	Peer string `json:"peer,omitempty"`
 	// Admin is the address of the node's admin service when it is not
-	// GRPC, the one the other nodes dial for the admin calls they fan out.
-	// Empty means GRPC.
+	// GRPC. Empty means GRPC.
 	Admin string `json:"admin,omitempty"`
 	// Started is the Unix time in nanoseconds at which the process started
 	// its membership.
 	Started int64 `json:"started"`
-	// Leaving is set once the node announced it is about to leave.
-	Leaving bool `json:"leaving,omitempty"`
-	// Left is set once the node handed every key over, just before it
-	// leaves: peers then drop it from the roster.
-	Left bool `json:"left,omitempty"`
-	// Inc is the node's incarnation (see RosterEntry.Incarnation).
-	Inc uint64 `json:"inc,omitempty"`
-}
-
-// phase is the roster phase the metadata announces.
-func (m meta) phase() Phase {
-	switch {
-	case m.Left:
-		return PhaseLeft
-	case m.Leaving:
-		return PhaseLeaving
-	}
-	return PhaseJoined
+	// ID is the node's Raft server ID, drawn with its data directory.
+	ID string `json:"id,omitempty"`
+	// Cluster is the ID of the cluster the node belongs to, empty until it
+	// joined one (or bootstrapped it).
+	Cluster string `json:"cluster,omitempty"`
+	// Expect is the node's --expect: how many nodes bootstrap a cluster.
+	Expect int `json:"expect,omitempty"`
+	// Settings are its cluster-wide settings (control.Settings.String).
+	Settings string `json:"settings,omitempty"`
+	// Zone is its failure domain, for placing Raft voters.
+	Zone string `json:"zone,omitempty"`
 }
 
 var errNoGRPC = errors.New("no gRPC address")
 
 // newMeta returns the metadata a node with configuration c starts with:
 // the peer and admin addresses only where they differ from the gRPC one.
-func newMeta(c Config, started int64, inc uint64) meta {
-	m := meta{GRPC: c.GRPCAddr, Started: started, Inc: inc}
+func newMeta(c Config, started int64) meta {
+	m := meta{GRPC: c.GRPCAddr, Started: started, ID: c.ID, Expect: c.Expect, Settings: c.Settings, Zone: c.Zone}
 	if c.PeerAddr != c.GRPCAddr {
 		m.Peer = c.PeerAddr
 	}
@@ -98,8 +89,8 @@ func (m meta) advertised(ip string) meta {
 // as advertised with the longest IP, every flag and number at its widest.
 // Config.Validate bounds it by memberlist's limit.
 func (c Config) largestMeta() meta {
-	m := newMeta(c, math.MaxInt64, math.MaxUint64)
-	m.Leaving, m.Left = true, true
+	m := newMeta(c, math.MaxInt64)
+	m.Cluster = "00000000-0000-0000-0000-000000000000"
 	return m.advertised("ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255")
 }
 

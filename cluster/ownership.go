@@ -7,34 +7,37 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sluice-io/sluice/cluster/control"
 	"github.com/sluice-io/sluice/shard"
 )
 
 // Errors a node gives when it may not decide a key now. Each maps to
 // UNAVAILABLE for the client, with the error's text as the reason.
 var (
-	// ErrNoQuorum means this node holds no lease from a majority of the
-	// expected members: it is alone, cut off, paused, or just started.
+	// ErrNoQuorum means this node holds no lease: it has no epoch yet, it
+	// is cut off from the Raft leader, or the leader cannot reach a quorum
+	// of voters.
 	ErrNoQuorum = errors.New("cluster: no quorum")
 	// ErrMoving means the key's ownership is moving: its state has not
-	// arrived yet, or the nodes' views differ for a moment.
+	// arrived yet, or two nodes' maps differ for a moment.
 	ErrMoving = errors.New("cluster: ownership moving")
-	// ErrOwnerDown means the key's owner is down and nobody else may decide
-	// the key: under the exact policy its keys wait for it.
+	// ErrOwnerDown means the member that holds the key's latest state is
+	// down and nobody else may decide the key: under the exact policy its
+	// keys wait for it.
 	ErrOwnerDown = errors.New("cluster: owner down")
 )
 
-// Policy says what happens to the keys of an owner that is down.
+// Policy says what happens to the keys of a member whose epoch ended
+// without complete copies of them elsewhere.
 type Policy uint8
 
 const (
-	// PolicyExact (the default) keeps a down owner's keys for it: nobody
+	// PolicyExact (the default) keeps such keys for the member: nobody
 	// decides them until it is back, since their state is out of reach.
 	PolicyExact Policy = iota
 	// PolicyAvailable lets the next member of each key's rendezvous order
-	// decide a down owner's keys, from whatever state it holds (none, if
-	// the owner never handed them over), once the owner is fenced. A key
-	// may then allow up to one extra limit in a window.
+	// decide them, from whatever state it holds (none, without a copy). A
+	// key may then allow up to one extra limit in a window.
 	PolicyAvailable
 )
 
@@ -56,102 +59,79 @@ func ParsePolicy(s string) (Policy, error) {
 	return 0, fmt.Errorf("cluster: policy %q: want exact or available", s)
 }
 
-// config is one configuration of ownership as this node sees it: who owns
-// keys (the roster's joined members, up or down) and who is alive. It is
-// immutable.
+// config is one configuration of ownership: a cluster map as this node
+// applied it. Who acts for a key and who keeps its copy are pure functions
+// of the map (see acting and standby), so two nodes that applied the same
+// membership change agree on both. It is immutable.
 type config struct {
-	self   string
-	policy Policy
-	// replicas is how many members keep each key: 2 gives every key a
-	// standby (see standby), which takes over when the owner is down.
+	self     string
+	policy   Policy
 	replicas int
-	// owners are the roster's members in PhaseJoined: rendezvous hashing
-	// over them gives each key's owner.
-	owners *View
-	// others are the owners without this node: where its keys would be
-	// without it.
-	others *View
-	// alive are the live members of the membership view that are not
-	// leaving, by name.
-	alive map[string]Member
-	// live are all live members, leaving ones included: every one of them
-	// may hold keys and hands over what it holds.
-	live map[string]Member
-	// roster is the roster the configuration was built from.
-	roster *Roster
-	// id identifies the configuration across nodes: a hash of the owners,
-	// and, when a down owner's keys are taken over (the available policy,
-	// or standbys), of which of them are alive. Two nodes that agree on it
-	// agree on who acts for every key.
+	m        *control.Map
+	// ring are the members a key's rendezvous order runs over: the owners
+	// (phase joined, up or down), and members that left phase joined
+	// without handing every key over (leaving, ended without copies),
+	// whose keys wait for them. Sorted by name; hashes in the same order.
+	ring   []string
+	hashes []uint64
+	// members are the map's members by name.
+	members map[string]control.Member
+	// id identifies the configuration: the version of the map's last
+	// membership change. Two nodes at the same id agree on every key.
 	id uint64
+	// epochs are the epochs of the live members in this configuration.
+	epochs map[string]uint64
 }
 
-// newConfig builds the configuration of view v for node self.
-func newConfig(self string, policy Policy, replicas int, v *View) *config {
-	c := &config{self: self, policy: policy, replicas: replicas, alive: make(map[string]Member), live: make(map[string]Member), roster: v.Roster}
-	for _, m := range v.Members {
-		c.live[m.Name] = m
-		if m.State == StateAlive {
-			c.alive[m.Name] = m
+// newConfig builds the configuration of map m for node self.
+func newConfig(self string, policy Policy, replicas int, m *control.Map) *config {
+	c := &config{self: self, policy: policy, replicas: replicas, m: m, id: m.Changed,
+		members: make(map[string]control.Member, len(m.Members)), epochs: make(map[string]uint64)}
+	for _, x := range m.Members {
+		c.members[x.Name] = x
+		if x.Live && x.Phase != control.PhaseLeft {
+			c.epochs[x.Name] = x.Epoch
+		}
+		if x.Phase == control.PhaseJoined || x.Phase == control.PhaseLeaving && !x.Live && !x.Releasable && policy == PolicyExact {
+			c.ring = append(c.ring, x.Name)
+			c.hashes = append(c.hashes, shard.NodeHash(x.Name))
 		}
 	}
-	c.owners = v.Owners()
-	c.others = c.owners.Without(self)
-	var b []byte
-	for _, m := range c.owners.Members {
-		b = append(b, m.Name...)
-		if c.takesOver() {
-			if _, up := c.alive[m.Name]; up {
-				b = append(b, '+')
-			}
-		}
-		b = append(b, 0)
-	}
-	c.id = shard.Hash(string(b))
 	return c
 }
 
-// Owners returns the view of the members that own keys: the roster's
-// members in PhaseJoined, up or down. Rendezvous hashing over it gives
-// each key's owner (see docs/cluster.md, "Fenced ownership"). Members that
-// are live carry their live addresses; the others what the roster last
-// saw. Every member of the returned view has State StateAlive, whatever
-// its liveness.
-func (v *View) Owners() *View {
-	var owners []Member
-	for _, name := range v.Roster.Owners() {
-		m, ok := v.Member(name)
-		if !ok {
-			e, _ := v.Roster.Entry(name)
-			m = Member{Name: name, GossipAddr: e.GossipAddr, GRPCAddr: e.GRPCAddr, Incarnation: e.Incarnation}
-		}
-		m.State = StateAlive
-		owners = append(owners, m)
-	}
-	return NewView(v.Epoch, owners)
-}
-
-// takesOver reports whether a down owner's keys are decided by the next
-// member up (once the owner is fenced): under the available policy, or
-// when every key has a standby with its state.
-func (c *config) takesOver() bool { return c.policy == PolicyAvailable || c.replicas >= 2 }
-
-// up reports whether the named member is alive and not leaving.
-func (c *config) up(name string) bool {
-	_, ok := c.alive[name]
+// live reports whether name's epoch is live (any phase but left): it may
+// hold keys and sends its completes.
+func (c *config) live(name string) bool {
+	_, ok := c.epochs[name]
 	return ok
 }
 
-// order returns the owners in key's rendezvous order, best first.
+// up reports whether name owns keys and its epoch is live: it may act for
+// keys and keep copies.
+func (c *config) up(name string) bool {
+	x, ok := c.members[name]
+	return ok && x.Live && x.Phase == control.PhaseJoined
+}
+
+// passes reports whether a key's order goes on past name, which is not up:
+// its epoch ended leaving complete copies (or it never started), or the
+// available policy decides its keys from whatever is there.
+func (c *config) passes(name string) bool {
+	x := c.members[name]
+	return c.policy == PolicyAvailable || x.Releasable && x.Phase == control.PhaseJoined
+}
+
+// order returns the ring in key's rendezvous order, best first.
 func (c *config) order(key string) []string {
 	h := shard.Hash(key)
 	type scored struct {
 		name  string
 		score uint64
 	}
-	s := make([]scored, len(c.owners.Members))
-	for i, m := range c.owners.Members {
-		s[i] = scored{m.Name, shard.Score(h, c.owners.hashes[i])}
+	s := make([]scored, len(c.ring))
+	for i, name := range c.ring {
+		s[i] = scored{name, shard.Score(h, c.hashes[i])}
 	}
 	slices.SortFunc(s, func(a, b scored) int {
 		if a.score != b.score {
@@ -169,38 +149,71 @@ func (c *config) order(key string) []string {
 	return names
 }
 
-// owner returns the name of key's owner, "" when there are no owners.
-func (c *config) owner(key string) string { return c.owners.Owner(key).Name }
+// owner returns the name of key's owner (the first of its order), "" when
+// the ring is empty.
+func (c *config) owner(key string) string {
+	i := shard.Owner(shard.Hash(key), c.hashes)
+	if i < 0 {
+		return ""
+	}
+	return c.ring[i]
+}
 
-// acting returns the member that decides key in this configuration: its
-// owner when alive; otherwise, under the available policy, the first
-// alive member of the key's order, with the down members before it
-// (which it must fence before deciding). It returns "" and the reason when
-// nobody may decide the key.
-func (c *config) acting(key string) (name string, down []string, err error) {
+// acting returns the member that decides key in this configuration: the
+// first member of its order that is up, walking past members that are
+// down with complete copies elsewhere. It returns "" and why when nobody
+// may decide the key, and then waitOn names the member whose return (or
+// forgetting) the key waits for.
+func (c *config) acting(key string) (name, waitOn string, err error) {
 	o := c.owner(key)
 	if o == "" {
-		return "", nil, fmt.Errorf("%w: the cluster has no member that owns keys", ErrMoving)
+		return "", "", fmt.Errorf("%w: the cluster has no member that owns keys", ErrMoving)
 	}
 	if c.up(o) {
-		return o, nil, nil
+		return o, "", nil
 	}
-	if !c.takesOver() {
-		return "", nil, fmt.Errorf("%w: %s, which owns the key, is down; under the exact policy its keys wait for it", ErrOwnerDown, o)
-	}
-	for _, n := range c.order(key) {
-		if c.up(n) {
-			return n, down, nil
+	return c.walk(c.order(key), "")
+}
+
+// walk returns the first member of order, skipping skip, that is up, past
+// the members down with complete copies; or the member it waits on.
+func (c *config) walk(order []string, skip string) (name, waitOn string, err error) {
+	for _, n := range order {
+		switch {
+		case n == skip:
+		case c.up(n):
+			return n, "", nil
+		case !c.passes(n):
+			return "", n, fmt.Errorf("%w: %s, which holds the key's latest state, is down and its keys have no complete copy elsewhere; they wait for it (or for `sluice members forget %s`)", ErrOwnerDown, n, n)
 		}
-		down = append(down, n)
 	}
-	return "", nil, fmt.Errorf("%w: no member that owns keys is up", ErrOwnerDown)
+	return "", "", fmt.Errorf("%w: no member that owns keys is up", ErrOwnerDown)
+}
+
+// holder returns the member that holds key's latest state in this
+// configuration: the member acting for it, or the member it waits on.
+func (c *config) holder(key string) string {
+	a, w, _ := c.acting(key)
+	if a != "" {
+		return a
+	}
+	return w
+}
+
+// holderWithout is holder for a configuration without member skip: where
+// the key's state is when skip does not count.
+func (c *config) holderWithout(key, skip string) string {
+	a, w, _ := c.walk(c.order(key), skip)
+	if a != "" {
+		return a
+	}
+	return w
 }
 
 // standby returns the member that keeps a copy of key: the first member up
-// after the key's acting member in its rendezvous order; "" without
-// standbys (replicas < 2), or when no other member is up. It does not
-// allocate.
+// after the key's acting member in its order; "" without standbys
+// (replicas < 2), or when no other member is up. It does not allocate when
+// the key's owner is up.
 func (c *config) standby(key string) string {
 	if c.replicas < 2 {
 		return ""
@@ -219,24 +232,24 @@ func (c *config) standbyAfter(key, acting string) string {
 	}
 	h := shard.Hash(key)
 	var actingScore uint64
-	for i, m := range c.owners.Members {
-		if m.Name == acting {
-			actingScore = shard.Score(h, c.owners.hashes[i])
+	for i, name := range c.ring {
+		if name == acting {
+			actingScore = shard.Score(h, c.hashes[i])
 		}
 	}
 	best, bestScore := "", uint64(0)
-	for i, m := range c.owners.Members {
-		if m.Name == acting || !c.up(m.Name) {
+	for i, name := range c.ring {
+		if name == acting || !c.up(name) {
 			continue
 		}
-		sc := shard.Score(h, c.owners.hashes[i])
+		sc := shard.Score(h, c.hashes[i])
 		// After acting in the order: a lower score, or an equal one and a
 		// larger name.
-		if sc > actingScore || sc == actingScore && m.Name < acting {
+		if sc > actingScore || sc == actingScore && name < acting {
 			continue
 		}
-		if best == "" || sc > bestScore || sc == bestScore && m.Name < best {
-			best, bestScore = m.Name, sc
+		if best == "" || sc > bestScore || sc == bestScore && name < best {
+			best, bestScore = name, sc
 		}
 	}
 	return best
@@ -251,7 +264,7 @@ func (c *config) actingName(key string) string {
 // complete records that a member finished handing keys over to this node
 // in one of its configurations.
 type complete struct {
-	inc    uint64 // the sender's incarnation
+	epoch  uint64 // the sender's epoch
 	config uint64
 	seq    uint64
 }
@@ -263,20 +276,17 @@ type complete struct {
 type ownership struct {
 	cur *config
 	// hist are the configurations since the last settled one, oldest
-	// first; hist[len-1] is cur. hist[0] == nil means this incarnation
-	// held nothing before: every key it acts for is gained.
+	// first; hist[len-1] is cur. hist[0] == nil means this epoch held
+	// nothing before: every key it acts for is gained.
 	hist []*config
-	// inc is this node's incarnation the completes were addressed to.
-	inc uint64
+	// epoch is this node's epoch the completes were addressed to.
+	epoch uint64
 	// completes holds, per member, the last "nothing more for you" it sent
-	// this incarnation.
+	// this epoch.
 	completes map[string]complete
-	// fenced holds, per down member, the incarnation fenced and when the
-	// fence lets this node act for its keys (policy available, standbys).
-	fenced map[string]fence
-	// synced holds, per member, the configuration and the member's
-	// incarnation for which this node last brought it up to date as the
-	// standby of its keys (standbys only).
+	// synced holds, per member, the configuration and the member's epoch
+	// for which this node last brought it up to date as the standby of its
+	// keys (standbys only).
 	synced map[string]syncMark
 	// promoted is the configuration in which this node merged the copies
 	// it keeps of the keys it now acts for into them (standbys only).
@@ -284,13 +294,13 @@ type ownership struct {
 	// settled reports that no key this node acts for waits for anything:
 	// the fast path of the gate.
 	settled bool
-	// waitingFor lists the members whose handoff (or fence) gained keys
-	// wait for, for logs and errors.
+	// waitingFor lists the members gained keys wait for, for logs and
+	// errors.
 	waitingFor []string
 	// waitingLive reports that some of them are live: their completes are
 	// on the way, and the node should get no traffic until they arrive.
-	// Waiting only for members that are down (their keys wait for them)
-	// costs just those keys: the node is ready for the others.
+	// Waiting only for members that are down costs just their keys: the
+	// node is ready for the others.
 	waitingLive bool
 	// changed is closed when a newer ownership replaces this one.
 	changed chan struct{}
@@ -300,17 +310,17 @@ type ownership struct {
 // it, the node forgets what it held and treats every key as gained.
 const maxHist = 16
 
-// next returns the ownership after a new configuration. A new incarnation
-// starts over: nothing held.
-func (o *ownership) next(cur *config, inc uint64, now time.Time) *ownership {
-	n := &ownership{cur: cur, inc: inc, completes: o.completes, fenced: o.fenced, synced: o.synced, changed: make(chan struct{})}
+// next returns the ownership after a new configuration, for this node's
+// epoch. A new epoch starts over: nothing held.
+func (o *ownership) next(cur *config, epoch uint64) *ownership {
+	n := &ownership{cur: cur, epoch: epoch, completes: o.completes, synced: o.synced, changed: make(chan struct{})}
 	if o.cur != nil && cur.id == o.cur.id {
 		n.promoted = o.promoted
 	}
 	switch {
-	case o.cur == nil || inc != o.inc:
+	case o.cur == nil || epoch != o.epoch:
 		n.hist = []*config{nil, cur}
-		n.completes, n.synced = nil, nil
+		n.completes, n.synced, n.promoted = nil, nil, 0
 	case cur.id == o.cur.id:
 		n.hist = append(slices.Clone(o.hist[:len(o.hist)-1]), cur)
 	default:
@@ -319,62 +329,48 @@ func (o *ownership) next(cur *config, inc uint64, now time.Time) *ownership {
 			n.hist = []*config{nil, cur}
 		}
 	}
-	n.settle(now)
+	n.settle()
 	return n
 }
 
-// fence is a down member's incarnation fenced by a majority, and when
-// this node may act for its keys (L·(1+ρ) after the last promise).
-type fence struct {
-	inc uint64
-	at  time.Time
-}
-
 // syncMark is a standby brought up to date: in which configuration, at
-// which of its incarnations. From then on every write of the keys it keeps
+// which of its epochs. From then on every write of the keys it keeps
 // reaches it; a key whose standby it became since still needs its state.
 type syncMark struct {
-	cfg *config
-	inc uint64
+	cfg   *config
+	epoch uint64
 }
 
-// with returns the ownership with a member's complete or a fence recorded.
-func (o *ownership) with(from string, c *complete, f *fence, now time.Time) *ownership {
-	return o.amended(now, func(n *ownership) {
-		if c != nil {
-			n.completes = cloneMap(o.completes)
-			n.completes[from] = *c
-		}
-		if f != nil {
-			n.fenced = cloneMap(o.fenced)
-			n.fenced[from] = *f
-		}
+// with returns the ownership with a member's complete recorded.
+func (o *ownership) with(from string, c complete) *ownership {
+	return o.amended(func(n *ownership) {
+		n.completes = cloneMap(o.completes)
+		n.completes[from] = c
 	})
 }
 
-// amended returns a copy of o changed by f, settled again at now.
-func (o *ownership) amended(now time.Time, f func(*ownership)) *ownership {
+// amended returns a copy of o changed by f, settled again.
+func (o *ownership) amended(f func(*ownership)) *ownership {
 	n := *o
 	n.changed = make(chan struct{})
 	f(&n)
-	n.settle(now)
+	n.settle()
 	return &n
 }
 
 // syncedWith reports whether member was brought up to date, as the standby
-// of this node's keys, in the current configuration and its current
-// incarnation.
+// of this node's keys, in the current configuration and its current epoch.
 func (o *ownership) syncedWith(member string) bool {
 	s, ok := o.synced[member]
-	return ok && s.cfg.id == o.cur.id && s.inc == o.cur.live[member].Incarnation
+	return ok && s.cfg.id == o.cur.id && s.epoch == o.cur.epochs[member]
 }
 
 // syncedFor reports whether standby holds key's state: it was brought up
-// to date at its current incarnation in a configuration where this node
-// acted for key and it was the key's standby already.
+// to date at its current epoch in a configuration where this node acted
+// for key and it was the key's standby already.
 func (o *ownership) syncedFor(key, standby string) bool {
 	s, ok := o.synced[standby]
-	if !ok || s.inc != o.cur.live[standby].Incarnation {
+	if !ok || s.epoch != o.cur.epochs[standby] {
 		return false
 	}
 	return s.cfg.id == o.cur.id || s.cfg.actingName(key) == o.cur.self && s.cfg.standby(key) == standby
@@ -388,64 +384,55 @@ func cloneMap[V any](m map[string]V) map[string]V {
 	return out
 }
 
-// completeFrom reports whether member has told this node it holds nothing
-// more for it in the current configuration.
+// completeFrom reports whether the live member has told this node it
+// holds nothing more for it in the current configuration.
 func (o *ownership) completeFrom(member string) bool {
 	c, ok := o.completes[member]
-	if !ok || c.config != o.cur.id {
-		return false
-	}
-	if m, live := o.cur.live[member]; live {
-		return c.inc == m.Incarnation
-	}
-	e, _ := o.cur.roster.Entry(member)
-	return c.inc == e.Incarnation
+	return ok && c.config == o.cur.id && c.epoch == o.cur.epochs[member]
 }
 
-// gone reports whether member holds nothing any more: it handed every key
-// over and left, or it sent its complete for the current configuration
-// before it went down.
-func (o *ownership) gone(member string) bool {
-	if e, ok := o.cur.roster.Entry(member); ok && e.Phase == PhaseLeft {
-		return true
-	}
-	return o.completeFrom(member)
+// resolved reports whether member, which is not live, holds nothing any
+// key this node gained waits for: it was forgotten, its epoch ended with
+// complete copies elsewhere (those are on live members, who send them with
+// their completes), or the available policy goes on without it.
+func (o *ownership) resolved(member string) bool {
+	x, ok := o.cur.members[member]
+	return !ok || x.Phase == control.PhaseLeft || x.Releasable || o.cur.policy == PolicyAvailable
 }
 
-// fencedAt reports whether down member's fence lets this node act for its
-// keys at now: its latest known incarnation is fenced, and the wait is
-// over.
-func (o *ownership) fencedAt(member string, now time.Time) bool {
-	f, ok := o.fenced[member]
-	if !ok || now.Before(f.at) {
-		return false
-	}
-	if m, ok := o.cur.owners.Member(member); ok && m.Incarnation > f.inc {
-		return false
-	}
-	return true
+// lost reports whether this node came back without its data directory
+// after an epoch that ended without complete copies: then, under the exact
+// policy, its gained keys wait for every member that may keep a copy.
+func (o *ownership) lost() bool {
+	x := o.cur.members[o.cur.self]
+	return x.Lost && o.cur.policy == PolicyExact
 }
 
 // settle computes settled and waitingFor, and drops the history once
 // nothing waits: every live member sent its complete, and every member
-// that held keys in an older configuration is live (so it sent one too)
-// or, under the available policy, fenced.
-//
-// With standbys, it also waits for this node's own copies to be promoted
-// and for every live member to be brought up to date as a standby.
-func (o *ownership) settle(now time.Time) {
+// that may hold a gained key and is down is resolved. With standbys, it
+// also waits for this node's own copies to be promoted and for every live
+// member to be brought up to date as a standby.
+func (o *ownership) settle() {
 	o.waitingFor = o.waitingFor[:0:0]
 	o.waitingLive = false
 	waiting := make(map[string]bool)
 	if len(o.hist) > 1 {
-		for name := range o.cur.live {
+		for name := range o.cur.epochs {
 			if name != o.cur.self && !o.completeFrom(name) {
 				waiting[name] = true
 			}
 		}
 		for _, h := range o.holders() {
-			if _, live := o.cur.live[h]; !live && !o.gone(h) && !o.fencedAt(h, now) {
+			if !o.cur.live(h) && !o.resolved(h) {
 				waiting[h] = true
+			}
+		}
+		if o.lost() {
+			for _, name := range o.cur.ring {
+				if name != o.cur.self && !o.cur.live(name) {
+					waiting[name] = true
+				}
 			}
 		}
 		if len(waiting) == 0 {
@@ -456,56 +443,56 @@ func (o *ownership) settle(now time.Time) {
 		if o.promoted != o.cur.id {
 			waiting[o.cur.self] = true
 		}
-		for name := range o.cur.alive {
-			if name != o.cur.self && !o.syncedWith(name) {
+		for name := range o.cur.epochs {
+			if name != o.cur.self && o.cur.up(name) && !o.syncedWith(name) {
 				waiting[name] = true
 			}
 		}
 	}
 	for name := range waiting {
 		o.waitingFor = append(o.waitingFor, name)
-		_, live := o.cur.live[name]
-		o.waitingLive = o.waitingLive || live || name == o.cur.self
+		o.waitingLive = o.waitingLive || o.cur.live(name) || name == o.cur.self
 	}
 	slices.Sort(o.waitingFor)
 	o.settled = len(waiting) == 0
 }
 
-// holders returns the members that may hold keys this node gained: in
-// every older configuration of hist, the owners and acting members; for a
-// node that held nothing, every owner but itself.
+// holders returns the members that may hold keys this node gained: every
+// member of an older configuration of hist that was live or that keys
+// waited on; for an epoch that held nothing, every member of the current
+// map.
 func (o *ownership) holders() []string {
 	set := make(map[string]bool)
 	for _, c := range o.hist[:len(o.hist)-1] {
 		if c == nil {
-			for _, m := range o.cur.owners.Members {
-				set[m.Name] = true
-			}
-			continue
+			c = o.cur
 		}
-		for _, m := range c.owners.Members {
-			set[m.Name] = true
+		for name, x := range c.members {
+			if x.Phase != control.PhaseLeft && (x.Live || !c.passes(name)) {
+				set[name] = true
+			}
 		}
 	}
 	delete(set, o.cur.self)
-	out := make([]string, 0, len(set))
-	for n := range set {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(func(yield func(string) bool) {
+		for n := range set {
+			if !yield(n) {
+				return
+			}
+		}
+	})
 }
 
 // gate reports whether this node may decide key now, given that it acts
 // for it in the current configuration: nil, or why not. A key this node
 // acted for in every configuration since the last settled one is held; a
 // gained key waits until every live member sent its complete, and until
-// the members that held it before are live (and so completed) or fenced.
-func (o *ownership) gate(key string, now time.Time) error {
+// every member that held it since is live (and so completed) or resolved.
+func (o *ownership) gate(key string) error {
 	if o.settled {
 		return nil
 	}
-	held, err := o.gateHistory(key, now)
+	held, err := o.gateHistory(key)
 	if err != nil {
 		return err
 	}
@@ -523,51 +510,88 @@ func (o *ownership) gate(key string, now time.Time) error {
 // gateHistory is the part of gate that looks at the configurations since
 // the last settled one: held reports that this node held the key in every
 // one of them.
-func (o *ownership) gateHistory(key string, now time.Time) (held bool, err error) {
+func (o *ownership) gateHistory(key string) (held bool, err error) {
 	if len(o.hist) <= 1 {
 		return true, nil
 	}
+	self := o.cur.self
 	var prev []string
 	held = true
 	for _, c := range o.hist[:len(o.hist)-1] {
 		if c == nil {
 			held = false
-			// Where the key would have been without this node.
-			if w := o.cur.others.Owner(key).Name; w != "" {
-				prev = append(prev, w)
-			}
 			continue
 		}
-		a := c.actingName(key)
-		if a != o.cur.self {
+		if h := c.holder(key); h != self {
 			held = false
-		}
-		if a != "" && a != o.cur.self {
-			prev = append(prev, a)
-		}
-		if w := c.owner(key); w != "" && w != o.cur.self && w != a {
-			prev = append(prev, w)
+			if h != "" {
+				prev = append(prev, h)
+			}
 		}
 	}
 	if held {
 		return true, nil
 	}
+	// Where the key's state went while this node did not hold it, as the
+	// current map tells (configurations this node skipped included).
+	if h := o.cur.holderWithout(key, self); h != "" {
+		prev = append(prev, h)
+	}
 	for _, p := range prev {
-		if _, live := o.cur.live[p]; live {
+		if o.cur.live(p) {
 			continue // covered by its complete, below
 		}
-		if o.gone(p) || o.fencedAt(p, now) {
-			continue
+		if !o.resolved(p) {
+			return false, fmt.Errorf("%w: waiting for the handoff of %s, which held the key and is down", ErrOwnerDown, p)
 		}
-		if !o.cur.takesOver() {
-			return false, fmt.Errorf("%w: waiting for the handoff of %s, which held the key and is down", ErrMoving, p)
-		}
-		return false, fmt.Errorf("%w: waiting for %s, which held the key and is down, to be fenced", ErrMoving, p)
 	}
-	for name := range o.cur.live {
-		if name != o.cur.self && !o.completeFrom(name) {
+	for name := range o.cur.epochs {
+		if name != self && !o.completeFrom(name) {
 			return false, fmt.Errorf("%w: waiting for the handoff of %s", ErrMoving, name)
 		}
 	}
+	if o.lost() {
+		for _, name := range o.cur.ring {
+			if name != self && !o.cur.live(name) {
+				return false, fmt.Errorf("%w: this node lost its data and its last epoch ended without complete copies: waiting for %s, which may keep one", ErrOwnerDown, name)
+			}
+		}
+	}
 	return false, nil
+}
+
+// penalty is a tombstone's effect on a key this node decides: the key is
+// denied until until, because the forgotten member named by the tombstone
+// may have allowed hits that nobody counts any more.
+type penalty struct {
+	name string
+	from time.Time // when this node first saw the tombstone
+}
+
+// penalties returns the tombstones of the current map that bear on key,
+// decided here: the forgotten member ranks before this node in the key's
+// order (with it), and this node is not that member with its old data.
+func (c *config) penalties(key string, seen map[control.Tombstone]time.Time) []penalty {
+	if len(c.m.Tombstones) == 0 {
+		return nil
+	}
+	var out []penalty
+	h := shard.Hash(key)
+	var selfScore uint64
+	for i, name := range c.ring {
+		if name == c.self {
+			selfScore = shard.Score(h, c.hashes[i])
+		}
+	}
+	selfID := c.members[c.self].ID
+	for _, t := range c.m.Tombstones {
+		if t.Name == c.self && t.ID == selfID {
+			continue
+		}
+		sc := shard.Score(h, shard.NodeHash(t.Name))
+		if sc > selfScore || sc == selfScore && t.Name < c.self {
+			out = append(out, penalty{name: t.Name, from: seen[t]})
+		}
+	}
+	return out
 }

@@ -3,24 +3,27 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluice-io/sluice/actor"
+	"github.com/sluice-io/sluice/cluster/control"
 	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
 // NewPeerService returns the server of sluice.v1.PeerService: the calls
 // other members make to this node, passed to the router that router
-// returns. While it returns nil (the node is still joining), calls are
-// UNAVAILABLE. Register it on the node's gRPC server, behind the peers'
-// credentials.
-func NewPeerService(router func() *Router) sluicepb.PeerServiceServer {
-	return peerServer{router: router}
+// returns (and the leader's calls to the control plane ctl returns). While
+// they return nil (the node is still starting), calls are UNAVAILABLE.
+// Register it on the node's gRPC server, behind the peers' credentials.
+func NewPeerService(router func() *Router, ctl func() *control.Control) sluicepb.PeerServiceServer {
+	return peerServer{router: router, ctl: ctl}
 }
 
 // peerServer serves sluice.v1.PeerService. Its answers follow the status
@@ -29,6 +32,22 @@ func NewPeerService(router func() *Router) sluicepb.PeerServiceServer {
 type peerServer struct {
 	sluicepb.UnimplementedPeerServiceServer
 	router func() *Router
+	ctl    func() *control.Control
+}
+
+// started returns the router, once the node runs it, after checking that
+// the caller belongs to this node's cluster.
+func (p peerServer) started(ctx context.Context) (*Router, error) {
+	r := p.router()
+	if r == nil {
+		return nil, errStarting
+	}
+	if r.ctl != nil {
+		if err := r.checkCluster(ctx); err != nil {
+			return nil, Status(err)
+		}
+	}
+	return r, nil
 }
 
 // errStarting answers peers while the node is still joining.
@@ -37,9 +56,9 @@ var errStarting = status.Error(codes.Unavailable, "sluice: node starting; not in
 // Forward decides checks another node forwarded, if this node acts for
 // them; it never forwards them again.
 func (p peerServer) Forward(ctx context.Context, req *sluicepb.ForwardRequest) (*sluicepb.ForwardResponse, error) {
-	r := p.router()
-	if r == nil {
-		return nil, errStarting
+	r, err := p.started(ctx)
+	if err != nil {
+		return nil, err
 	}
 	checks, err := FromProtoChecks(req.Checks)
 	if err != nil {
@@ -50,7 +69,7 @@ func (p peerServer) Forward(ctx context.Context, req *sluicepb.ForwardRequest) (
 	if req.Reserve {
 		resp.Marks = make([]int64, len(checks))
 	}
-	if err := r.DecideForwarded(ctx, checks, out, resp.Marks); err != nil {
+	if err := r.DecideForwarded(ctx, req.MapVersion, checks, out, resp.Marks); err != nil {
 		return nil, Status(err)
 	}
 	r.cfg.Observer.Served(len(checks))
@@ -67,9 +86,9 @@ func (p peerServer) Forward(ctx context.Context, req *sluicepb.ForwardRequest) (
 
 // Release takes back hits a reserving Forward recorded.
 func (p peerServer) Release(ctx context.Context, req *sluicepb.ReleaseRequest) (*sluicepb.ReleaseResponse, error) {
-	r := p.router()
-	if r == nil {
-		return nil, errStarting
+	r, err := p.started(ctx)
+	if err != nil {
+		return nil, err
 	}
 	checks, err := FromProtoChecks(req.Checks)
 	if err != nil {
@@ -84,9 +103,9 @@ func (p peerServer) Release(ctx context.Context, req *sluicepb.ReleaseRequest) (
 // Handoff merges the key states another node hands over, commits them,
 // and records its complete.
 func (p peerServer) Handoff(ctx context.Context, req *sluicepb.HandoffRequest) (*sluicepb.HandoffResponse, error) {
-	r := p.router()
-	if r == nil {
-		return nil, errStarting
+	r, err := p.started(ctx)
+	if err != nil {
+		return nil, err
 	}
 	n, err := r.receiveHandoff(ctx, req)
 	if err != nil {
@@ -95,43 +114,41 @@ func (p peerServer) Handoff(ctx context.Context, req *sluicepb.HandoffRequest) (
 	return &sluicepb.HandoffResponse{Merged: int64(n)}, nil
 }
 
-// Lease grants the sender's incarnation a lease unless it was fenced.
-func (p peerServer) Lease(_ context.Context, req *sluicepb.LeaseRequest) (*sluicepb.LeaseResponse, error) {
-	r := p.router()
-	if r == nil {
+// Renew renews the sender's lease, if this node leads and the sender's
+// epoch is live and not ending.
+func (p peerServer) Renew(ctx context.Context, req *sluicepb.RenewRequest) (*sluicepb.RenewResponse, error) {
+	c := p.ctl()
+	if c == nil {
 		return nil, errStarting
 	}
-	if r.lease == nil {
-		return nil, status.Error(codes.FailedPrecondition, "sluice: this node is not in a cluster")
-	}
-	granted, fenced := r.lease.grant(req.FromNode, req.Incarnation)
-	return &sluicepb.LeaseResponse{Granted: granted, Fenced: fenced, Node: r.cfg.Self}, nil
-}
-
-// Fence promises never to grant a lease to the member's incarnations up to
-// the one named.
-func (p peerServer) Fence(_ context.Context, req *sluicepb.FenceRequest) (*sluicepb.FenceResponse, error) {
-	r := p.router()
-	if r == nil {
-		return nil, errStarting
-	}
-	if r.lease == nil {
-		return nil, status.Error(codes.FailedPrecondition, "sluice: this node is not in a cluster")
-	}
-	if req.Member == "" {
-		return nil, status.Error(codes.InvalidArgument, "fence: member is empty")
-	}
-	if err := r.promise(req.Member, req.Incarnation); err != nil {
+	if err := checkClusterID(ctx, c.ClusterID()); err != nil {
 		return nil, Status(err)
 	}
-	return &sluicepb.FenceResponse{}, nil
+	granted, why := c.HandleRenew(ctx, req.FromNode, req.Epoch)
+	return &sluicepb.RenewResponse{Granted: granted, Reason: why, Node: req.FromNode}, nil
+}
+
+// Propose applies a change of the cluster map, if this node leads.
+func (p peerServer) Propose(ctx context.Context, req *sluicepb.ProposeRequest) (*sluicepb.ProposeResponse, error) {
+	c := p.ctl()
+	if c == nil {
+		return nil, errStarting
+	}
+	if err := checkClusterID(ctx, c.ClusterID()); err != nil {
+		return nil, Status(err)
+	}
+	res, err := c.HandlePropose(ctx, req.FromNode, req.Command)
+	if err != nil {
+		return nil, Status(err)
+	}
+	return &sluicepb.ProposeResponse{Result: res}, nil
 }
 
 // Replicate stores the sender's writes of keys this node is the standby of.
 func (p peerServer) Replicate(ctx context.Context, req *sluicepb.ReplicateRequest) (*sluicepb.ReplicateResponse, error) {
-	r := p.router()
-	if r == nil {
-		return nil, errStarting
+	r, err := p.started(ctx)
+	if err != nil {
+		return nil, err
 	}
 	resp, err := r.receiveReplicas(ctx, req)
 	if err != nil {
@@ -163,9 +180,20 @@ func FromProtoChecks(in []*sluicepb.Check) ([]actor.Check, error) {
 	return checks, nil
 }
 
-// errWrongIncarnation is a handoff meant for another incarnation of this
-// node: the sender drops it and starts again for the current one.
-var errWrongIncarnation = errors.New("cluster: handoff for another incarnation")
+// errWrongEpoch is a handoff or copy meant for another epoch of this
+// node, sent by an epoch this node's map has ended, or from another
+// cluster: the sender drops it and starts again under its current map.
+var errWrongEpoch = errors.New("cluster: wrong epoch")
+
+// checkClusterID refuses a call whose sender names another cluster than
+// own (see clusterHeader).
+func checkClusterID(ctx context.Context, own string) error {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if ids := md.Get(clusterHeader); own != "" && len(ids) > 0 && ids[0] != own {
+		return fmt.Errorf("%w: the caller belongs to cluster %s; this node to %s", errWrongEpoch, ids[0], own)
+	}
+	return nil
+}
 
 // ErrorDomain is the domain of the errdetails.ErrorInfo that Status adds
 // to the UNAVAILABLE statuses it returns; its Reason is one of the
@@ -179,7 +207,8 @@ const ErrorDomain = "sluice.io"
 // have been recorded without being acknowledged, so a retry may count them
 // twice (never fewer).
 const (
-	// ReasonNoQuorum: the node holds no lease from a majority (ErrNoQuorum).
+	// ReasonNoQuorum: the node holds no lease (ErrNoQuorum): it has no epoch
+	// yet, or cannot reach the Raft leader, or the leader no quorum.
 	ReasonNoQuorum = "NO_QUORUM"
 	// ReasonMoving: the key's ownership is moving (ErrMoving); a retry a
 	// moment later usually succeeds.
@@ -194,6 +223,17 @@ const (
 	ReasonStandby = "STANDBY_UNCONFIRMED"
 	// ReasonShuttingDown: the node is shutting down.
 	ReasonShuttingDown = "SHUTTING_DOWN"
+)
+
+// Metadata keys of the ErrorInfo of an UNAVAILABLE status.
+const (
+	// MetaRecorded is "maybe" when the refused check's hits may have been
+	// recorded (the refusal came after the commit: a standby that did not
+	// confirm, a lease that ran out meanwhile, an owner that did not
+	// answer), "no" when nothing was recorded.
+	MetaRecorded = "recorded"
+	// MetaMember names the member that could not be reached.
+	MetaMember = "member"
 )
 
 // unavailable is an UNAVAILABLE status with msg, carrying an ErrorInfo
@@ -222,6 +262,18 @@ func Status(err error) error {
 		return err
 	}
 	var ice *actor.InvalidCheckError
+	recorded := "no"
+	var re *RecordedError
+	if errors.As(err, &re) {
+		recorded = "maybe"
+	}
+	meta := func(kv ...string) map[string]string {
+		m := map[string]string{MetaRecorded: recorded}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
 	switch {
 	case errors.As(err, &ice):
 		return status.Errorf(codes.InvalidArgument, "check %d: %s: %s", ice.Index, ice.Field, ice.Reason)
@@ -229,30 +281,33 @@ func Status(err error) error {
 		return status.Error(codes.InvalidArgument, err.Error())
 	case errors.Is(err, actor.ErrOverloaded), errors.Is(err, actor.ErrTooManyKeys):
 		return status.Error(codes.ResourceExhausted, err.Error())
-	case errors.Is(err, actor.ErrClosed), errors.Is(err, persist.ErrClosed):
-		return unavailable(ReasonShuttingDown, "sluice: node shutting down; retry on another node", nil)
+	case errors.Is(err, actor.ErrClosed), errors.Is(err, persist.ErrClosed), errors.Is(err, control.ErrClosed):
+		return unavailable(ReasonShuttingDown, "sluice: node shutting down; retry on another node", meta())
 	case errors.Is(err, errMisrouted):
 		return status.Error(codes.Aborted, err.Error())
-	case errors.Is(err, errWrongIncarnation), errors.Is(err, ErrAlive):
+	case errors.Is(err, errWrongEpoch), errors.Is(err, errLate), errors.Is(err, control.ErrAlive),
+		errors.Is(err, control.ErrMismatch), errors.Is(err, control.ErrTwoClusters):
 		return status.Error(codes.FailedPrecondition, err.Error())
-	case errors.Is(err, ErrNoMember):
+	case errors.Is(err, control.ErrNoMember):
 		return status.Error(codes.NotFound, err.Error())
-	case errors.Is(err, ErrNoQuorum):
-		return unavailable(ReasonNoQuorum, err.Error(), nil)
+	case errors.Is(err, ErrNoQuorum), errors.Is(err, control.ErrNoLeader):
+		return unavailable(ReasonNoQuorum, err.Error(), meta())
 	case errors.Is(err, ErrMoving):
-		return unavailable(ReasonMoving, err.Error(), nil)
+		return unavailable(ReasonMoving, err.Error(), meta())
 	case errors.Is(err, ErrOwnerDown):
-		return unavailable(ReasonOwnerDown, err.Error(), nil)
+		return unavailable(ReasonOwnerDown, err.Error(), meta())
 	case errors.Is(err, actor.ErrReplication), errors.Is(err, errStandby):
-		return unavailable(ReasonStandby, err.Error(), nil)
+		recorded = "maybe"
+		return unavailable(ReasonStandby, err.Error(), meta())
 	case errors.Is(err, actor.ErrStale):
-		return unavailable(ReasonMoving, ErrMoving.Error()+": "+err.Error(), nil)
+		return unavailable(ReasonMoving, ErrMoving.Error()+": "+err.Error(), meta())
 	case errors.Is(err, ErrUnreachable):
-		var meta map[string]string
+		recorded = "maybe"
+		m := meta()
 		if ue := (*UnreachableError)(nil); errors.As(err, &ue) {
-			meta = map[string]string{"member": ue.Member}
+			m[MetaMember] = ue.Member
 		}
-		return unavailable(ReasonOwnerUnreachable, err.Error()+"; the edge decides whether to fail open or closed", meta)
+		return unavailable(ReasonOwnerUnreachable, err.Error()+"; the edge decides whether to fail open or closed", m)
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):

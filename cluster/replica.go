@@ -37,6 +37,48 @@ func laneOf(key string) int { return int(shard.Hash(key) % replicaLanes) }
 // errStandby is a write its standby did not confirm.
 var errStandby = errors.New("cluster: standby did not confirm")
 
+// replication is the sending and receiving side of standby copies. Its
+// lock is taken after the router's ownMu, imports and copies, and the
+// handoffs' lock, never before.
+type replication struct {
+	r   *Router
+	seq atomic.Uint64 // sequence of this node's Replicate calls, all lanes
+
+	mu       sync.Mutex
+	standbys map[string]*standbySender // by name
+	lanes    map[laneKey]*laneIn       // receiving side
+}
+
+// laneKey names one lane of one sender epoch, on the receiving side.
+type laneKey struct {
+	from  string
+	epoch uint64
+	lane  uint32
+}
+
+// laneIn is a receiving lane: the last sequence applied, and a lock held
+// while a call of the lane is applied.
+type laneIn struct {
+	mu   sync.Mutex
+	last uint64
+}
+
+func (p *replication) init(r *Router) {
+	p.r = r
+	p.standbys = make(map[string]*standbySender)
+	p.lanes = make(map[laneKey]*laneIn)
+	// Above any sequence an earlier process of this node used.
+	p.seq.Store(uint64(time.Now().UnixNano()))
+}
+
+func (p *replication) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range p.standbys {
+		s.close()
+	}
+}
+
 // Replicate implements actor.Replicator: it sends each record of a key
 // this node acts for to the key's standby and calls done once every
 // standby committed its share, or with the first failure. Records of keys
@@ -44,7 +86,7 @@ var errStandby = errors.New("cluster: standby did not confirm")
 // here: the standby's copy belongs to the key's new acting member. Records
 // whose key has no standby up (no other member is) are not waited for.
 func (r *Router) Replicate(recs []persist.Record, done func(error)) {
-	if r.cfg.Membership == nil || r.cfg.Replicas < 2 {
+	if r.ctl == nil || r.cfg.Replicas < 2 {
 		done(nil)
 		return
 	}
@@ -136,7 +178,7 @@ func (it *replItem) finish(err error) {
 type standbySender struct {
 	r     *Router
 	name  string
-	inc   uint64 // the standby's incarnation the copies are for
+	epoch uint64 // the standby's epoch the copies are for
 	p     *peer
 	lanes [replicaLanes]*replicaLane
 	quit  chan struct{}
@@ -147,32 +189,33 @@ type standbySender struct {
 // key's writes reach the standby in the order they were made.
 type replicaLane struct {
 	s     *standbySender
+	index int
 	mu    sync.Mutex
 	queue []*replItem
 	wake  chan struct{}
 }
 
 // standbySender returns the sender to the live member name, for its
-// current incarnation.
+// current epoch.
 func (r *Router) standbySender(own *ownership, name string) (*standbySender, error) {
-	m, ok := own.cur.live[name]
+	epoch, ok := own.cur.epochs[name]
 	if !ok {
 		return nil, fmt.Errorf("%s is not a live member", name)
 	}
-	p, err := r.peer(name)
+	p, err := r.peers.get(name)
 	if err != nil {
 		return nil, err
 	}
-	r.replMu.Lock()
-	defer r.replMu.Unlock()
-	if s := r.standbys[name]; s != nil && s.inc == m.Incarnation && s.p == p {
+	r.repl.mu.Lock()
+	defer r.repl.mu.Unlock()
+	if s := r.repl.standbys[name]; s != nil && s.epoch == epoch && s.p == p {
 		return s, nil
 	} else if s != nil {
 		s.close()
 	}
-	s := &standbySender{r: r, name: name, inc: m.Incarnation, p: p, quit: make(chan struct{})}
+	s := &standbySender{r: r, name: name, epoch: epoch, p: p, quit: make(chan struct{})}
 	for i := range s.lanes {
-		l := &replicaLane{s: s, wake: make(chan struct{}, 1)}
+		l := &replicaLane{s: s, index: i, wake: make(chan struct{}, 1)}
 		s.lanes[i] = l
 		r.wg.Add(1)
 		go func() {
@@ -180,7 +223,7 @@ func (r *Router) standbySender(own *ownership, name string) (*standbySender, err
 			l.run()
 		}()
 	}
-	r.standbys[name] = s
+	r.repl.standbys[name] = s
 	return s, nil
 }
 
@@ -251,7 +294,8 @@ func (l *replicaLane) sendBatch() bool {
 		return more
 	}
 	own := s.r.own.Load()
-	req := &sluicepb.ReplicateRequest{FromNode: s.r.cfg.Self, FromIncarnation: own.inc, ToNode: s.name, ToIncarnation: s.inc,
+	req := &sluicepb.ReplicateRequest{FromNode: s.r.cfg.Self, FromEpoch: own.epoch, ToNode: s.name, ToEpoch: s.epoch,
+		MapVersion: s.r.mapVersion(), Lane: uint32(l.index), Sequence: s.r.repl.seq.Add(1),
 		Records: make([]*sluicepb.StoreRecord, 0, n)}
 	for _, it := range batch {
 		for _, rec := range it.recs {
@@ -371,23 +415,45 @@ func (r *Router) unsync(name string) {
 			return o
 		}
 		changed = true
-		return o.amended(r.clk.Now(), func(n *ownership) {
+		return o.amended(func(n *ownership) {
 			n.synced = cloneMap(o.synced)
 			delete(n.synced, name)
 		})
 	})
 	if changed {
 		r.cfg.Engine.Fence()
-		kick(r.handoffKick)
+		kick(r.handoffs.kick)
 	}
 }
 
 // receiveReplicas stores copies another node sends as the standby of its
-// keys.
+// keys. It first applies at least the map version the sender acted under,
+// then refuses a sender whose epoch its map has ended (a standby that
+// applied the end of an owner's epoch takes no late write from it before
+// it takes its keys over), copies meant for another epoch of this node,
+// and a call older than one already applied on its lane (a late retry:
+// a copy never goes back).
 func (r *Router) receiveReplicas(ctx context.Context, req *sluicepb.ReplicateRequest) (*sluicepb.ReplicateResponse, error) {
+	if r.ctl == nil {
+		return nil, fmt.Errorf("%w: this node is not in a cluster", errWrongEpoch)
+	}
+	if err := r.catchUp(ctx, req.MapVersion); err != nil {
+		return nil, err
+	}
+	r.copies.RLock()
+	defer r.copies.RUnlock()
 	own := r.own.Load()
-	if req.ToNode != r.cfg.Self || req.ToIncarnation != own.inc {
-		return nil, fmt.Errorf("%w: meant for %s incarnation %d; this is %s incarnation %d", errWrongIncarnation, req.ToNode, req.ToIncarnation, r.cfg.Self, own.inc)
+	switch {
+	case req.ToNode != r.cfg.Self || req.ToEpoch != own.epoch:
+		return nil, fmt.Errorf("%w: meant for %s epoch %d; this is %s epoch %d", errWrongEpoch, req.ToNode, req.ToEpoch, r.cfg.Self, own.epoch)
+	case own.cur.epochs[req.FromNode] != req.FromEpoch:
+		return nil, fmt.Errorf("%w: %s epoch %d is not live in %s's map (version %d)", errWrongEpoch, req.FromNode, req.FromEpoch, r.cfg.Self, own.cur.m.Version)
+	}
+	lane := r.repl.lane(laneKey{req.FromNode, req.FromEpoch, req.Lane})
+	lane.mu.Lock()
+	defer lane.mu.Unlock()
+	if req.Sequence <= lane.last {
+		return nil, fmt.Errorf("%w: call %d of lane %d from %s arrived after call %d", errLate, req.Sequence, req.Lane, req.FromNode, lane.last)
 	}
 	recs := make([]persist.Record, len(req.Records))
 	for i, pr := range req.Records {
@@ -395,15 +461,30 @@ func (r *Router) receiveReplicas(ctx context.Context, req *sluicepb.ReplicateReq
 	}
 	err := r.cfg.Engine.PutReplicas(ctx, recs)
 	var mb *actor.MissingBaseError
-	if errors.As(err, &mb) {
-		resp := &sluicepb.ReplicateResponse{}
+	if err != nil && !errors.As(err, &mb) {
+		return nil, err
+	}
+	lane.last = req.Sequence
+	resp := &sluicepb.ReplicateResponse{}
+	if mb != nil {
 		for _, k := range mb.Keys {
 			resp.Missing = append(resp.Missing, []byte(k))
 		}
-		return resp, nil
 	}
-	if err != nil {
-		return nil, err
+	return resp, nil
+}
+
+// errLate is a standby write that arrived after a later one of its lane.
+var errLate = errors.New("cluster: late copy")
+
+// lane returns the receiving lane k, made on first use.
+func (p *replication) lane(k laneKey) *laneIn {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	l := p.lanes[k]
+	if l == nil {
+		l = &laneIn{}
+		p.lanes[k] = l
 	}
-	return &sluicepb.ReplicateResponse{}, nil
+	return l
 }

@@ -6,15 +6,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/actor/clock"
+	"github.com/sluice-io/sluice/cluster/control"
 )
 
 // ErrUnreachable means the member that acts for a key could not be asked
@@ -47,45 +50,38 @@ var errMisrouted = errors.New("cluster: forwarded to a node that does not act fo
 // change after a misrouted Forward.
 const misrouteWait = time.Second
 
+// routeAttempts bounds how many times one call is routed: a first time,
+// and again after each change of ownership that sent part of it back.
+const routeAttempts = 3
+
 // RouterConfig configures a Router.
 type RouterConfig struct {
-	// Membership tells who is in the cluster. Nil runs a single node: every
-	// key is decided here, without leases.
+	// Membership finds the members and their current addresses (gossip).
+	// Nil, with Control nil, runs a single node: every key is decided
+	// here, without leases.
 	Membership *Membership
+	// Control is the control plane: the cluster map this node applied,
+	// its epoch and its lease. Required with Membership.
+	Control *control.Control
 	// Engine decides the checks this node acts for.
 	Engine *actor.Engine
 	// Self is this node's name.
 	Self string
-	// Policy says who decides the keys of an owner that is down. Default
-	// PolicyExact: nobody, until it is back (but see Replicas).
+	// Policy says who decides the keys of a member whose epoch ended
+	// without complete copies. Default PolicyExact: nobody, until it is
+	// back.
 	Policy Policy
 	// Replicas is how many members keep each key's state: 2 gives every
 	// key a standby, which holds a copy of every acknowledged hit and takes
-	// the key over when its owner is down (under either policy). 1 keeps
-	// the state on the owner only. Default 1; the node's composition sets
-	// 2 for a cluster with a data file (see --replicas).
+	// the key over when its owner's epoch ends. Default 1; the node's
+	// composition sets 2 for a cluster with a data file (see --replicas).
 	Replicas int
 	// ReplicaTimeout bounds the wait for a standby to confirm a write;
 	// past it the decision is refused (UNAVAILABLE), its hits recorded but
 	// not acknowledged. Default 500ms.
 	ReplicaTimeout time.Duration
-	// Lease is how long a lease runs after the renewal a majority granted
-	// was sent (L). Above the longest pause a node should ride out without
-	// losing its keys, below the failure detection time (about 2.4s), so
-	// that a takeover waits on detection rather than on the lease. Renewals
-	// go every Lease/3. Default 1s.
-	Lease time.Duration
-	// ClockDrift (ρ) bounds how much faster one node's monotonic clock may
-	// run than another's: a node that fenced a member waits Lease·(1+ρ)
-	// before it acts for the member's keys. Default 0.1.
-	ClockDrift float64
-	// Clock measures leases and waits; nil is the wall clock (its monotonic
-	// reading).
+	// Clock measures waits; nil is the wall clock.
 	Clock clock.Clock
-	// Store keeps the promises made to fence other members across
-	// restarts (usually the same store as the membership's). Nil keeps them
-	// in memory.
-	Store MetaStore
 	// DialOptions are used to reach peers (TLS credentials); default
 	// plaintext.
 	DialOptions []grpc.DialOption
@@ -122,12 +118,12 @@ type RouterObserver interface {
 	// why: "no_quorum", "moving", "owner_down", or "standby" (decided and
 	// recorded, but the standby did not confirm).
 	Refused(reason string, checks int)
-	// Renewed is called after each lease renewal: whether a majority
-	// granted it.
+	// Renewed is called after each lease renewal: whether it was granted.
 	Renewed(granted bool)
-	// Unserved is called about every Lease/3 with the time since the last
-	// call and what this node could not serve during it: without a lease
-	// (noLease), or with gained keys waiting for their state (waiting).
+	// Unserved is called about every half second with the time since the
+	// last call and what this node could not serve during it: without a
+	// lease (noLease), or with gained keys waiting for their state
+	// (waiting).
 	Unserved(d time.Duration, noLease, waiting bool)
 	// Served is called with the number of forwarded checks this node
 	// decided for another.
@@ -153,46 +149,44 @@ func (nopRouterObserver) Replicated(string, int, error)               {}
 
 // Router decides checks on the members that act for their keys: the ones
 // this node acts for through its engine, the others through their
-// PeerService, batched per peer. It keeps this node's lease, grants its
-// peers theirs, and moves key state to where it belongs (see
-// docs/cluster.md, "Fenced ownership").
+// PeerService, batched per peer. It follows the cluster map, moves key
+// state to where the map says it belongs, and keeps standby copies.
+//
+// Its parts and their locks, in the order they may be taken (a part never
+// calls into an earlier one while holding its own lock):
+//
+//  1. ownMu: the ownership (own) and what was applied last (applied).
+//  2. imports, copies: read-held by each handoff import and standby write,
+//     write-held while a new ownership is published (see update), so that
+//     none of them straddles a change.
+//  3. handoffs.mu: what the handoff rounds delivered (handoff.go).
+//  4. repl.mu: the standby senders (replica.go).
+//  5. peers.mu: the peer connections (forward.go).
 type Router struct {
-	cfg   RouterConfig
-	log   *slog.Logger
-	clk   clock.Clock
-	lease *lease
+	cfg RouterConfig
+	log *slog.Logger
+	clk clock.Clock
+	ctl *control.Control
 
-	own   atomic.Pointer[ownership]
-	ownMu sync.Mutex // serialises updates of own
-	seq   uint64     // sequence of the current configuration; under ownMu
-	epoch uint64     // epoch of the last view applied; under ownMu
-	// seenAlive is, by member, the last incarnation this node saw alive
-	// since it started; under ownMu. fenceDown fences no other.
-	seenAlive map[string]uint64
+	own     atomic.Pointer[ownership]
+	ownMu   sync.Mutex
+	applied struct {
+		version uint64 // map version of the last ownership built
+		epoch   uint64
+		seq     uint64 // sequence of the current configuration
+	}
+	// tombstones records when this node first saw each tombstone of the
+	// map; under ownMu, read through own.
+	tombstones map[control.Tombstone]time.Time
 
-	handoffKick chan struct{} // capacity 1: wakes the handoff loop
-	imports     sync.RWMutex  // held for reading by each import; see handoffRound
-	fenceKick   chan struct{} // capacity 1: wakes the fence loop
-	handoffMu   sync.Mutex
-	handedTo    map[string]handedTo // last complete sent to each member
-	scanned     handoffScan         // the last round that delivered all it collected
-	lastRound   *config             // the configuration of that round
+	imports sync.RWMutex
+	copies  sync.RWMutex
 
-	replMu      sync.Mutex
-	standbys    map[string]*standbySender // by name
-	handoffIdle chan struct{}             // closed when a round left nothing to send
+	handoffs handoffs
+	repl     replication
+	peers    peerPool
 
-	mu     sync.Mutex
-	peers  map[string]*peer      // by name
-	admins map[string]*adminConn // by name, for members whose admin service has an address of its own
-	closed bool
-	wg     sync.WaitGroup
-}
-
-// handedTo records a complete sent: to which incarnation, for which
-// configuration.
-type handedTo struct {
-	inc, config, seq uint64
+	wg sync.WaitGroup
 }
 
 // NewRouter returns a router. Run starts its work in a cluster; Close
@@ -203,12 +197,6 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	}
 	if cfg.MaxInFlight <= 0 {
 		cfg.MaxInFlight = 4
-	}
-	if cfg.Lease <= 0 {
-		cfg.Lease = time.Second
-	}
-	if cfg.ClockDrift <= 0 {
-		cfg.ClockDrift = 0.1
 	}
 	if cfg.Replicas <= 0 {
 		cfg.Replicas = 1
@@ -234,39 +222,54 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	if cfg.Observer == nil {
 		cfg.Observer = nopRouterObserver{}
 	}
-	r := &Router{
-		cfg:         cfg,
-		log:         cfg.Logger.With("component", "router"),
-		clk:         cfg.Clock,
-		peers:       make(map[string]*peer),
-		admins:      make(map[string]*adminConn),
-		handoffKick: make(chan struct{}, 1),
-		fenceKick:   make(chan struct{}, 1),
-		handedTo:    make(map[string]handedTo),
-		standbys:    make(map[string]*standbySender),
-		handoffIdle: make(chan struct{}),
+	if (cfg.Membership == nil) != (cfg.Control == nil) {
+		return nil, fmt.Errorf("cluster: router: a cluster needs both a membership and a control plane")
 	}
-	if cfg.Membership != nil {
-		l, err := newLease(cfg.Clock, cfg.Lease, cfg.ClockDrift, cfg.Membership.cfg.Expect, cfg.Store)
-		if err != nil {
-			return nil, err
-		}
-		r.lease = l
-		r.update(cfg.Membership.View(), cfg.Membership.Incarnation())
+	r := &Router{cfg: cfg, log: cfg.Logger.With("component", "router"), clk: cfg.Clock, ctl: cfg.Control,
+		tombstones: make(map[control.Tombstone]time.Time)}
+	if r.ctl != nil {
+		// Every peer call names this node's cluster (see checkCluster).
+		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(r.clusterInterceptor))
+		r.cfg.DialOptions = cfg.DialOptions
+	}
+	r.handoffs.init()
+	r.repl.init(r)
+	r.peers.init(r)
+	if r.ctl != nil {
+		r.update()
 	}
 	return r, nil
 }
 
-// Run follows the membership until ctx ends: it keeps the ownership
-// current, renews this node's lease, fences members that are down (policy
-// available) and hands keys over. It returns when ctx ends. A single node
-// has nothing to run.
+// clusterHeader carries the sender's cluster ID on every peer call.
+const clusterHeader = "sluice-cluster"
+
+func (r *Router) clusterInterceptor(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+	if id := r.ctl.ClusterID(); id != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, clusterHeader, id)
+	}
+	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// checkCluster refuses a peer call from another cluster.
+func (r *Router) checkCluster(ctx context.Context) error {
+	own := r.ctl.ClusterID()
+	md, _ := metadata.FromIncomingContext(ctx)
+	if ids := md.Get(clusterHeader); own != "" && len(ids) > 0 && ids[0] != own {
+		return fmt.Errorf("%w: the caller belongs to cluster %s; this node to %s", errWrongEpoch, ids[0], own)
+	}
+	return nil
+}
+
+// Run follows the cluster map until ctx ends: it keeps the ownership
+// current, hands keys over and reports what this node could not serve. It
+// returns when ctx ends. A single node has nothing to run.
 func (r *Router) Run(ctx context.Context) {
-	if r.cfg.Membership == nil {
+	if r.ctl == nil {
 		return
 	}
 	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context){r.follow, r.renewLoop, r.fenceLoop, r.handoffLoop} {
+	for _, loop := range []func(context.Context){r.follow, r.handoffLoop, r.unservedLoop} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -276,81 +279,101 @@ func (r *Router) Run(ctx context.Context) {
 	wg.Wait()
 }
 
-// follow rebuilds the ownership on every view.
+// follow rebuilds the ownership on every map this node applies, and
+// tells gossip where the map's members are.
 func (r *Router) follow(ctx context.Context) {
 	views, stop := r.cfg.Membership.Subscribe()
 	defer stop()
+	t := time.NewTicker(250 * time.Millisecond)
+	defer t.Stop()
+	for {
+		m, changed := r.ctl.Watch()
+		r.update()
+		var known []string
+		for _, x := range m.Members {
+			if x.Phase != control.PhaseLeft && x.Name != r.cfg.Self && x.Addrs.Gossip != "" {
+				known = append(known, x.Addrs.Gossip)
+			}
+		}
+		r.cfg.Membership.SetKnown(known)
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case _, ok := <-views:
+			if !ok {
+				return
+			}
+		case <-t.C: // this node's epoch may have changed without a new map
+		}
+	}
+}
+
+// unservedLoop reports to the observer, every half second, what this node
+// could not serve meanwhile.
+func (r *Router) unservedLoop(ctx context.Context) {
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	last := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case v, ok := <-views:
-			if !ok {
-				return
-			}
-			r.update(v, r.cfg.Membership.Incarnation())
+		case now := <-t.C:
+			r.cfg.Observer.Unserved(now.Sub(last), !r.ctl.LeaseValid(), !r.own.Load().settled)
+			last = now
 		}
 	}
 }
 
-// update builds the ownership of view v for incarnation inc. When the
-// configuration or the incarnation changed, it fences the engine, so that
-// no check routed under the old ownership is decided on a key this node
-// no longer may decide, and wakes the handoff and fence loops.
-func (r *Router) update(v *View, inc uint64) {
+// update builds the ownership of the latest map for this node's epoch.
+// When the configuration or the epoch changed, it fences the engine, so
+// that no check routed under the old ownership is decided on a key this
+// node no longer may decide, and wakes the handoff loop. Handoff imports
+// and standby writes finish before the new ownership is published, and
+// later ones see it.
+func (r *Router) update() {
+	m := r.ctl.Map()
+	epoch := r.ctl.Epoch()
 	r.ownMu.Lock()
 	defer r.ownMu.Unlock()
 	old := r.own.Load()
-	if old != nil && v.Epoch < r.epoch {
-		return // an older view than one applied already (HandOver, fenced)
+	if old != nil && m.Version == r.applied.version && epoch == r.applied.epoch {
+		return
 	}
-	r.epoch = v.Epoch
-	if v.Roster == nil {
-		v.Roster = &Roster{}
+	if old != nil && m.Version < r.applied.version {
+		return
 	}
-	c := newConfig(r.cfg.Self, r.cfg.Policy, r.cfg.Replicas, v)
-	if r.seenAlive == nil {
-		r.seenAlive = make(map[string]uint64)
-	}
-	for name, m := range c.alive {
-		r.seenAlive[name] = max(r.seenAlive[name], m.Incarnation)
-	}
-	var next *ownership
-	if old == nil {
-		next = (&ownership{}).next(c, inc, r.clk.Now())
-	} else {
-		next = old.next(c, inc, r.clk.Now())
-	}
-	moved := old == nil || old.cur.id != c.id || old.inc != inc || c.replicas >= 2 && restarted(old.cur, c)
-	if moved {
-		r.seq = max(r.seq+1, uint64(time.Now().UnixNano()))
-		// What this node holds may belong elsewhere now: the next round
-		// collects again (see handoffRound).
-		r.handoffMu.Lock()
-		r.scanned = handoffScan{}
-		r.handoffMu.Unlock()
-	}
-	r.publish(old, next)
-	r.log.Debug("ownership", "epoch", v.Epoch, "config", c.id, "owners", len(c.owners.Members), "alive", len(c.alive), "incarnation", inc, "moved", moved)
-	if moved {
-		r.cfg.Engine.Fence()
-		r.log.Info("ownership changed", "owners", c.owners.Len(), "alive", len(c.alive), "incarnation", inc,
-			"settled", next.settled, "waiting_for", next.waitingFor)
-	}
-	kick(r.handoffKick)
-	kick(r.fenceKick)
-}
-
-// restarted reports whether a member alive in both configurations took a
-// new incarnation (it restarted, or was fenced): as a standby it holds
-// nothing this node can count on any more.
-func restarted(old, cur *config) bool {
-	for name, m := range cur.alive {
-		if o, ok := old.alive[name]; ok && o.Incarnation != m.Incarnation {
-			return true
+	r.applied.version, r.applied.epoch = m.Version, epoch
+	now := time.Now()
+	for _, t := range m.Tombstones {
+		if _, ok := r.tombstones[t]; !ok {
+			r.tombstones[t] = now
 		}
 	}
-	return false
+	c := newConfig(r.cfg.Self, r.cfg.Policy, r.cfg.Replicas, m)
+	var next *ownership
+	if old == nil {
+		next = (&ownership{}).next(c, epoch)
+	} else {
+		next = old.next(c, epoch)
+	}
+	moved := old == nil || old.cur.id != c.id || old.epoch != epoch
+	r.imports.Lock()
+	r.copies.Lock()
+	if moved {
+		r.applied.seq = max(r.applied.seq+1, uint64(time.Now().UnixNano()))
+		r.handoffs.rescan()
+	}
+	r.publish(old, next)
+	r.copies.Unlock()
+	r.imports.Unlock()
+	if moved {
+		r.cfg.Engine.Fence()
+		r.log.Info("ownership changed", "map_version", m.Version, "config", c.id, "epoch", epoch, "owners", len(c.ring),
+			"live", len(c.epochs), "settled", next.settled, "waiting_for", next.waitingFor)
+	}
+	kick(r.handoffs.kick)
 }
 
 // publish stores next and wakes whoever waits on old.
@@ -361,8 +384,8 @@ func (r *Router) publish(old, next *ownership) {
 	}
 }
 
-// amend applies f to the current ownership (a complete arrived, a fence
-// was made, time passed).
+// amend applies f to the current ownership (a complete arrived, a standby
+// was brought up to date).
 func (r *Router) amend(f func(*ownership) *ownership) {
 	r.ownMu.Lock()
 	defer r.ownMu.Unlock()
@@ -396,16 +419,34 @@ func (r *Router) Ready() bool { return r.Status() == "" }
 
 // Status describes why this node is not ready, "" when it is.
 func (r *Router) Status() string {
-	if r.cfg.Membership == nil {
+	if r.ctl == nil {
 		return ""
 	}
-	if !r.lease.valid() {
-		return fmt.Sprintf("no lease from a majority (%d) of the %d expected members", r.lease.quorum, r.cfg.Membership.cfg.Expect)
+	if err := r.leaseErr(); err != nil {
+		return err.Error()
 	}
 	if o := r.own.Load(); o.waitingLive {
 		return fmt.Sprintf("waiting for the handoffs of %v", o.waitingFor)
 	}
 	return ""
+}
+
+// leaseErr says why this node holds no lease now, nil when it holds one.
+func (r *Router) leaseErr() error {
+	if r.ctl.LeaseValid() {
+		return nil
+	}
+	switch {
+	case r.ctl.ClusterID() == "":
+		return fmt.Errorf("%w: %s has not joined a cluster yet (bootstrapping, or waiting for the leader to add it)", ErrNoQuorum, r.cfg.Self)
+	case r.ctl.Epoch() == 0:
+		return fmt.Errorf("%w: %s has no epoch yet", ErrNoQuorum, r.cfg.Self)
+	}
+	leader := r.ctl.Leader()
+	if leader == "" {
+		return fmt.Errorf("%w: %s holds no lease: no Raft leader is known (a quorum of voters is out of reach)", ErrNoQuorum, r.cfg.Self)
+	}
+	return fmt.Errorf("%w: %s holds no lease from the leader %s", ErrNoQuorum, r.cfg.Self, leader)
 }
 
 // Check decides checks on the members that act for their keys and writes
@@ -414,34 +455,28 @@ func (r *Router) Status() string {
 // every member, is allowed: each member reserves, and if one check is
 // denied the reserved hits are released where they were recorded.
 func (r *Router) Check(ctx context.Context, checks []actor.Check, out []actor.Decision, nodes []string, allOrNothing bool) error {
-	if r.cfg.Membership == nil {
+	if r.ctl == nil {
 		for i := range nodes {
 			nodes[i] = r.cfg.Self
 		}
 		return r.cfg.Engine.Do(ctx, checks, out, actor.CallOptions{AllOrNothing: allOrNothing})
 	}
-	gen := r.cfg.Engine.Generation()
-	own := r.own.Load()
-	groups, err := r.route(own, checks, nodes)
-	if err != nil {
-		return err
-	}
-	if len(groups) == 1 && groups[0].member == r.cfg.Self {
-		// Fast path: every key is decided here.
-		err = r.decideHere(ctx, own, gen, checks, out, nil, allOrNothing)
-		if stale(err) {
-			// Nothing was recorded: route once more under the new ownership.
-			return r.rerouteNow(ctx, checks, out, nodes, nil, allOrNothing)
-		}
-		return err
-	}
-	return r.fanOut(ctx, own, gen, groups, checks, out, nodes, allOrNothing, true)
+	c := &call{r: r, checks: checks, out: out, nodes: nodes, allOrNothing: allOrNothing, decided: make([]bool, len(checks))}
+	return c.run(ctx)
 }
 
-// stale reports an engine refusal that recorded nothing: the ownership
-// changed after the call was routed.
-func stale(err error) bool {
-	return errors.Is(err, actor.ErrStale) && !errors.Is(err, actor.ErrStalePartial)
+// call is one Check being routed: which of its checks were decided, and
+// where reserved hits went.
+type call struct {
+	r            *Router
+	checks       []actor.Check
+	out          []actor.Decision
+	nodes        []string
+	allOrNothing bool
+	decided      []bool
+	marks        []int64 // reserving: where each check's hits went
+	reserved     bool    // some group reserved: unwind at the end
+	on           []string
 }
 
 // group is the checks of a call that one member decides.
@@ -450,18 +485,103 @@ type group struct {
 	idx    []int // indexes into the call's checks
 }
 
-// route splits checks by the member that acts for each key, and writes
-// that member's name into nodes. A key nobody may decide now fails the
-// call.
-func (r *Router) route(own *ownership, checks []actor.Check, nodes []string) ([]group, error) {
-	var groups []group
-	for i := range checks {
-		name, _, err := own.cur.acting(checks[i].Key)
+// run routes the call's undecided checks, decides each group on its
+// member, and routes again what came back because ownership moved
+// meanwhile (nothing of it was recorded), up to routeAttempts times.
+func (c *call) run(ctx context.Context) error {
+	r := c.r
+	var first error
+	for attempt := 0; ; attempt++ {
+		own := r.own.Load()
+		gen := r.cfg.Engine.Generation()
+		groups, err := c.route(own)
 		if err != nil {
-			r.cfg.Observer.Refused(reason(err), len(checks))
+			first = err
+			break
+		}
+		if len(groups) == 0 {
+			break
+		}
+		if c.allOrNothing && !c.reserved && len(groups) == 1 && groups[0].member == r.cfg.Self && !c.anyDecided() {
+			// Every key is decided here: the engine's own all-or-nothing.
+			err := r.decideHere(ctx, own, gen, c.checks, c.out, nil, true)
+			if stale(err) && attempt+1 < routeAttempts {
+				continue
+			}
+			if stale(err) {
+				err = fmt.Errorf("%w: ownership changed during the call, %d times; retry", ErrMoving, routeAttempts)
+			}
+			if err == nil {
+				for i := range c.decided {
+					c.decided[i] = true
+				}
+			}
+			return err
+		}
+		if c.allOrNothing && c.marks == nil {
+			c.marks = make([]int64, len(c.checks))
+			c.on = make([]string, len(c.checks))
+		}
+		retry, misrouted, err := c.decideGroups(ctx, own, gen, groups)
+		if err != nil {
+			first = err
+			break
+		}
+		if !retry {
+			break
+		}
+		if attempt+1 == routeAttempts {
+			first = fmt.Errorf("%w: ownership changed during the call, %d times; retry", ErrMoving, routeAttempts)
+			break
+		}
+		if misrouted {
+			// Another member refused checks it does not act for in its
+			// configuration: wait for this node's to change.
+			t := time.NewTimer(misrouteWait)
+			select {
+			case <-own.changed:
+				t.Stop()
+			case <-t.C:
+				first = fmt.Errorf("%w: the members disagree on who acts for the key; retry", ErrMoving)
+			case <-ctx.Done():
+				t.Stop()
+				first = ctx.Err()
+			}
+			if first != nil {
+				break
+			}
+		}
+	}
+	if !c.reserved {
+		return first
+	}
+	return c.unwind(ctx, first)
+}
+
+func (c *call) anyDecided() bool {
+	for _, d := range c.decided {
+		if d {
+			return true
+		}
+	}
+	return false
+}
+
+// route splits the undecided checks by the member that acts for each key,
+// and writes that member's name into nodes. A key nobody may decide now
+// fails the call.
+func (c *call) route(own *ownership) ([]group, error) {
+	var groups []group
+	for i := range c.checks {
+		if c.decided[i] {
+			continue
+		}
+		name, _, err := own.cur.acting(c.checks[i].Key)
+		if err != nil {
+			c.r.cfg.Observer.Refused(reason(err), len(c.checks))
 			return nil, err
 		}
-		nodes[i] = name
+		c.nodes[i] = name
 		j := 0
 		for j < len(groups) && groups[j].member != name {
 			j++
@@ -472,6 +592,75 @@ func (r *Router) route(own *ownership, checks []actor.Check, nodes []string) ([]
 		groups[j].idx = append(groups[j].idx, i)
 	}
 	return groups, nil
+}
+
+// decideGroups decides each group on its member, in parallel (the last
+// group on this goroutine). retry reports groups sent back because
+// ownership moved (nothing of them recorded), misrouted that a member
+// refused checks it does not act for.
+func (c *call) decideGroups(ctx context.Context, own *ownership, gen uint64, groups []group) (retry, misrouted bool, err error) {
+	r := c.r
+	reserve := c.allOrNothing
+	type result struct {
+		g   group
+		err error
+	}
+	results := make(chan result, len(groups))
+	for gi, g := range groups {
+		decide := func() {
+			sub := make([]actor.Check, len(g.idx))
+			for j, i := range g.idx {
+				sub[j] = c.checks[i]
+			}
+			subOut := make([]actor.Decision, len(g.idx))
+			var subMarks []int64
+			if reserve {
+				subMarks = make([]int64, len(g.idx))
+			}
+			var err error
+			if g.member == r.cfg.Self {
+				err = r.decideHere(ctx, own, gen, sub, subOut, subMarks, false)
+			} else {
+				err = r.forward(ctx, own, g.member, sub, subOut, subMarks, reserve)
+			}
+			if err == nil {
+				for j, i := range g.idx {
+					c.out[i], c.nodes[i], c.decided[i] = subOut[j], g.member, true
+					if reserve {
+						c.marks[i], c.on[i] = subMarks[j], g.member
+					}
+				}
+			}
+			results <- result{g, err}
+		}
+		if gi == len(groups)-1 {
+			decide() // a call whose checks all go to one member starts no goroutine
+		} else {
+			go decide()
+		}
+	}
+	for range groups {
+		res := <-results
+		switch {
+		case res.err == nil:
+			if reserve {
+				c.reserved = true
+			}
+		case stale(res.err):
+			retry = true
+		case errors.Is(res.err, errMisrouted):
+			retry, misrouted = true, true
+		case err == nil:
+			err = res.err
+		}
+	}
+	return retry, misrouted, err
+}
+
+// stale reports an engine refusal that recorded nothing: the ownership
+// changed after the call was routed.
+func stale(err error) bool {
+	return errors.Is(err, actor.ErrStale) && !errors.Is(err, actor.ErrStalePartial)
 }
 
 // reason names the kind of a refusal for metrics.
@@ -485,124 +674,37 @@ func reason(err error) string {
 	return "moving"
 }
 
-// fanOut decides each group on its member, in parallel (the last group on
-// this goroutine), and for allOrNothing releases what was reserved if any
-// check was denied or any member failed.
-//
-// A group refused because ownership moved after it was routed is routed
-// once more when again is set.
-func (r *Router) fanOut(ctx context.Context, own *ownership, gen uint64, groups []group, checks []actor.Check, out []actor.Decision, nodes []string, allOrNothing, again bool) error {
-	var marks []int64
-	if allOrNothing {
-		marks = make([]int64, len(checks))
-	}
-	// decided[i] reports that check i was decided (and, reserving, recorded
-	// where its marks say).
-	decided := make([]bool, len(checks))
-	errs := make(chan error, len(groups))
-	for gi, g := range groups {
-		decide := func() {
-			sub := make([]actor.Check, len(g.idx))
-			for j, i := range g.idx {
-				sub[j] = checks[i]
-			}
-			subOut := make([]actor.Decision, len(g.idx))
-			subNodes := make([]string, len(g.idx))
-			var subMarks []int64
-			if allOrNothing {
-				subMarks = make([]int64, len(g.idx))
-			}
-			err := r.decideOn(ctx, own, gen, g.member, sub, subOut, subNodes, subMarks, allOrNothing, again)
-			if err == nil {
-				for j, i := range g.idx {
-					out[i], nodes[i], decided[i] = subOut[j], subNodes[j], true
-					if allOrNothing {
-						marks[i] = subMarks[j]
-					}
-				}
-			}
-			errs <- err
-		}
-		if gi == len(groups)-1 {
-			decide() // a call whose checks all go to one member starts no goroutine
-		} else {
-			go decide()
-		}
-	}
-	var first error
-	for range groups {
-		if err := <-errs; err != nil && first == nil {
-			first = err
-		}
-	}
-	if !allOrNothing {
-		return first
-	}
-	return r.unwind(ctx, own, checks, out, marks, decided, first)
-}
-
-// decideOn decides one group on member, here or forwarded, and writes the
-// deciding node into nodes. Reserving, it records in marks where each hit
-// went, for unwind. A group refused because ownership moved is routed once
-// more if again is set.
-func (r *Router) decideOn(ctx context.Context, own *ownership, gen uint64, member string, checks []actor.Check, out []actor.Decision, nodes []string, marks []int64, reserve, again bool) error {
-	for i := range nodes {
-		nodes[i] = member
-	}
-	var err error
-	if member == r.cfg.Self {
-		err = r.decideHere(ctx, own, gen, checks, out, marks, false)
-		if stale(err) && again {
-			return r.rerouteNow(ctx, checks, out, nodes, marks, false)
-		}
-	} else {
-		err = r.forward(ctx, own, member, checks, out, marks, reserve)
-		if errors.Is(err, errMisrouted) && again {
-			return r.reroute(ctx, own, checks, out, nodes, marks)
-		}
-	}
-	if stale(err) || errors.Is(err, errMisrouted) {
-		return fmt.Errorf("%w: ownership changed twice during the call; retry", ErrMoving)
-	}
-	return err
-}
-
 // unwind completes an all-or-nothing call from the reservations of its
-// groups: if every group was decided and every check allowed, the call
-// stands; otherwise every hit that was reserved is released on the member
-// that recorded it, and the decisions say denied (or the call fails with
-// the first error).
-func (r *Router) unwind(ctx context.Context, own *ownership, checks []actor.Check, out []actor.Decision, marks []int64, decided []bool, first error) error {
+// groups: if every check was decided and allowed, the call stands;
+// otherwise every hit that was reserved is released on the member that
+// recorded it, and the decisions say denied (or the call fails with
+// first).
+func (c *call) unwind(ctx context.Context, first error) error {
+	r := c.r
 	denied := first != nil
-	for i := range out {
-		denied = denied || decided[i] && !out[i].Allowed && !checks[i].Refund
+	for i := range c.out {
+		denied = denied || !c.decided[i] || !c.out[i].Allowed && !c.checks[i].Refund
 	}
 	if !denied {
 		return nil
 	}
 	// What was recorded: decided, allowed, taking hits. Read before Unwind
 	// rewrites the decisions.
-	var rel []actor.Check
-	var relMarks []int64
-	var relOn []string
-	for i := range checks {
-		if decided[i] && out[i].Allowed && !checks[i].Refund && checks[i].Cost > 0 {
-			rel, relMarks = append(rel, checks[i]), append(relMarks, marks[i])
-			relOn = append(relOn, own.cur.actingName(checks[i].Key))
+	byMember := make(map[string][]int)
+	for i := range c.checks {
+		if c.decided[i] && c.out[i].Allowed && !c.checks[i].Refund && c.checks[i].Cost > 0 {
+			byMember[c.on[i]] = append(byMember[c.on[i]], i)
 		}
 	}
 	if first == nil {
-		actor.Unwind(checks, out, marks)
-	}
-	byMember := make(map[string][]int)
-	for i, m := range relOn {
-		byMember[m] = append(byMember[m], i)
+		actor.Unwind(c.checks, c.out, c.marks)
 	}
 	rctx := context.WithoutCancel(ctx)
+	own := r.own.Load()
 	for m, idx := range byMember {
 		cs, ms := make([]actor.Check, len(idx)), make([]int64, len(idx))
 		for j, i := range idx {
-			cs[j], ms[j] = rel[i], relMarks[i]
+			cs[j], ms[j] = c.checks[i], c.marks[i]
 		}
 		var err error
 		if m == r.cfg.Self {
@@ -619,49 +721,6 @@ func (r *Router) unwind(ctx context.Context, own *ownership, checks []actor.Chec
 	return first
 }
 
-// reroute waits until this node's ownership changes (bounded by
-// misrouteWait) after another member refused checks it does not act for,
-// and routes them once more.
-func (r *Router) reroute(ctx context.Context, own *ownership, checks []actor.Check, out []actor.Decision, nodes []string, marks []int64) error {
-	t := time.NewTimer(misrouteWait)
-	defer t.Stop()
-	select {
-	case <-own.changed:
-	case <-t.C:
-		return fmt.Errorf("%w: the members disagree on who acts for the key; retry", ErrMoving)
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	return r.rerouteNow(ctx, checks, out, nodes, marks, false)
-}
-
-// rerouteNow routes checks once more under the current ownership; nothing
-// of them was recorded. Reserving (marks not nil), they must all go to one
-// member, which reserves them; otherwise, with allOrNothing, they are one
-// all-or-nothing call of their own.
-func (r *Router) rerouteNow(ctx context.Context, checks []actor.Check, out []actor.Decision, nodes []string, marks []int64, allOrNothing bool) error {
-	gen := r.cfg.Engine.Generation()
-	own := r.own.Load()
-	groups, err := r.route(own, checks, nodes)
-	if err != nil {
-		return err
-	}
-	if marks == nil {
-		if len(groups) == 1 && groups[0].member == r.cfg.Self {
-			err := r.decideHere(ctx, own, gen, checks, out, nil, allOrNothing)
-			if stale(err) {
-				return fmt.Errorf("%w: ownership changed twice during the call; retry", ErrMoving)
-			}
-			return err
-		}
-		return r.fanOut(ctx, own, gen, groups, checks, out, nodes, allOrNothing, false)
-	}
-	if len(groups) != 1 {
-		return fmt.Errorf("%w: the keys of a reservation moved to several members; retry", ErrMoving)
-	}
-	return r.decideOn(ctx, own, gen, groups[0].member, checks, out, nodes, marks, true, false)
-}
-
 // decideHere decides checks this node acts for under own: only under a
 // lease, once their state is here, fenced against a change of ownership,
 // and only acknowledged if the lease still runs after the commit. With
@@ -671,28 +730,148 @@ func (r *Router) decideHere(ctx context.Context, own *ownership, gen uint64, che
 		r.cfg.Observer.Refused(reason(err), len(checks))
 		return err
 	}
+	if denied := r.penalize(own, checks, out); denied != nil {
+		if allOrNothing {
+			return r.denyAll(ctx, gen, checks, out, denied)
+		}
+		rest, restIdx := make([]actor.Check, 0, len(checks)), make([]int, 0, len(checks))
+		for i := range checks {
+			if !denied[i] {
+				rest, restIdx = append(rest, checks[i]), append(restIdx, i)
+			}
+		}
+		if len(rest) == 0 {
+			return nil
+		}
+		restOut := make([]actor.Decision, len(rest))
+		var restMarks []int64
+		if marks != nil {
+			restMarks = make([]int64, len(rest))
+		}
+		if err := r.decideEngine(ctx, gen, rest, restOut, restMarks, false); err != nil {
+			return err
+		}
+		for j, i := range restIdx {
+			out[i] = restOut[j]
+			if marks != nil {
+				marks[i] = restMarks[j]
+			}
+		}
+		return nil
+	}
+	return r.decideEngine(ctx, gen, checks, out, marks, allOrNothing)
+}
+
+// decideEngine has the engine decide checks, and acknowledges them only if
+// this node's lease still runs after they were committed (and copied).
+func (r *Router) decideEngine(ctx context.Context, gen uint64, checks []actor.Check, out []actor.Decision, marks []int64, allOrNothing bool) error {
 	if err := r.cfg.Engine.Do(ctx, checks, out, actor.CallOptions{Generation: gen, Marks: marks, AllOrNothing: allOrNothing}); err != nil {
 		if errors.Is(err, actor.ErrReplication) {
 			r.cfg.Observer.Refused("standby", len(checks))
 		}
 		return err
 	}
-	if !r.lease.valid() {
+	if !r.ctl.LeaseValid() {
 		// The lease ran out while the actors decided (a pause, say): some
 		// other node may act for these keys by now. The hits stay
 		// recorded, unacknowledged: conservative.
 		r.cfg.Observer.Refused("no_quorum", len(checks))
-		return fmt.Errorf("%w: the lease of %s ran out while it decided; nothing was acknowledged", ErrNoQuorum, r.cfg.Self)
+		return &RecordedError{Err: fmt.Errorf("%w: the lease of %s ran out while it decided; nothing was acknowledged", ErrNoQuorum, r.cfg.Self)}
 	}
 	return nil
+}
+
+// RecordedError is a refusal that came after the hits were recorded: the
+// client was not told they were allowed, but they count (conservative).
+// Status marks its status so ("recorded": "maybe").
+type RecordedError struct{ Err error }
+
+func (e *RecordedError) Error() string { return e.Err.Error() }
+
+// Unwrap returns the refusal.
+func (e *RecordedError) Unwrap() error { return e.Err }
+
+// penalize denies, without recording, the checks whose key a tombstone
+// bears on (a forgotten member's keys with no complete copy: one window of
+// each key's limit from when this node saw the tombstone). It returns
+// which checks it denied, nil for none.
+func (r *Router) penalize(own *ownership, checks []actor.Check, out []actor.Decision) []bool {
+	if len(own.cur.m.Tombstones) == 0 {
+		return nil
+	}
+	r.ownMu.Lock()
+	seen := cloneTombstones(r.tombstones)
+	r.ownMu.Unlock()
+	now := time.Now()
+	var denied []bool
+	for i := range checks {
+		ck := &checks[i]
+		if ck.Cost <= 0 || ck.Refund {
+			continue
+		}
+		var until time.Time
+		for _, p := range own.cur.penalties(ck.Key, seen) {
+			if u := p.from.Add(ck.Window); u.After(until) {
+				until = u
+			}
+		}
+		if !now.Before(until) {
+			continue
+		}
+		if denied == nil {
+			denied = make([]bool, len(checks))
+		}
+		denied[i] = true
+		out[i] = actor.Decision{Allowed: false, Limit: ck.Limit, Remaining: 0, RetryAfter: until.Sub(now), ResetAfter: until.Sub(now) + ck.Window}
+	}
+	return denied
+}
+
+// denyAll answers an all-or-nothing call of which some checks a tombstone
+// denied: nothing is recorded, every check is denied, and the others'
+// remaining come from a peek.
+func (r *Router) denyAll(ctx context.Context, gen uint64, checks []actor.Check, out []actor.Decision, denied []bool) error {
+	peek := make([]actor.Check, 0, len(checks))
+	idx := make([]int, 0, len(checks))
+	for i := range checks {
+		if !denied[i] {
+			c := checks[i]
+			c.Cost, c.Refund = 0, false
+			peek, idx = append(peek, c), append(idx, i)
+		}
+	}
+	if len(peek) > 0 {
+		peekOut := make([]actor.Decision, len(peek))
+		if err := r.cfg.Engine.Do(ctx, peek, peekOut, actor.CallOptions{Generation: gen}); err != nil {
+			return err
+		}
+		for j, i := range idx {
+			out[i] = peekOut[j]
+		}
+	}
+	for i := range out {
+		out[i].Allowed = false
+	}
+	return nil
+}
+
+func cloneTombstones(m map[control.Tombstone]time.Time) map[control.Tombstone]time.Time {
+	out := make(map[control.Tombstone]time.Time, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
 }
 
 // admit waits until this node may decide checks under its lease: every
 // key's state is here. It waits for gained keys up to HandoffWait (and
 // ctx), and fails at once without a lease.
 func (r *Router) admit(ctx context.Context, own *ownership, checks []actor.Check) error {
-	if !r.lease.valid() {
-		return fmt.Errorf("%w: %s holds no lease from a majority of the %d expected members", ErrNoQuorum, r.cfg.Self, r.cfg.Membership.cfg.Expect)
+	if err := r.leaseErr(); err != nil {
+		return err
+	}
+	if own.epoch != r.ctl.Epoch() {
+		return fmt.Errorf("%w: %s moved to a new epoch", actor.ErrStale, r.cfg.Self)
 	}
 	if own.settled {
 		return nil
@@ -705,9 +884,8 @@ func (r *Router) admit(ctx context.Context, own *ownership, checks []actor.Check
 	}()
 	for {
 		var err error
-		now := r.clk.Now()
 		for i := range checks {
-			if err = own.gate(checks[i].Key, now); err != nil {
+			if err = own.gate(checks[i].Key); err != nil {
 				break
 			}
 		}
@@ -740,22 +918,26 @@ func (r *Router) admit(ctx context.Context, own *ownership, checks []actor.Check
 // the ownership changed (actor.Config.Owns).
 func (r *Router) Decidable(key string) bool {
 	own := r.own.Load()
-	if own == nil {
+	if own == nil || r.ctl == nil {
 		return true
 	}
 	if own.cur.actingName(key) != r.cfg.Self {
 		return false
 	}
-	return own.gate(key, r.clk.Now()) == nil
+	return own.gate(key) == nil
 }
 
-// DecideForwarded decides checks another node forwarded here: the checks
-// this node does not act for make the call fail with errMisrouted (the
-// sender routes them again, never through here); the others are decided as
-// decideHere does.
-func (r *Router) DecideForwarded(ctx context.Context, checks []actor.Check, out []actor.Decision, marks []int64) error {
-	if r.cfg.Membership == nil {
+// DecideForwarded decides checks another node forwarded here, once this
+// node applied at least the map version the sender routed under: the
+// checks this node does not act for make the call fail with errMisrouted
+// (the sender routes them again, never through here); the others are
+// decided as decideHere does.
+func (r *Router) DecideForwarded(ctx context.Context, version uint64, checks []actor.Check, out []actor.Decision, marks []int64) error {
+	if r.ctl == nil {
 		return r.cfg.Engine.Do(ctx, checks, out, actor.CallOptions{Marks: marks})
+	}
+	if err := r.catchUp(ctx, version); err != nil {
+		return err
 	}
 	gen := r.cfg.Engine.Generation()
 	own := r.own.Load()
@@ -765,25 +947,130 @@ func (r *Router) DecideForwarded(ctx context.Context, checks []actor.Check, out 
 		}
 	}
 	err := r.decideHere(ctx, own, gen, checks, out, marks, false)
-	if errors.Is(err, actor.ErrStale) && !errors.Is(err, actor.ErrStalePartial) {
+	if stale(err) {
 		return fmt.Errorf("%w: %v", errMisrouted, err)
 	}
 	return err
 }
 
+// catchUpWait bounds how long a receiver waits to apply the map version a
+// sender acted under.
+const catchUpWait = time.Second
+
+// catchUp waits until this node's ownership is built from at least map
+// version v: a message from a node that applied a newer map is looked at
+// under that map, never under an older one.
+func (r *Router) catchUp(ctx context.Context, v uint64) error {
+	if v == 0 {
+		return nil
+	}
+	deadline := time.NewTimer(catchUpWait)
+	defer deadline.Stop()
+	for {
+		r.ownMu.Lock()
+		have := r.applied.version
+		r.ownMu.Unlock()
+		if have >= v {
+			return nil
+		}
+		m, changed := r.ctl.Watch()
+		if m.Version >= v {
+			r.update()
+			continue
+		}
+		select {
+		case <-changed:
+		case <-deadline.C:
+			return fmt.Errorf("%w: %s has applied the cluster map up to version %d, the sender acted under %d", ErrMoving, r.cfg.Self, have, v)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// mapVersion is the version of the map the current ownership was built
+// from.
+func (r *Router) mapVersion() uint64 {
+	r.ownMu.Lock()
+	defer r.ownMu.Unlock()
+	return r.applied.version
+}
+
 // Owner returns the name of the member that decides key now, and whether
-// it is another node. When nobody may decide it (its owner is down), it
-// names the owner.
+// it is another node. When nobody may decide it, it names the member the
+// key waits for (or its owner).
 func (r *Router) Owner(key string) (string, bool) {
 	own := r.own.Load()
 	if own == nil {
 		return r.cfg.Self, false
 	}
-	name, _, _ := own.cur.acting(key)
+	name, wait, _ := own.cur.acting(key)
 	if name == "" {
-		name = own.cur.owner(key)
+		name = cmp.Or(wait, own.cur.owner(key))
 	}
 	return name, name != "" && name != r.cfg.Self
+}
+
+// Shares returns, for each member, the fraction of keys it acts for in
+// the current configuration, measured by hashing samples synthetic keys:
+// the same configuration always gives the same shares.
+func (r *Router) Shares(samples int) map[string]float64 {
+	own := r.own.Load()
+	if own == nil || r.ctl == nil {
+		return map[string]float64{r.cfg.Self: 1}
+	}
+	counts := make(map[string]int)
+	buf := []byte("sluice-share-probe:")
+	n := len(buf)
+	for i := range samples {
+		buf = strconv.AppendInt(buf[:n], int64(i), 10)
+		if a := own.cur.actingName(string(buf)); a != "" {
+			counts[a]++
+		}
+	}
+	out := make(map[string]float64, len(counts))
+	for name, c := range counts {
+		out[name] = float64(c) / float64(samples)
+	}
+	return out
+}
+
+// Leader returns the name of the Raft leader this node knows, "" if none.
+func (r *Router) Leader() string {
+	if r.ctl == nil {
+		return r.cfg.Self
+	}
+	return r.ctl.Leader()
+}
+
+// Voters returns the Raft configuration: whether each member's ID votes.
+func (r *Router) Voters() map[string]bool {
+	if r.ctl == nil {
+		return nil
+	}
+	return r.ctl.Servers()
+}
+
+// Forget removes a member that is down for good from the cluster map (see
+// control.Control.Forget) and reports whether its keys go on from complete
+// copies.
+func (r *Router) Forget(ctx context.Context, name string) (bool, error) {
+	if r.ctl == nil {
+		return false, fmt.Errorf("%w: not a cluster", control.ErrNoMember)
+	}
+	if err := r.ctl.Forget(ctx, name); err != nil {
+		return false, err
+	}
+	x, _ := r.ctl.Map().Member(name)
+	return x.Releasable, nil
+}
+
+// Map returns the cluster map the router follows, nil for a single node.
+func (r *Router) Map() *control.Map {
+	if r.ctl == nil {
+		return nil
+	}
+	return r.ctl.Map()
 }
 
 // AdminConn returns a connection to the admin service of the live member
@@ -791,58 +1078,13 @@ func (r *Router) Owner(key string) (string, bool) {
 // owner, listings, overrides): the peer connection when the member serves
 // both on one address, one of its own otherwise.
 func (r *Router) AdminConn(name string) (*grpc.ClientConn, error) {
-	m, ok := r.liveMember(name)
-	if !ok {
-		return nil, fmt.Errorf("%w: %s is not a live member", ErrUnreachable, name)
-	}
-	addr := cmp.Or(m.AdminAddr, m.GRPCAddr)
-	if addr == cmp.Or(m.PeerAddr, m.GRPCAddr) {
-		p, err := r.peer(name)
-		if err != nil {
-			return nil, err
-		}
-		return p.conn, nil
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed {
-		return nil, fmt.Errorf("%w: router closed", ErrUnreachable)
-	}
-	if c := r.admins[name]; c != nil && c.addr == addr {
-		return c.conn, nil
-	} else if c != nil {
-		c.conn.Close()
-	}
-	conn, err := grpc.NewClient(addr, r.cfg.DialOptions...)
-	if err != nil {
-		return nil, fmt.Errorf("%w: dial %s's admin service at %s: %v", ErrUnreachable, name, addr, err)
-	}
-	r.admins[name] = &adminConn{addr: addr, conn: conn}
-	return conn, nil
-}
-
-// adminConn is a connection to a member's admin service at addr.
-type adminConn struct {
-	addr string
-	conn *grpc.ClientConn
+	return r.peers.adminConn(name)
 }
 
 // Close stops the senders and closes the peer connections. Run must have
 // returned.
 func (r *Router) Close() {
-	r.replMu.Lock()
-	for _, s := range r.standbys {
-		s.close()
-	}
-	r.replMu.Unlock()
-	r.mu.Lock()
-	r.closed = true
-	for _, p := range r.peers {
-		p.close()
-	}
-	for _, c := range r.admins {
-		c.conn.Close()
-	}
-	r.mu.Unlock()
+	r.repl.close()
+	r.peers.close()
 	r.wg.Wait()
 }

@@ -14,10 +14,7 @@ type State uint8
 const (
 	// StateAlive is a live member.
 	StateAlive State = iota + 1
-	// StateLeaving is a live member that announced it is about to leave
-	// (Membership.SetLeaving, or the start of Leave). It still owns its keys.
-	StateLeaving
-	// StateLeft is a member that left gracefully.
+	// StateLeft is a member that left gossip gracefully.
 	StateLeft
 	// StateDead is a member that failure detection declared dead, or that
 	// left without announcing it first.
@@ -28,8 +25,6 @@ func (s State) String() string {
 	switch s {
 	case StateAlive:
 		return "alive"
-	case StateLeaving:
-		return "leaving"
 	case StateLeft:
 		return "left"
 	case StateDead:
@@ -38,9 +33,8 @@ func (s State) String() string {
 	return "unknown"
 }
 
-// Live reports whether a member in state s is part of the live view (and so
-// owns keys).
-func (s State) Live() bool { return s == StateAlive || s == StateLeaving }
+// Live reports whether a member in state s is part of the live view.
+func (s State) Live() bool { return s == StateAlive }
 
 // Member is one node of the cluster as this node sees it.
 type Member struct {
@@ -66,9 +60,16 @@ type Member struct {
 	// seen again under the same name with another Started is a new process:
 	// it restarted, whatever its address.
 	Started time.Time
-	// Incarnation is the member's current incarnation (RosterEntry): a new
-	// one at each start, and when the member was fenced.
-	Incarnation uint64
+	// ID is its Raft server ID, drawn with its data directory.
+	ID string
+	// ClusterID is the cluster it announces it belongs to, "" until it
+	// joined one.
+	ClusterID string
+	// Expect, Settings and Zone are what it announces: its --expect, its
+	// cluster-wide settings and its failure domain.
+	Expect   int
+	Settings string
+	Zone     string
 }
 
 // ChangeKind says what changed a view.
@@ -78,8 +79,8 @@ const (
 	// ChangeJoined: a member joined, or came back after being declared dead
 	// or leaving.
 	ChangeJoined ChangeKind = iota + 1
-	// ChangeUpdated: a live member's metadata changed (its gRPC address, or
-	// it announced it is leaving).
+	// ChangeUpdated: a live member's metadata changed (an address, or the
+	// cluster it belongs to).
 	ChangeUpdated
 	// ChangeLeft: a member left gracefully.
 	ChangeLeft
@@ -101,21 +102,18 @@ func (k ChangeKind) String() string {
 	return "unknown"
 }
 
-// View is an immutable snapshot of the live members (alive or leaving) as
-// this node saw them at one moment. Views are shared: never modify one or
-// its Members.
+// View is an immutable snapshot of the members gossip sees alive, as this
+// node saw them at one moment. Gossip only finds members and suspects
+// failures: who owns which key is the cluster map's (package control).
+// Views are shared: never modify one or its Members.
 type View struct {
 	// Epoch numbers this node's views: it increases by at least one with
 	// every change of the live members or of their metadata, and never goes
 	// back while the process runs. It is local: two nodes' epochs are not
-	// comparable, and a restarted node counts from 1 again, so fencing
-	// pairs it with the node's Name and Started.
+	// comparable, and a restarted node counts from 1 again.
 	Epoch uint64
 	// Members are the live members sorted by name, each name once.
 	Members []Member
-	// Roster is the cluster's membership as it is meant to be, up or down
-	// (see Roster). Nil in views built by NewView.
-	Roster *Roster
 
 	hashes []uint64 // shard.NodeHash of each member's name, same order
 }
@@ -165,20 +163,4 @@ func (v *View) Member(name string) (Member, bool) {
 		return Member{}, false
 	}
 	return v.Members[i], true
-}
-
-// Without returns a view of the same epoch without the named member: where
-// keys go once it is gone. A node about to leave uses it to hand its keys
-// to their next owners.
-func (v *View) Without(name string) *View {
-	i, ok := slices.BinarySearchFunc(v.Members, name, func(m Member, n string) int { return strings.Compare(m.Name, n) })
-	if !ok {
-		return v
-	}
-	return &View{
-		Epoch:   v.Epoch,
-		Members: slices.Delete(slices.Clone(v.Members), i, i+1),
-		Roster:  v.Roster,
-		hashes:  slices.Delete(slices.Clone(v.hashes), i, i+1),
-	}
 }

@@ -140,7 +140,7 @@ func (h *Handler) overview(r *http.Request) (any, error) {
 	now := h.cfg.Clock.Now()
 	out := &overview{
 		Node:      h.b.NodeName(),
-		Epoch:     members.Epoch,
+		Epoch:     members.MapVersion,
 		ReadAt:    fmtTime(now),
 		Decisions: h.topList(tr.TopDecisions, top),
 		Denials:   h.topList(tr.TopDenials, top),

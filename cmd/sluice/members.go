@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"io"
-	"strings"
 
 	"github.com/spf13/cobra"
 
@@ -14,21 +13,21 @@ func (c *cli) membersCommand() *cobra.Command {
 	co := &clientOptions{}
 	cmd := &cobra.Command{
 		Use:   "members",
-		Short: "List the cluster's members as one node sees them (admin API)",
-		Long: `List the cluster's members as the node at --addr sees them: the live
-ones and the last ones seen dead or left, with their gossip and gRPC
-addresses, their state and the share of keys each owns in that node's
-view. A node outside a cluster lists itself, owning every key.
+		Short: "List the cluster's members (admin API)",
+		Long: `List the members of the cluster map (kept in Raft) as the node at
+--addr applied it: each member's state, epoch, Raft role, gRPC and gossip
+addresses, and the share of keys it acts for. A node outside a cluster
+lists itself, owning every key.
 
-States: alive; leaving (handing its keys over before it stops; it owns no
-more keys); left (stopped gracefully, or forgotten); dead (failure
-detection gave up on it; it still owns its keys, which wait for it under
---owner-policy exact, or go to the next node once it is fenced under
-available).
+States: alive (its epoch is live and gossip sees it); leaving (handing its
+keys over before it stops, with --replicas 1); dead (its epoch ended, or
+gossip lost it); left (forgotten); joining (gossip sees it, the map does not
+list it yet). COPIES says, for a member whose epoch ended, whether its keys
+went on from complete copies (yes) or wait for it (no, under --owner-policy
+exact). ROLE is leader, voter or - (a non-voter).
 
-The footer gives the node's view epoch: it increases with every change
-that node sees. Ask two nodes and compare their lists to see whether they
-agree; their epochs are not comparable.`,
+The footer gives the cluster ID, the map version the node applied (every
+node applies the same versions in the same order) and the leader.`,
 		Example: `  sluice members --addr sluice.sluice.svc:8081
   sluice members -o json`,
 		Args: cobra.NoArgs,
@@ -50,7 +49,8 @@ agree; their epochs are not comparable.`,
 			if err := printMembers(cmd.OutOrStdout(), resp); err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.ErrOrStderr(), "as seen by %s at epoch %d\n", resp.Node, resp.Epoch)
+			fmt.Fprintf(cmd.ErrOrStderr(), "cluster %s, map version %d as applied by %s, leader %s\n",
+				orDash(resp.ClusterId), resp.MapVersion, resp.Node, orDash(resp.Leader))
 			return nil
 		},
 	}
@@ -64,12 +64,14 @@ func membersForgetCommand(co *clientOptions) *cobra.Command {
 		Use:   "forget NAME",
 		Short: "Remove a member that is down for good from the cluster (admin API)",
 		Long: `Remove the member NAME, which is down and will not come back (its
-machine and disk are gone), from every live node's roster. Until then its
-keys wait for it under --owner-policy exact; once it is forgotten they go to
-the other nodes WITHOUT the state it held: each may allow up to one more
-window's limit. A member that is alive is refused: stop it, or let it leave
-(SIGTERM hands its keys over). If a forgotten member comes back, it joins
-again.`,
+machine and disk are gone), from the cluster map, through the Raft leader.
+Its epoch is ended first, once its lease is over for sure (a paused node
+cannot wake up and decide). Then its keys go on: from their standbys'
+copies when those are complete; otherwise, since the state it held is
+gone, whoever decides them next denies them for one window of each key's
+limit, so that no window ever allows more than its limit. A member gossip
+sees alive is refused: stop it first. If a forgotten member comes back, it
+joins again as a new member.`,
 		Example: `  sluice members forget sluice-4`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -87,7 +89,11 @@ again.`,
 			if co.json() {
 				return printJSON(cmd.OutOrStdout(), resp)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "forgot %s on %s\n", fmtText(args[0]), strings.Join(resp.Nodes, ", "))
+			how := "its keys go on from their standbys' copies"
+			if !resp.FromCopies {
+				how = "its keys had no complete copy: they are denied for one window of their limit"
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "forgot %s: %s\n", fmtText(args[0]), how)
 			return nil
 		},
 	}
@@ -97,10 +103,21 @@ again.`,
 // as the server sends them.
 func printMembers(w io.Writer, resp *sluicepb.ListMembersResponse) error {
 	tw := newTable(w)
-	fmt.Fprintln(tw, "NAME\tSTATE\tGRPC\tGOSSIP\tSHARE")
+	fmt.Fprintln(tw, "NAME\tSTATE\tEPOCH\tROLE\tCOPIES\tGRPC\tGOSSIP\tSHARE")
 	for _, m := range resp.Members {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1f%%\n",
-			fmtText(m.Name), m.State, orDash(m.GrpcAddr), orDash(m.GossipAddr), 100*m.Share)
+		role := "-"
+		switch {
+		case m.Leader:
+			role = "leader"
+		case m.Voter:
+			role = "voter"
+		}
+		copies := "-"
+		if !m.Live && m.Epoch > 0 {
+			copies = map[bool]string{true: "yes", false: "no"}[m.Releasable]
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%.1f%%\n",
+			fmtText(m.Name), m.State, m.Epoch, role, copies, orDash(m.GrpcAddr), orDash(m.GossipAddr), 100*m.Share)
 	}
 	return tw.Flush()
 }

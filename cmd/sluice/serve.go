@@ -130,7 +130,9 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.StringVar(&o.advertiseAddr, "advertise-addr", "", "cluster: host:port peers reach this node's gossip at, when it differs from --gossip-addr")
 	fs.StringVar(&o.join, "join", "", "cluster: comma-separated host:port list of members to join (DNS names are resolved and retried, so a headless Service works)")
 	fs.StringVar(&o.gossipKey, "gossip-key", "", "cluster: base64 AES key (16, 24 or 32 bytes) encrypting gossip; every member needs the same")
-	fs.IntVar(&o.expect, "expect", 0, "cluster: how many nodes the cluster is meant to have (a StatefulSet's replicas); a node decides nothing without a lease from a majority of them. Required in a cluster")
+	fs.IntVar(&o.expect, "expect", 0, "cluster: how many nodes bootstrap a new cluster together (a StatefulSet's replicas when it is first created); a node with no Raft state waits until that many nodes agree, and the lowest name bootstraps. Ignored once the cluster exists: its Raft configuration is the quorum. Required in a cluster")
+	fs.StringVar(&cfg.Control.Zone, "zone", "", "cluster: this node's failure domain (a Kubernetes zone): the Raft leader spreads voters across zones")
+	fs.Var(newDurationValue(&cfg.Control.Settings.Lease, 2*time.Second), "lease", "cluster: how long a node may decide after its last lease renewal was sent (L); a node down is replaced after about L·1.1 plus failure detection. Every node of a cluster needs the same")
 	fs.Var(newEnumValue(&o.ownerPolicy, "exact", "exact", "available"), "owner-policy",
 		"cluster: who decides the keys of a node that is down and that no standby holds: exact (nobody until it is back: UNAVAILABLE, never a wrong answer) or available (the next node, from no state once the down node is fenced: up to one extra limit per key)")
 	fs.BoolVar(&o.insecure, "insecure", false, "cluster: serve the peer service on a non-loopback --grpc-addr without --admin-token or --tls-client-ca (anyone who reaches the port can then forge handoffs, forwarded checks and refunds)")
@@ -218,7 +220,7 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 			cc.GossipKey = key
 		}
 		if o.expect < 1 {
-			return fmt.Errorf("--expect: set the number of nodes the cluster is meant to have (the StatefulSet's replicas, or the N of scripts/cluster-up.sh): a node decides nothing until a majority of them granted it a lease, so that a node alone never forms a second cluster")
+			return fmt.Errorf("--expect: set how many nodes bootstrap the cluster together (the StatefulSet's replicas, or the N of scripts/cluster-up.sh): a node with no Raft state waits for that many, so that nodes started apart never form two clusters")
 		}
 		cc.Expect = o.expect
 		policy, err := cluster.ParsePolicy(o.ownerPolicy)
@@ -236,13 +238,16 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 		case o.replicas == 0:
 			o.replicas = 2
 		}
+		if o.replicas == 2 && cfg.Durability == "async" {
+			return fmt.Errorf("--durability async with --replicas 2: async acknowledges a decision before anything is written or copied, so a standby could miss acknowledged hits and take over without them; use --durability commit (the default) or fsync, or --replicas 1")
+		}
 		cfg.Router.Replicas = o.replicas
 		peerFlag, peerAddr := "--grpc-addr", cfg.GRPCAddr
 		if cfg.PeerAddr != "" {
 			peerFlag, peerAddr = "--peer-addr", cfg.PeerAddr
 		}
 		if cfg.AdminToken == "" && cfg.TLSClientCA == "" && !isLoopback(peerAddr) && !o.insecure {
-			return fmt.Errorf("%s %s: a cluster node serves its peer service (forwarded checks, handoffs, standby copies) on that port, and without --admin-token (the same on every node) or --tls-client-ca anyone who reaches it can forge them; set one (see docs/security.md), or pass --insecure to run without", peerFlag, peerAddr)
+			return fmt.Errorf("%s %s: a cluster node serves its peer service (forwarded checks, handoffs, standby copies) and Raft on that port, and without --admin-token (the same on every node) or --tls-client-ca anyone who reaches it can forge them; set one (see docs/security.md), or pass --insecure to run without", peerFlag, peerAddr)
 		}
 		cfg.Cluster = &cc
 	} else if o.expect > 1 {
@@ -285,8 +290,10 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
-	for ctx.Err() == nil {
+	var fatal error
+	for ctx.Err() == nil && fatal == nil {
 		select {
+		case fatal = <-srv.Fatal():
 		case <-hup:
 			if err := srv.ReloadLimits(); err != nil {
 				log.Error("reload limits file", "err", err)
@@ -301,6 +308,12 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 	}
 	if o.readyFile != "" {
 		os.Remove(o.readyFile)
+	}
+	if fatal != nil {
+		// The node could not be a member: it decided nothing; stop it
+		// without waiting for calls.
+		srv.Crash()
+		return fatal
 	}
 	log.Info("shutting down", "reason", context.Cause(ctx).Error(), "timeout", cfg.ShutdownTimeout)
 	if err := srv.Shutdown(stopCtx); err != nil {

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"google.golang.org/grpc"
@@ -10,27 +11,38 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluice-io/sluice/cluster"
+	"github.com/sluice-io/sluice/cluster/control"
 )
 
-// joinTimeout bounds how long Start tries to join the cluster.
+// joinTimeout bounds how long Start tries to reach the join list.
 const joinTimeout = 2 * time.Minute
 
-// startCluster joins the cluster and starts the router: forwarding,
-// leases, handoff.
+// startCluster joins gossip, starts the control plane (Raft, on the peer
+// listener) and the router: forwarding, handoff, standby copies.
 func (n *Node) startCluster() error {
 	// Not ready while joining, for every service probes may name (New set
 	// only the server as a whole).
 	n.setHealth(healthpb.HealthCheckResponse_NOT_SERVING)
+	id, err := control.NodeID(n.cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	settings := control.Settings{
+		Replicas: n.cfg.Router.Replicas,
+		Policy:   n.cfg.Router.Policy.String(),
+		Lease:    n.cfg.Control.Settings.Lease,
+	}
+	if settings.Lease <= 0 {
+		settings.Lease = 2 * time.Second
+	}
 	ccfg := *n.cfg.Cluster
 	ccfg.NodeName, ccfg.GRPCAddr = n.cfg.NodeName, n.GRPCAddr()
 	ccfg.PeerAddr, ccfg.AdminAddr = n.PeerAddr(), n.AdminAddr()
+	ccfg.ID, ccfg.Settings, ccfg.Zone = id, settings.String(), n.cfg.Control.Zone
 	if ccfg.Logger == nil {
 		ccfg.Logger = n.log.With("component", "cluster")
 	}
 	ccfg.Observer = n.metrics
-	if n.store != nil {
-		ccfg.Store = n.store
-	}
 	m, err := cluster.New(ccfg)
 	if err != nil {
 		return err
@@ -42,30 +54,52 @@ func (n *Node) startCluster() error {
 	if err := m.Start(jctx); err != nil {
 		return err
 	}
-	rcfg := n.cfg.Router
-	rcfg.Membership, rcfg.Engine, rcfg.Self = m, n.engine, n.cfg.NodeName
-	rcfg.Logger, rcfg.Observer = n.log, n.metrics
-	if n.store != nil {
-		rcfg.Store = n.store
-	}
-	rcfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if n.certs != nil {
-		rcfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(n.certs.peerConfig()))}
+		dial = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(n.certs.peerConfig()))}
 	}
 	if creds := n.api.PeerCredentials(n.certs != nil); creds != nil {
-		rcfg.DialOptions = append(rcfg.DialOptions, grpc.WithPerRPCCredentials(creds))
+		dial = append(dial, grpc.WithPerRPCCredentials(creds))
 	}
-	r, err := cluster.NewRouter(rcfg)
+	local := m.Local()
+	ctl := n.cfg.Control
+	ctl.NodeName, ctl.DataDir, ctl.Expect, ctl.Settings = n.cfg.NodeName, n.cfg.DataDir, ccfg.Expect, settings
+	ctl.Addrs = control.Addrs{Gossip: local.GossipAddr, GRPC: local.GRPCAddr, Peer: local.PeerAddr, Admin: local.AdminAddr}
+	ctl.Gossip = m
+	ctl.Transport = control.TransportConfig{Listener: n.mux.Raft(), Advertise: local.PeerAddr, Secret: []byte(n.cfg.AdminToken)}
+	if n.certs != nil {
+		ctl.Transport.ServerTLS, ctl.Transport.ClientTLS = n.certs.serverConfig(false), n.certs.peerConfig()
+	}
+	ctl.DialOptions = dial
+	ctl.Logger = n.log
+	ctl.Observer = n.metrics
+	c, err := control.New(ctl)
 	if err != nil {
 		m.Shutdown()
 		return err
 	}
+	if err := c.Start(); err != nil {
+		c.Shutdown()
+		m.Shutdown()
+		return err
+	}
+	rcfg := n.cfg.Router
+	rcfg.Membership, rcfg.Control, rcfg.Engine, rcfg.Self = m, c, n.engine, n.cfg.NodeName
+	rcfg.Logger, rcfg.Observer = n.log, n.metrics
+	rcfg.DialOptions = dial
+	r, err := cluster.NewRouter(rcfg)
+	if err != nil {
+		c.Shutdown()
+		m.Shutdown()
+		return err
+	}
 	n.membership.Store(m)
+	n.control.Store(c)
 	n.router.Store(r)
 	n.api.SyncOverrides(context.Background())
 	ctx, stop := context.WithCancel(context.Background())
 	n.stopRouter, n.routerDone = stop, make(chan struct{})
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go func() {
 		defer n.wg.Done()
 		defer close(n.routerDone)
@@ -74,6 +108,15 @@ func (n *Node) startCluster() error {
 	go func() {
 		defer n.wg.Done()
 		n.watchReadiness(ctx)
+	}()
+	go func() {
+		defer n.wg.Done()
+		select {
+		case err := <-c.Fatal():
+			n.log.Error("this node cannot be a member of the cluster", "err", err)
+			n.fail(err)
+		case <-ctx.Done():
+		}
 	}()
 	return nil
 }
@@ -93,37 +136,45 @@ func (n *Node) watchReadiness(ctx context.Context) {
 	}
 }
 
-// leaveCluster hands every key over to the members that act for it and
-// leaves: announce leaving (this node then acts for nothing, and its
-// clients' checks are forwarded), hand over, and only once everything was
-// delivered mark the handoff done and leave. If ctx ends first, the node
-// stops without leaving: its peers see it down, and its keys wait for it.
+// leaveCluster stops this node's part in the cluster: it stops deciding,
+// leaves its keys complete elsewhere if it can within ctx (see
+// cluster.Router.Leave), ends its epoch, leaves gossip, and stops the
+// router, the control plane and gossip. It stays a member of the map and
+// of Raft: a restart takes a new epoch.
 func (n *Node) leaveCluster(ctx context.Context) {
-	m, r := n.membership.Load(), n.router.Load()
-	if r.OnlyOwner() {
-		n.log.Info("the only member that owns keys: stopping without leaving, keeping them")
+	m, c, r := n.membership.Load(), n.control.Load(), n.router.Load()
+	if err := r.Leave(ctx); err != nil {
+		n.log.Warn("leave: could not end this node's epoch; the leader ends it once its lease is over", "err", err)
 	} else {
-		if err := m.SetLeaving(2 * time.Second); err != nil {
-			n.log.Warn("announce leaving", "err", err)
-		}
-		// Keep a third of the time left for the calls in flight.
-		hctx, cancel := ctx, context.CancelFunc(func() {})
-		if d, ok := ctx.Deadline(); ok {
-			hctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(d)*2/3))
-		}
-		err := r.HandOver(hctx)
-		cancel()
-		switch {
-		case err != nil:
-			n.log.Warn("could not hand every key over; stopping without leaving, so that its keys wait for this node", "err", err)
-		case m.Leave(2*time.Second) != nil:
-			n.log.Warn("handed every key over, but the departure may not have reached every peer")
-		default:
-			n.log.Info("handed every key over and left the cluster")
-		}
+		n.log.Info("left: ended this node's epoch")
 	}
+	if err := m.Leave(2 * time.Second); err != nil {
+		n.log.Warn("gossip leave may not have reached every peer", "err", err)
+	}
+	n.stopCluster(m, c, r)
+}
+
+// stopCluster stops the router, the control plane and gossip, in that
+// order.
+func (n *Node) stopCluster(m *cluster.Membership, c *control.Control, r *cluster.Router) {
 	n.stopRouter()
 	<-n.routerDone
+	if err := c.Shutdown(); err != nil {
+		n.log.Warn("stop the control plane", "err", err)
+	}
 	m.Shutdown()
 	r.Close()
 }
+
+// fail stops the node for good with err: Fatal delivers it (sluice serve
+// exits with it).
+func (n *Node) fail(err error) {
+	select {
+	case n.fatal <- fmt.Errorf("node: %w", err):
+	default:
+	}
+}
+
+// Fatal delivers an error that makes the node unusable (its settings
+// differ from the cluster's): the process should stop with it.
+func (n *Node) Fatal() <-chan error { return n.fatal }

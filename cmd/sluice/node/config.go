@@ -15,6 +15,7 @@ import (
 	"github.com/sluice-io/sluice/actor/clock"
 	"github.com/sluice-io/sluice/api"
 	"github.com/sluice-io/sluice/cluster"
+	"github.com/sluice-io/sluice/cluster/control"
 	"github.com/sluice-io/sluice/persist"
 )
 
@@ -161,9 +162,14 @@ type Config struct {
 	// NodeName and its gRPC, peer and admin addresses are set by Start.
 	// Nil runs a single node.
 	Cluster *cluster.Config
-	// Router tunes forwarding, handoff and leases in a cluster; its
-	// Membership, Engine, Self, Store and DialOptions are set by Start.
+	// Router tunes forwarding and handoff in a cluster; its Membership,
+	// Control, Engine, Self and DialOptions are set by Start.
 	Router cluster.RouterConfig
+	// Control tunes the control plane in a cluster: its Settings.Lease
+	// (L, default 2s), Zone, ClockDrift and RaftTimeout. Its node name,
+	// data directory, expect, replicas, policy, addresses, gossip and
+	// transport are set by Start.
+	Control control.Config
 	// Clock tells the time; nil is the wall clock.
 	Clock clock.Clock
 	// Logger receives the node's logs; nil discards them.

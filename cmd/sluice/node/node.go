@@ -29,6 +29,7 @@ import (
 	"github.com/sluice-io/sluice/api/limits"
 	"github.com/sluice-io/sluice/api/ui"
 	"github.com/sluice-io/sluice/cluster"
+	"github.com/sluice-io/sluice/cluster/control"
 	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
@@ -68,9 +69,12 @@ type Node struct {
 	certs  *certs // TLS material, nil without TLS
 
 	membership atomic.Pointer[cluster.Membership]
+	control    atomic.Pointer[control.Control]
 	router     atomic.Pointer[cluster.Router]
 	stopRouter context.CancelFunc // ends the router's Run
 	routerDone chan struct{}      // closed when Run returned
+	mux        *control.Mux       // splits the peer listener between gRPC and Raft, in a cluster
+	fatal      chan error         // capacity 1; see Fatal
 
 	httpLis      net.Listener
 	healthSrv    *http.Server // Config.HealthAddr's, nil without one
@@ -123,7 +127,7 @@ func New(cfg Config) (n *Node, err error) {
 		// A node without a data file keeps no copies of other nodes' keys.
 		cfg.Router.Replicas = 1
 	}
-	n = &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName)}
+	n = &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), fatal: make(chan error, 1)}
 	built := n // "return nil, err" sets n to nil before the deferred call runs
 	defer func() {
 		if err != nil {
@@ -270,7 +274,7 @@ func New(cfg Config) (n *Node, err error) {
 	for _, l := range n.gRPCs { // probes of the peer and admin ports too
 		healthpb.RegisterHealthServer(l.srv, n.health)
 	}
-	sluicepb.RegisterPeerServiceServer(n.peer.srv, cluster.NewPeerService(n.router.Load))
+	sluicepb.RegisterPeerServiceServer(n.peer.srv, cluster.NewPeerService(n.router.Load, n.control.Load))
 	// Reflection is an operator's tool: it goes with the admin service,
 	// and lists the services of its own listener only.
 	n.api.RegisterAdmin(n.admin.srv)
@@ -341,6 +345,17 @@ func (n *Node) Start() error {
 		}
 		l.lis = newLimitListener(lis, n.cfg.MaxConnections, l.name, n.metrics, n.log)
 	}
+	serveOn := func(l *listener) net.Listener { return l.lis }
+	if n.cfg.Cluster != nil {
+		// Raft travels on the peer port beside the peer service.
+		n.mux = control.NewMux(n.peer.lis)
+		serveOn = func(l *listener) net.Listener {
+			if l == n.peer {
+				return n.mux.GRPC()
+			}
+			return l.lis
+		}
+	}
 	if n.cfg.HTTPAddr != "" {
 		lis, err := net.Listen("tcp", n.cfg.HTTPAddr)
 		if err != nil {
@@ -370,7 +385,7 @@ func (n *Node) Start() error {
 		n.wg.Add(1)
 		go func() {
 			defer n.wg.Done()
-			if err := l.srv.Serve(l.lis); err != nil {
+			if err := l.srv.Serve(serveOn(l)); err != nil {
 				n.log.Error("gRPC server stopped", "listener", l.name, "err", err)
 			}
 		}()
@@ -533,10 +548,7 @@ func (n *Node) Crash() {
 		n.stopGRPC()
 		n.closeHTTP()
 		if m := n.membership.Load(); m != nil {
-			m.Shutdown()
-			n.stopRouter()
-			<-n.routerDone
-			n.router.Load().Close()
+			n.stopCluster(m, n.control.Load(), n.router.Load())
 		}
 		n.wg.Wait()
 		n.shutdownErr = n.closeStorage()
@@ -575,6 +587,9 @@ func (n *Node) closeStorage() error {
 
 // Membership is the node's cluster membership, nil for a single node.
 func (n *Node) Membership() *cluster.Membership { return n.membership.Load() }
+
+// Control is the node's control plane, nil for a single node.
+func (n *Node) Control() *control.Control { return n.control.Load() }
 
 // Router is the node's cluster router, nil for a single node.
 func (n *Node) Router() *cluster.Router { return n.router.Load() }

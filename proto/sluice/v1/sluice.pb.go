@@ -507,9 +507,9 @@ func (x *ForgetMemberRequest) GetName() string {
 // ForgetMemberResponse reports what was done.
 type ForgetMemberResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Names of the nodes that forgot the member (every live one unless some
-	// could not be reached; those learn it by gossip).
-	Nodes         []string `protobuf:"bytes,1,rep,name=nodes,proto3" json:"nodes,omitempty"`
+	// Whether the member's keys go on from complete copies (false: they are
+	// denied for one window of their limit by whoever decides them next).
+	FromCopies    bool `protobuf:"varint,2,opt,name=from_copies,json=fromCopies,proto3" json:"from_copies,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -544,11 +544,11 @@ func (*ForgetMemberResponse) Descriptor() ([]byte, []int) {
 	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
 }
 
-func (x *ForgetMemberResponse) GetNodes() []string {
+func (x *ForgetMemberResponse) GetFromCopies() bool {
 	if x != nil {
-		return x.Nodes
+		return x.FromCopies
 	}
-	return nil
+	return false
 }
 
 // ListMembersRequest asks for the members.
@@ -593,11 +593,17 @@ type ListMembersResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The members, sorted by name.
 	Members []*ClusterMember `protobuf:"bytes,1,rep,name=members,proto3" json:"members,omitempty"`
-	// The answering node's view epoch: it increases with every membership
-	// change this node sees. Epochs of different nodes are not comparable.
-	Epoch uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The version of the cluster map the answering node applied (the Raft
+	// index of its last change): every node reaches the same versions in the
+	// same order.
+	MapVersion uint64 `protobuf:"varint,2,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
 	// Name of the node that answered.
-	Node          string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	Node string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// Name of the Raft leader as the answering node knows it; empty when it
+	// knows none (no quorum, an election under way).
+	Leader string `protobuf:"bytes,4,opt,name=leader,proto3" json:"leader,omitempty"`
+	// The cluster's ID, drawn when it was bootstrapped.
+	ClusterId     string `protobuf:"bytes,5,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -639,9 +645,9 @@ func (x *ListMembersResponse) GetMembers() []*ClusterMember {
 	return nil
 }
 
-func (x *ListMembersResponse) GetEpoch() uint64 {
+func (x *ListMembersResponse) GetMapVersion() uint64 {
 	if x != nil {
-		return x.Epoch
+		return x.MapVersion
 	}
 	return 0
 }
@@ -649,6 +655,20 @@ func (x *ListMembersResponse) GetEpoch() uint64 {
 func (x *ListMembersResponse) GetNode() string {
 	if x != nil {
 		return x.Node
+	}
+	return ""
+}
+
+func (x *ListMembersResponse) GetLeader() string {
+	if x != nil {
+		return x.Leader
+	}
+	return ""
+}
+
+func (x *ListMembersResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
 	}
 	return ""
 }
@@ -662,10 +682,31 @@ type ClusterMember struct {
 	GossipAddr string `protobuf:"bytes,2,opt,name=gossip_addr,json=gossipAddr,proto3" json:"gossip_addr,omitempty"`
 	// Where it serves gRPC, host:port.
 	GrpcAddr string `protobuf:"bytes,3,opt,name=grpc_addr,json=grpcAddr,proto3" json:"grpc_addr,omitempty"`
-	// "alive", "leaving" (handing its keys over), "left" or "dead".
+	// "alive" (its epoch is live and gossip sees it), "leaving" (handing its
+	// keys over), "left" (forgotten) or "dead" (its epoch ended, or gossip
+	// lost it).
 	State string `protobuf:"bytes,4,opt,name=state,proto3" json:"state,omitempty"`
 	// Fraction of keys it owns, from 0 to 1 (0 for a node that is leaving).
-	Share         float64 `protobuf:"fixed64,5,opt,name=share,proto3" json:"share,omitempty"`
+	Share float64 `protobuf:"fixed64,5,opt,name=share,proto3" json:"share,omitempty"`
+	// Its current epoch (or last one, when not live): a new one at every
+	// start. Epochs only grow, cluster-wide.
+	Epoch uint64 `protobuf:"varint,6,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// Whether its epoch is live in the cluster map: it may hold a lease.
+	Live bool `protobuf:"varint,7,opt,name=live,proto3" json:"live,omitempty"`
+	// Whether it votes in the Raft group.
+	Voter bool `protobuf:"varint,8,opt,name=voter,proto3" json:"voter,omitempty"`
+	// Whether it is the Raft leader.
+	Leader bool `protobuf:"varint,9,opt,name=leader,proto3" json:"leader,omitempty"`
+	// "joined", "leaving" or "left": its phase in the map.
+	Phase string `protobuf:"bytes,10,opt,name=phase,proto3" json:"phase,omitempty"`
+	// Its Raft server ID, drawn with its data directory.
+	Id string `protobuf:"bytes,11,opt,name=id,proto3" json:"id,omitempty"`
+	// What gossip says of it now: "alive", "dead", "left", or "" if gossip
+	// has not seen it.
+	Gossip string `protobuf:"bytes,12,opt,name=gossip,proto3" json:"gossip,omitempty"`
+	// When its epoch ended: whether its keys went on from complete copies
+	// (else they wait for it, under the exact policy).
+	Releasable    bool `protobuf:"varint,13,opt,name=releasable,proto3" json:"releasable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -733,6 +774,62 @@ func (x *ClusterMember) GetShare() float64 {
 		return x.Share
 	}
 	return 0
+}
+
+func (x *ClusterMember) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *ClusterMember) GetLive() bool {
+	if x != nil {
+		return x.Live
+	}
+	return false
+}
+
+func (x *ClusterMember) GetVoter() bool {
+	if x != nil {
+		return x.Voter
+	}
+	return false
+}
+
+func (x *ClusterMember) GetLeader() bool {
+	if x != nil {
+		return x.Leader
+	}
+	return false
+}
+
+func (x *ClusterMember) GetPhase() string {
+	if x != nil {
+		return x.Phase
+	}
+	return ""
+}
+
+func (x *ClusterMember) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ClusterMember) GetGossip() string {
+	if x != nil {
+		return x.Gossip
+	}
+	return ""
+}
+
+func (x *ClusterMember) GetReleasable() bool {
+	if x != nil {
+		return x.Releasable
+	}
+	return false
 }
 
 // GetKeyRequest names the key to look at.
@@ -2204,14 +2301,24 @@ type ReplicateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Name of the node sending its writes.
 	FromNode string `protobuf:"bytes,1,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
-	// The sender's incarnation.
-	FromIncarnation uint64 `protobuf:"varint,2,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
+	// The sender's epoch: a receiver whose map has ended it refuses the
+	// copies.
+	FromEpoch uint64 `protobuf:"varint,2,opt,name=from_epoch,json=fromEpoch,proto3" json:"from_epoch,omitempty"`
 	// Name of the receiver these copies are meant for.
 	ToNode string `protobuf:"bytes,3,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
-	// The receiver's incarnation these copies are meant for.
-	ToIncarnation uint64 `protobuf:"varint,4,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
+	// The receiver's epoch these copies are meant for.
+	ToEpoch uint64 `protobuf:"varint,4,opt,name=to_epoch,json=toEpoch,proto3" json:"to_epoch,omitempty"`
 	// The records, in the order the sender wrote them.
-	Records       []*StoreRecord `protobuf:"bytes,5,rep,name=records,proto3" json:"records,omitempty"`
+	Records []*StoreRecord `protobuf:"bytes,5,rep,name=records,proto3" json:"records,omitempty"`
+	// The version of the cluster map the sender acted under: the receiver
+	// applies at least that version before it looks at the copies.
+	MapVersion uint64 `protobuf:"varint,6,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
+	// The sender's lane: a key always travels in the same one.
+	Lane uint32 `protobuf:"varint,7,opt,name=lane,proto3" json:"lane,omitempty"`
+	// The call's place in its lane: a receiver applies a lane's calls in
+	// increasing sequence and drops one older than what it applied (a late
+	// retry), so that a copy never goes back.
+	Sequence      uint64 `protobuf:"varint,8,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2253,9 +2360,9 @@ func (x *ReplicateRequest) GetFromNode() string {
 	return ""
 }
 
-func (x *ReplicateRequest) GetFromIncarnation() uint64 {
+func (x *ReplicateRequest) GetFromEpoch() uint64 {
 	if x != nil {
-		return x.FromIncarnation
+		return x.FromEpoch
 	}
 	return 0
 }
@@ -2267,9 +2374,9 @@ func (x *ReplicateRequest) GetToNode() string {
 	return ""
 }
 
-func (x *ReplicateRequest) GetToIncarnation() uint64 {
+func (x *ReplicateRequest) GetToEpoch() uint64 {
 	if x != nil {
-		return x.ToIncarnation
+		return x.ToEpoch
 	}
 	return 0
 }
@@ -2279,6 +2386,27 @@ func (x *ReplicateRequest) GetRecords() []*StoreRecord {
 		return x.Records
 	}
 	return nil
+}
+
+func (x *ReplicateRequest) GetMapVersion() uint64 {
+	if x != nil {
+		return x.MapVersion
+	}
+	return 0
+}
+
+func (x *ReplicateRequest) GetLane() uint32 {
+	if x != nil {
+		return x.Lane
+	}
+	return 0
+}
+
+func (x *ReplicateRequest) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
 }
 
 // StoreRecord is one write of a key's state, as the engine makes it.
@@ -2410,8 +2538,9 @@ type ForwardRequest struct {
 	Reserve bool `protobuf:"varint,2,opt,name=reserve,proto3" json:"reserve,omitempty"`
 	// Name of the node that forwarded the checks.
 	FromNode string `protobuf:"bytes,3,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
-	// Unused; kept so that the field number is not reused.
-	Epoch         uint64 `protobuf:"varint,4,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// The version of the cluster map the sender routed under: the receiver
+	// applies at least that version before it decides.
+	MapVersion    uint64 `protobuf:"varint,5,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2467,9 +2596,9 @@ func (x *ForwardRequest) GetFromNode() string {
 	return ""
 }
 
-func (x *ForwardRequest) GetEpoch() uint64 {
+func (x *ForwardRequest) GetMapVersion() uint64 {
 	if x != nil {
-		return x.Epoch
+		return x.MapVersion
 	}
 	return 0
 }
@@ -2629,23 +2758,26 @@ type HandoffRequest struct {
 	Keys []*KeyRecord `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
 	// Name of the node handing the keys over.
 	FromNode string `protobuf:"bytes,2,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
-	// The sender's configuration (a hash of the owners, and under the
-	// available policy of the ones alive) when it computed this handoff.
+	// The configuration the sender computed this handoff in: the version of
+	// the map's last membership change (Map.Changed).
 	Config uint64 `protobuf:"varint,3,opt,name=config,proto3" json:"config,omitempty"`
 	// When true, the sender holds nothing more that the receiver acts for in
 	// configuration config.
 	Complete bool `protobuf:"varint,4,opt,name=complete,proto3" json:"complete,omitempty"`
 	// Name of the receiver this part is meant for.
 	ToNode string `protobuf:"bytes,5,opt,name=to_node,json=toNode,proto3" json:"to_node,omitempty"`
-	// The receiver's incarnation this part is meant for.
-	ToIncarnation uint64 `protobuf:"varint,6,opt,name=to_incarnation,json=toIncarnation,proto3" json:"to_incarnation,omitempty"`
+	// The receiver's epoch this part is meant for.
+	ToEpoch uint64 `protobuf:"varint,6,opt,name=to_epoch,json=toEpoch,proto3" json:"to_epoch,omitempty"`
 	// Increases with every configuration the sender moves to; the receiver
 	// ignores a complete older than one it already has from the sender.
 	Sequence uint64 `protobuf:"varint,7,opt,name=sequence,proto3" json:"sequence,omitempty"`
-	// The sender's incarnation: a complete counts for that incarnation only.
-	FromIncarnation uint64 `protobuf:"varint,8,opt,name=from_incarnation,json=fromIncarnation,proto3" json:"from_incarnation,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// The sender's epoch: a complete counts for that epoch only.
+	FromEpoch uint64 `protobuf:"varint,8,opt,name=from_epoch,json=fromEpoch,proto3" json:"from_epoch,omitempty"`
+	// The version of the map the sender acted under: the receiver applies
+	// at least that version first.
+	MapVersion    uint64 `protobuf:"varint,9,opt,name=map_version,json=mapVersion,proto3" json:"map_version,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HandoffRequest) Reset() {
@@ -2713,9 +2845,9 @@ func (x *HandoffRequest) GetToNode() string {
 	return ""
 }
 
-func (x *HandoffRequest) GetToIncarnation() uint64 {
+func (x *HandoffRequest) GetToEpoch() uint64 {
 	if x != nil {
-		return x.ToIncarnation
+		return x.ToEpoch
 	}
 	return 0
 }
@@ -2727,9 +2859,16 @@ func (x *HandoffRequest) GetSequence() uint64 {
 	return 0
 }
 
-func (x *HandoffRequest) GetFromIncarnation() uint64 {
+func (x *HandoffRequest) GetFromEpoch() uint64 {
 	if x != nil {
-		return x.FromIncarnation
+		return x.FromEpoch
+	}
+	return 0
+}
+
+func (x *HandoffRequest) GetMapVersion() uint64 {
+	if x != nil {
+		return x.MapVersion
 	}
 	return 0
 }
@@ -2835,31 +2974,31 @@ func (x *HandoffResponse) GetMerged() int64 {
 	return 0
 }
 
-// LeaseRequest asks for a lease.
-type LeaseRequest struct {
+// RenewRequest asks the leader for a lease.
+type RenewRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Name of the node asking.
 	FromNode string `protobuf:"bytes,1,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
-	// Incarnation of the node asking.
-	Incarnation   uint64 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
+	// The epoch the lease is for.
+	Epoch         uint64 `protobuf:"varint,2,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *LeaseRequest) Reset() {
-	*x = LeaseRequest{}
+func (x *RenewRequest) Reset() {
+	*x = RenewRequest{}
 	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *LeaseRequest) String() string {
+func (x *RenewRequest) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*LeaseRequest) ProtoMessage() {}
+func (*RenewRequest) ProtoMessage() {}
 
-func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
+func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -2871,53 +3010,53 @@ func (x *LeaseRequest) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use LeaseRequest.ProtoReflect.Descriptor instead.
-func (*LeaseRequest) Descriptor() ([]byte, []int) {
+// Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
+func (*RenewRequest) Descriptor() ([]byte, []int) {
 	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{41}
 }
 
-func (x *LeaseRequest) GetFromNode() string {
+func (x *RenewRequest) GetFromNode() string {
 	if x != nil {
 		return x.FromNode
 	}
 	return ""
 }
 
-func (x *LeaseRequest) GetIncarnation() uint64 {
+func (x *RenewRequest) GetEpoch() uint64 {
 	if x != nil {
-		return x.Incarnation
+		return x.Epoch
 	}
 	return 0
 }
 
-// LeaseResponse answers a LeaseRequest.
-type LeaseResponse struct {
+// RenewResponse answers a RenewRequest.
+type RenewResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Whether the lease is granted.
+	// Whether the lease is renewed: the node may decide until L after it sent
+	// the request.
 	Granted bool `protobuf:"varint,1,opt,name=granted,proto3" json:"granted,omitempty"`
-	// Set when the sender's incarnation was fenced: it must take a new
-	// incarnation (and give up every key it holds) before it asks again.
-	Fenced bool `protobuf:"varint,2,opt,name=fenced,proto3" json:"fenced,omitempty"`
+	// Why not, when not granted.
+	Reason string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Name of the node answering.
 	Node          string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *LeaseResponse) Reset() {
-	*x = LeaseResponse{}
+func (x *RenewResponse) Reset() {
+	*x = RenewResponse{}
 	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *LeaseResponse) String() string {
+func (x *RenewResponse) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*LeaseResponse) ProtoMessage() {}
+func (*RenewResponse) ProtoMessage() {}
 
-func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
+func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -2929,59 +3068,57 @@ func (x *LeaseResponse) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use LeaseResponse.ProtoReflect.Descriptor instead.
-func (*LeaseResponse) Descriptor() ([]byte, []int) {
+// Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
+func (*RenewResponse) Descriptor() ([]byte, []int) {
 	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{42}
 }
 
-func (x *LeaseResponse) GetGranted() bool {
+func (x *RenewResponse) GetGranted() bool {
 	if x != nil {
 		return x.Granted
 	}
 	return false
 }
 
-func (x *LeaseResponse) GetFenced() bool {
+func (x *RenewResponse) GetReason() string {
 	if x != nil {
-		return x.Fenced
+		return x.Reason
 	}
-	return false
+	return ""
 }
 
-func (x *LeaseResponse) GetNode() string {
+func (x *RenewResponse) GetNode() string {
 	if x != nil {
 		return x.Node
 	}
 	return ""
 }
 
-// FenceRequest asks for a promise.
-type FenceRequest struct {
+// ProposeRequest carries a change of the cluster map to the leader.
+type ProposeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Name of the member to fence.
-	Member string `protobuf:"bytes,1,opt,name=member,proto3" json:"member,omitempty"`
-	// The newest of the member's incarnations to refuse.
-	Incarnation uint64 `protobuf:"varint,2,opt,name=incarnation,proto3" json:"incarnation,omitempty"`
-	// Name of the node asking.
-	FromNode      string `protobuf:"bytes,3,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	// Name of the node proposing.
+	FromNode string `protobuf:"bytes,1,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
+	// The change, as the control plane encodes it (JSON).
+	Command       []byte `protobuf:"bytes,2,opt,name=command,proto3" json:"command,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *FenceRequest) Reset() {
-	*x = FenceRequest{}
+func (x *ProposeRequest) Reset() {
+	*x = ProposeRequest{}
 	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *FenceRequest) String() string {
+func (x *ProposeRequest) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*FenceRequest) ProtoMessage() {}
+func (*ProposeRequest) ProtoMessage() {}
 
-func (x *FenceRequest) ProtoReflect() protoreflect.Message {
+func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
 	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -2993,53 +3130,48 @@ func (x *FenceRequest) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use FenceRequest.ProtoReflect.Descriptor instead.
-func (*FenceRequest) Descriptor() ([]byte, []int) {
+// Deprecated: Use ProposeRequest.ProtoReflect.Descriptor instead.
+func (*ProposeRequest) Descriptor() ([]byte, []int) {
 	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{43}
 }
 
-func (x *FenceRequest) GetMember() string {
-	if x != nil {
-		return x.Member
-	}
-	return ""
-}
-
-func (x *FenceRequest) GetIncarnation() uint64 {
-	if x != nil {
-		return x.Incarnation
-	}
-	return 0
-}
-
-func (x *FenceRequest) GetFromNode() string {
+func (x *ProposeRequest) GetFromNode() string {
 	if x != nil {
 		return x.FromNode
 	}
 	return ""
 }
 
-// FenceResponse confirms the promise.
-type FenceResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+func (x *ProposeRequest) GetCommand() []byte {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+// ProposeResponse carries the result of a change.
+type ProposeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The result, as the control plane encodes it (JSON).
+	Result        []byte `protobuf:"bytes,1,opt,name=result,proto3" json:"result,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
-func (x *FenceResponse) Reset() {
-	*x = FenceResponse{}
+func (x *ProposeResponse) Reset() {
+	*x = ProposeResponse{}
 	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
 
-func (x *FenceResponse) String() string {
+func (x *ProposeResponse) String() string {
 	return protoimpl.X.MessageStringOf(x)
 }
 
-func (*FenceResponse) ProtoMessage() {}
+func (*ProposeResponse) ProtoMessage() {}
 
-func (x *FenceResponse) ProtoReflect() protoreflect.Message {
+func (x *ProposeResponse) ProtoReflect() protoreflect.Message {
 	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
@@ -3051,9 +3183,16 @@ func (x *FenceResponse) ProtoReflect() protoreflect.Message {
 	return mi.MessageOf(x)
 }
 
-// Deprecated: Use FenceResponse.ProtoReflect.Descriptor instead.
-func (*FenceResponse) Descriptor() ([]byte, []int) {
+// Deprecated: Use ProposeResponse.ProtoReflect.Descriptor instead.
+func (*ProposeResponse) Descriptor() ([]byte, []int) {
 	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *ProposeResponse) GetResult() []byte {
+	if x != nil {
+		return x.Result
+	}
+	return nil
 }
 
 var File_sluice_v1_sluice_proto protoreflect.FileDescriptor
@@ -3086,21 +3225,37 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"resetAfter\x12\x12\n" +
 	"\x04node\x18\x06 \x01(\tR\x04node\")\n" +
 	"\x13ForgetMemberRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\",\n" +
-	"\x14ForgetMemberResponse\x12\x14\n" +
-	"\x05nodes\x18\x01 \x03(\tR\x05nodes\"\x14\n" +
-	"\x12ListMembersRequest\"s\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"=\n" +
+	"\x14ForgetMemberResponse\x12\x1f\n" +
+	"\vfrom_copies\x18\x02 \x01(\bR\n" +
+	"fromCopiesJ\x04\b\x01\x10\x02\"\x14\n" +
+	"\x12ListMembersRequest\"\xb5\x01\n" +
 	"\x13ListMembersResponse\x122\n" +
-	"\amembers\x18\x01 \x03(\v2\x18.sluice.v1.ClusterMemberR\amembers\x12\x14\n" +
-	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\x12\x12\n" +
-	"\x04node\x18\x03 \x01(\tR\x04node\"\x8d\x01\n" +
+	"\amembers\x18\x01 \x03(\v2\x18.sluice.v1.ClusterMemberR\amembers\x12\x1f\n" +
+	"\vmap_version\x18\x02 \x01(\x04R\n" +
+	"mapVersion\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12\x16\n" +
+	"\x06leader\x18\x04 \x01(\tR\x06leader\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x05 \x01(\tR\tclusterId\"\xc3\x02\n" +
 	"\rClusterMember\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vgossip_addr\x18\x02 \x01(\tR\n" +
 	"gossipAddr\x12\x1b\n" +
 	"\tgrpc_addr\x18\x03 \x01(\tR\bgrpcAddr\x12\x14\n" +
 	"\x05state\x18\x04 \x01(\tR\x05state\x12\x14\n" +
-	"\x05share\x18\x05 \x01(\x01R\x05share\"!\n" +
+	"\x05share\x18\x05 \x01(\x01R\x05share\x12\x14\n" +
+	"\x05epoch\x18\x06 \x01(\x04R\x05epoch\x12\x12\n" +
+	"\x04live\x18\a \x01(\bR\x04live\x12\x14\n" +
+	"\x05voter\x18\b \x01(\bR\x05voter\x12\x16\n" +
+	"\x06leader\x18\t \x01(\bR\x06leader\x12\x14\n" +
+	"\x05phase\x18\n" +
+	" \x01(\tR\x05phase\x12\x0e\n" +
+	"\x02id\x18\v \x01(\tR\x02id\x12\x16\n" +
+	"\x06gossip\x18\f \x01(\tR\x06gossip\x12\x1e\n" +
+	"\n" +
+	"releasable\x18\r \x01(\bR\n" +
+	"releasable\"!\n" +
 	"\rGetKeyRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\";\n" +
 	"\x0eGetKeyResponse\x12)\n" +
@@ -3197,58 +3352,67 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value\"B\n" +
 	"\x10EnvoyKeyResponse\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1c\n" +
-	"\tprintable\x18\x02 \x01(\tR\tprintable\"\xcc\x01\n" +
+	"\tprintable\x18\x02 \x01(\tR\tprintable\"\x85\x02\n" +
 	"\x10ReplicateRequest\x12\x1b\n" +
-	"\tfrom_node\x18\x01 \x01(\tR\bfromNode\x12)\n" +
-	"\x10from_incarnation\x18\x02 \x01(\x04R\x0ffromIncarnation\x12\x17\n" +
-	"\ato_node\x18\x03 \x01(\tR\x06toNode\x12%\n" +
-	"\x0eto_incarnation\x18\x04 \x01(\x04R\rtoIncarnation\x120\n" +
-	"\arecords\x18\x05 \x03(\v2\x16.sluice.v1.StoreRecordR\arecords\"i\n" +
+	"\tfrom_node\x18\x01 \x01(\tR\bfromNode\x12\x1d\n" +
+	"\n" +
+	"from_epoch\x18\x02 \x01(\x04R\tfromEpoch\x12\x17\n" +
+	"\ato_node\x18\x03 \x01(\tR\x06toNode\x12\x19\n" +
+	"\bto_epoch\x18\x04 \x01(\x04R\atoEpoch\x120\n" +
+	"\arecords\x18\x05 \x03(\v2\x16.sluice.v1.StoreRecordR\arecords\x12\x1f\n" +
+	"\vmap_version\x18\x06 \x01(\x04R\n" +
+	"mapVersion\x12\x12\n" +
+	"\x04lane\x18\a \x01(\rR\x04lane\x12\x1a\n" +
+	"\bsequence\x18\b \x01(\x04R\bsequence\"i\n" +
 	"\vStoreRecord\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1a\n" +
 	"\bdeadline\x18\x02 \x01(\x03R\bdeadline\x12\x14\n" +
 	"\x05value\x18\x03 \x01(\fR\x05value\x12\x16\n" +
 	"\x06append\x18\x04 \x01(\bR\x06append\"-\n" +
 	"\x11ReplicateResponse\x12\x18\n" +
-	"\amissing\x18\x01 \x03(\fR\amissing\"\x87\x01\n" +
+	"\amissing\x18\x01 \x03(\fR\amissing\"\x98\x01\n" +
 	"\x0eForwardRequest\x12(\n" +
 	"\x06checks\x18\x01 \x03(\v2\x10.sluice.v1.CheckR\x06checks\x12\x18\n" +
 	"\areserve\x18\x02 \x01(\bR\areserve\x12\x1b\n" +
-	"\tfrom_node\x18\x03 \x01(\tR\bfromNode\x12\x14\n" +
-	"\x05epoch\x18\x04 \x01(\x04R\x05epoch\"Z\n" +
+	"\tfrom_node\x18\x03 \x01(\tR\bfromNode\x12\x1f\n" +
+	"\vmap_version\x18\x05 \x01(\x04R\n" +
+	"mapVersionJ\x04\b\x04\x10\x05\"Z\n" +
 	"\x0fForwardResponse\x121\n" +
 	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\x12\x14\n" +
 	"\x05marks\x18\x02 \x03(\x03R\x05marks\"P\n" +
 	"\x0eReleaseRequest\x12(\n" +
 	"\x06checks\x18\x01 \x03(\v2\x10.sluice.v1.CheckR\x06checks\x12\x14\n" +
 	"\x05marks\x18\x02 \x03(\x03R\x05marks\"\x11\n" +
-	"\x0fReleaseResponse\"\x92\x02\n" +
+	"\x0fReleaseResponse\"\x9b\x02\n" +
 	"\x0eHandoffRequest\x12(\n" +
 	"\x04keys\x18\x01 \x03(\v2\x14.sluice.v1.KeyRecordR\x04keys\x12\x1b\n" +
 	"\tfrom_node\x18\x02 \x01(\tR\bfromNode\x12\x16\n" +
 	"\x06config\x18\x03 \x01(\x04R\x06config\x12\x1a\n" +
 	"\bcomplete\x18\x04 \x01(\bR\bcomplete\x12\x17\n" +
-	"\ato_node\x18\x05 \x01(\tR\x06toNode\x12%\n" +
-	"\x0eto_incarnation\x18\x06 \x01(\x04R\rtoIncarnation\x12\x1a\n" +
-	"\bsequence\x18\a \x01(\x04R\bsequence\x12)\n" +
-	"\x10from_incarnation\x18\b \x01(\x04R\x0ffromIncarnation\"3\n" +
+	"\ato_node\x18\x05 \x01(\tR\x06toNode\x12\x19\n" +
+	"\bto_epoch\x18\x06 \x01(\x04R\atoEpoch\x12\x1a\n" +
+	"\bsequence\x18\a \x01(\x04R\bsequence\x12\x1d\n" +
+	"\n" +
+	"from_epoch\x18\b \x01(\x04R\tfromEpoch\x12\x1f\n" +
+	"\vmap_version\x18\t \x01(\x04R\n" +
+	"mapVersion\"3\n" +
 	"\tKeyRecord\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05state\x18\x02 \x01(\fR\x05state\")\n" +
 	"\x0fHandoffResponse\x12\x16\n" +
-	"\x06merged\x18\x01 \x01(\x03R\x06merged\"M\n" +
-	"\fLeaseRequest\x12\x1b\n" +
-	"\tfrom_node\x18\x01 \x01(\tR\bfromNode\x12 \n" +
-	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\"U\n" +
-	"\rLeaseResponse\x12\x18\n" +
+	"\x06merged\x18\x01 \x01(\x03R\x06merged\"A\n" +
+	"\fRenewRequest\x12\x1b\n" +
+	"\tfrom_node\x18\x01 \x01(\tR\bfromNode\x12\x14\n" +
+	"\x05epoch\x18\x02 \x01(\x04R\x05epoch\"U\n" +
+	"\rRenewResponse\x12\x18\n" +
 	"\agranted\x18\x01 \x01(\bR\agranted\x12\x16\n" +
-	"\x06fenced\x18\x02 \x01(\bR\x06fenced\x12\x12\n" +
-	"\x04node\x18\x03 \x01(\tR\x04node\"e\n" +
-	"\fFenceRequest\x12\x16\n" +
-	"\x06member\x18\x01 \x01(\tR\x06member\x12 \n" +
-	"\vincarnation\x18\x02 \x01(\x04R\vincarnation\x12\x1b\n" +
-	"\tfrom_node\x18\x03 \x01(\tR\bfromNode\"\x0f\n" +
-	"\rFenceResponse*{\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\"G\n" +
+	"\x0eProposeRequest\x12\x1b\n" +
+	"\tfrom_node\x18\x01 \x01(\tR\bfromNode\x12\x18\n" +
+	"\acommand\x18\x02 \x01(\fR\acommand\")\n" +
+	"\x0fProposeResponse\x12\x16\n" +
+	"\x06result\x18\x01 \x01(\fR\x06result*{\n" +
 	"\tAlgorithm\x12\x19\n" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15ALGORITHM_SLIDING_LOG\x10\x01\x12\x1c\n" +
@@ -3265,13 +3429,13 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eDeleteOverride\x12 .sluice.v1.DeleteOverrideRequest\x1a!.sluice.v1.DeleteOverrideResponse\x12C\n" +
 	"\bEnvoyKey\x12\x1a.sluice.v1.EnvoyKeyRequest\x1a\x1b.sluice.v1.EnvoyKeyResponse\x12L\n" +
 	"\vListMembers\x12\x1d.sluice.v1.ListMembersRequest\x1a\x1e.sluice.v1.ListMembersResponse\x12O\n" +
-	"\fForgetMember\x12\x1e.sluice.v1.ForgetMemberRequest\x1a\x1f.sluice.v1.ForgetMemberResponse2\x93\x03\n" +
+	"\fForgetMember\x12\x1e.sluice.v1.ForgetMemberRequest\x1a\x1f.sluice.v1.ForgetMemberResponse2\x99\x03\n" +
 	"\vPeerService\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12@\n" +
 	"\aRelease\x12\x19.sluice.v1.ReleaseRequest\x1a\x1a.sluice.v1.ReleaseResponse\x12@\n" +
 	"\aHandoff\x12\x19.sluice.v1.HandoffRequest\x1a\x1a.sluice.v1.HandoffResponse\x12:\n" +
-	"\x05Lease\x12\x17.sluice.v1.LeaseRequest\x1a\x18.sluice.v1.LeaseResponse\x12:\n" +
-	"\x05Fence\x12\x17.sluice.v1.FenceRequest\x1a\x18.sluice.v1.FenceResponse\x12F\n" +
+	"\x05Renew\x12\x17.sluice.v1.RenewRequest\x1a\x18.sluice.v1.RenewResponse\x12@\n" +
+	"\aPropose\x12\x19.sluice.v1.ProposeRequest\x1a\x1a.sluice.v1.ProposeResponse\x12F\n" +
 	"\tReplicate\x12\x1b.sluice.v1.ReplicateRequest\x1a\x1c.sluice.v1.ReplicateResponseB6Z4github.com/sluice-io/sluice/proto/sluice/v1;sluicepbb\x06proto3"
 
 var (
@@ -3331,10 +3495,10 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*HandoffRequest)(nil),         // 39: sluice.v1.HandoffRequest
 	(*KeyRecord)(nil),              // 40: sluice.v1.KeyRecord
 	(*HandoffResponse)(nil),        // 41: sluice.v1.HandoffResponse
-	(*LeaseRequest)(nil),           // 42: sluice.v1.LeaseRequest
-	(*LeaseResponse)(nil),          // 43: sluice.v1.LeaseResponse
-	(*FenceRequest)(nil),           // 44: sluice.v1.FenceRequest
-	(*FenceResponse)(nil),          // 45: sluice.v1.FenceResponse
+	(*RenewRequest)(nil),           // 42: sluice.v1.RenewRequest
+	(*RenewResponse)(nil),          // 43: sluice.v1.RenewResponse
+	(*ProposeRequest)(nil),         // 44: sluice.v1.ProposeRequest
+	(*ProposeResponse)(nil),        // 45: sluice.v1.ProposeResponse
 	(*durationpb.Duration)(nil),    // 46: google.protobuf.Duration
 	(*timestamppb.Timestamp)(nil),  // 47: google.protobuf.Timestamp
 }
@@ -3388,8 +3552,8 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	35, // 46: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
 	37, // 47: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
 	39, // 48: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
-	42, // 49: sluice.v1.PeerService.Lease:input_type -> sluice.v1.LeaseRequest
-	44, // 50: sluice.v1.PeerService.Fence:input_type -> sluice.v1.FenceRequest
+	42, // 49: sluice.v1.PeerService.Renew:input_type -> sluice.v1.RenewRequest
+	44, // 50: sluice.v1.PeerService.Propose:input_type -> sluice.v1.ProposeRequest
 	32, // 51: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
 	3,  // 52: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
 	11, // 53: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
@@ -3404,8 +3568,8 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	36, // 62: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
 	38, // 63: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
 	41, // 64: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
-	43, // 65: sluice.v1.PeerService.Lease:output_type -> sluice.v1.LeaseResponse
-	45, // 66: sluice.v1.PeerService.Fence:output_type -> sluice.v1.FenceResponse
+	43, // 65: sluice.v1.PeerService.Renew:output_type -> sluice.v1.RenewResponse
+	45, // 66: sluice.v1.PeerService.Propose:output_type -> sluice.v1.ProposeResponse
 	34, // 67: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
 	52, // [52:68] is the sub-list for method output_type
 	36, // [36:52] is the sub-list for method input_type

@@ -240,11 +240,13 @@ type AdminServiceClient interface {
 	// single node lists itself.
 	ListMembers(ctx context.Context, in *ListMembersRequest, opts ...grpc.CallOption) (*ListMembersResponse, error)
 	// ForgetMember removes a member that is down for good (its machine and
-	// disk are gone) from the cluster's roster, on every live node. Its keys,
-	// which waited for it under the exact policy, go to the others without
-	// the state it held: up to one window's limit of excess per key. A member
-	// that is alive is refused (FAILED_PRECONDITION): stop it first, or let it
-	// leave gracefully. A member forgotten that comes back joins again.
+	// disk are gone) from the cluster map, through the Raft leader: its epoch
+	// is ended once its lease is over for sure (fenced), then it is marked
+	// left and taken out of Raft. Its keys go on from their standbys' copies
+	// when those are complete; otherwise whoever decides them next denies
+	// them for one window of each key's limit (never a window over its
+	// limit). A member gossip sees alive is refused (FAILED_PRECONDITION):
+	// stop it first. A member forgotten that comes back joins again.
 	ForgetMember(ctx context.Context, in *ForgetMemberRequest, opts ...grpc.CallOption) (*ForgetMemberResponse, error)
 }
 
@@ -390,11 +392,13 @@ type AdminServiceServer interface {
 	// single node lists itself.
 	ListMembers(context.Context, *ListMembersRequest) (*ListMembersResponse, error)
 	// ForgetMember removes a member that is down for good (its machine and
-	// disk are gone) from the cluster's roster, on every live node. Its keys,
-	// which waited for it under the exact policy, go to the others without
-	// the state it held: up to one window's limit of excess per key. A member
-	// that is alive is refused (FAILED_PRECONDITION): stop it first, or let it
-	// leave gracefully. A member forgotten that comes back joins again.
+	// disk are gone) from the cluster map, through the Raft leader: its epoch
+	// is ended once its lease is over for sure (fenced), then it is marked
+	// left and taken out of Raft. Its keys go on from their standbys' copies
+	// when those are complete; otherwise whoever decides them next denies
+	// them for one window of each key's limit (never a window over its
+	// limit). A member gossip sees alive is refused (FAILED_PRECONDITION):
+	// stop it first. A member forgotten that comes back joins again.
 	ForgetMember(context.Context, *ForgetMemberRequest) (*ForgetMemberResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
@@ -668,8 +672,8 @@ const (
 	PeerService_Forward_FullMethodName   = "/sluice.v1.PeerService/Forward"
 	PeerService_Release_FullMethodName   = "/sluice.v1.PeerService/Release"
 	PeerService_Handoff_FullMethodName   = "/sluice.v1.PeerService/Handoff"
-	PeerService_Lease_FullMethodName     = "/sluice.v1.PeerService/Lease"
-	PeerService_Fence_FullMethodName     = "/sluice.v1.PeerService/Fence"
+	PeerService_Renew_FullMethodName     = "/sluice.v1.PeerService/Renew"
+	PeerService_Propose_FullMethodName   = "/sluice.v1.PeerService/Propose"
 	PeerService_Replicate_FullMethodName = "/sluice.v1.PeerService/Replicate"
 )
 
@@ -678,9 +682,11 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // PeerService is internal to a cluster: nodes forward checks to the owners
-// of their keys, hand key state over when ownership moves, and grant each
-// other the leases under which they decide (docs/cluster.md, "Fenced
-// ownership", is the protocol's specification). It is not part of the public
+// of their keys, hand key state over when ownership moves, copy writes to
+// standbys, and ask the Raft leader for leases and changes of the cluster
+// map (docs/cluster.md is the protocol's specification). Every call carries
+// the sender's cluster ID in the metadata "sluice-cluster"; a node of
+// another cluster is refused (FAILED_PRECONDITION). It is not part of the public
 // API and may change between releases; nodes of one cluster run the same
 // release.
 //
@@ -692,9 +698,10 @@ const (
 //   - UNAVAILABLE: the receiver acts for the key but may not decide it now:
 //     no lease ("no quorum"), a handoff not yet arrived, the owner down. The
 //     message says which; the caller passes it on to its client.
-//   - FAILED_PRECONDITION: a handoff addressed to an incarnation that is not
-//     the receiver's current one. The sender drops it and starts again for
-//     the new incarnation.
+//   - FAILED_PRECONDITION: a handoff or copy addressed to an epoch that is
+//     not the receiver's current one, or sent by an epoch the receiver's map
+//     has ended, or from another cluster. The sender drops it and starts
+//     again under its current map.
 //   - INVALID_ARGUMENT, RESOURCE_EXHAUSTED: as for clients.
 type PeerServiceClient interface {
 	// Forward decides checks on the node that acts for their keys. The checks
@@ -710,13 +717,14 @@ type PeerServiceClient interface {
 	// sender's configuration. The receiver answers once the states are
 	// committed to its storage; only then does the sender delete them.
 	Handoff(ctx context.Context, in *HandoffRequest, opts ...grpc.CallOption) (*HandoffResponse, error)
-	// Lease asks the receiver to grant the sender's incarnation a lease. The
-	// receiver grants it unless it promised (Fence) to refuse that
-	// incarnation.
-	Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error)
-	// Fence makes the receiver promise never to grant a lease to the named
-	// member's incarnations up to the one given. The promise is kept on disk.
-	Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error)
+	// Renew asks the Raft leader to renew the sender's lease for its epoch
+	// (see docs/cluster.md, "Leases"). A node that is not the leader answers
+	// not granted, naming the leader it knows.
+	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error)
+	// Propose asks the Raft leader to apply a change of the cluster map (an
+	// epoch started or ended, standbys brought up to date, a member
+	// forgotten) and returns its result.
+	Propose(ctx context.Context, in *ProposeRequest, opts ...grpc.CallOption) (*ProposeResponse, error)
 	// Replicate stores copies of the sender's writes on the receiver, the
 	// standby of their keys. The receiver answers once they are committed
 	// (as its own writes are, in its durability mode). A tail whose key has
@@ -763,20 +771,20 @@ func (c *peerServiceClient) Handoff(ctx context.Context, in *HandoffRequest, opt
 	return out, nil
 }
 
-func (c *peerServiceClient) Lease(ctx context.Context, in *LeaseRequest, opts ...grpc.CallOption) (*LeaseResponse, error) {
+func (c *peerServiceClient) Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(LeaseResponse)
-	err := c.cc.Invoke(ctx, PeerService_Lease_FullMethodName, in, out, cOpts...)
+	out := new(RenewResponse)
+	err := c.cc.Invoke(ctx, PeerService_Renew_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
 	return out, nil
 }
 
-func (c *peerServiceClient) Fence(ctx context.Context, in *FenceRequest, opts ...grpc.CallOption) (*FenceResponse, error) {
+func (c *peerServiceClient) Propose(ctx context.Context, in *ProposeRequest, opts ...grpc.CallOption) (*ProposeResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(FenceResponse)
-	err := c.cc.Invoke(ctx, PeerService_Fence_FullMethodName, in, out, cOpts...)
+	out := new(ProposeResponse)
+	err := c.cc.Invoke(ctx, PeerService_Propose_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -798,9 +806,11 @@ func (c *peerServiceClient) Replicate(ctx context.Context, in *ReplicateRequest,
 // for forward compatibility.
 //
 // PeerService is internal to a cluster: nodes forward checks to the owners
-// of their keys, hand key state over when ownership moves, and grant each
-// other the leases under which they decide (docs/cluster.md, "Fenced
-// ownership", is the protocol's specification). It is not part of the public
+// of their keys, hand key state over when ownership moves, copy writes to
+// standbys, and ask the Raft leader for leases and changes of the cluster
+// map (docs/cluster.md is the protocol's specification). Every call carries
+// the sender's cluster ID in the metadata "sluice-cluster"; a node of
+// another cluster is refused (FAILED_PRECONDITION). It is not part of the public
 // API and may change between releases; nodes of one cluster run the same
 // release.
 //
@@ -812,9 +822,10 @@ func (c *peerServiceClient) Replicate(ctx context.Context, in *ReplicateRequest,
 //   - UNAVAILABLE: the receiver acts for the key but may not decide it now:
 //     no lease ("no quorum"), a handoff not yet arrived, the owner down. The
 //     message says which; the caller passes it on to its client.
-//   - FAILED_PRECONDITION: a handoff addressed to an incarnation that is not
-//     the receiver's current one. The sender drops it and starts again for
-//     the new incarnation.
+//   - FAILED_PRECONDITION: a handoff or copy addressed to an epoch that is
+//     not the receiver's current one, or sent by an epoch the receiver's map
+//     has ended, or from another cluster. The sender drops it and starts
+//     again under its current map.
 //   - INVALID_ARGUMENT, RESOURCE_EXHAUSTED: as for clients.
 type PeerServiceServer interface {
 	// Forward decides checks on the node that acts for their keys. The checks
@@ -830,13 +841,14 @@ type PeerServiceServer interface {
 	// sender's configuration. The receiver answers once the states are
 	// committed to its storage; only then does the sender delete them.
 	Handoff(context.Context, *HandoffRequest) (*HandoffResponse, error)
-	// Lease asks the receiver to grant the sender's incarnation a lease. The
-	// receiver grants it unless it promised (Fence) to refuse that
-	// incarnation.
-	Lease(context.Context, *LeaseRequest) (*LeaseResponse, error)
-	// Fence makes the receiver promise never to grant a lease to the named
-	// member's incarnations up to the one given. The promise is kept on disk.
-	Fence(context.Context, *FenceRequest) (*FenceResponse, error)
+	// Renew asks the Raft leader to renew the sender's lease for its epoch
+	// (see docs/cluster.md, "Leases"). A node that is not the leader answers
+	// not granted, naming the leader it knows.
+	Renew(context.Context, *RenewRequest) (*RenewResponse, error)
+	// Propose asks the Raft leader to apply a change of the cluster map (an
+	// epoch started or ended, standbys brought up to date, a member
+	// forgotten) and returns its result.
+	Propose(context.Context, *ProposeRequest) (*ProposeResponse, error)
 	// Replicate stores copies of the sender's writes on the receiver, the
 	// standby of their keys. The receiver answers once they are committed
 	// (as its own writes are, in its durability mode). A tail whose key has
@@ -862,11 +874,11 @@ func (UnimplementedPeerServiceServer) Release(context.Context, *ReleaseRequest) 
 func (UnimplementedPeerServiceServer) Handoff(context.Context, *HandoffRequest) (*HandoffResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Handoff not implemented")
 }
-func (UnimplementedPeerServiceServer) Lease(context.Context, *LeaseRequest) (*LeaseResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method Lease not implemented")
+func (UnimplementedPeerServiceServer) Renew(context.Context, *RenewRequest) (*RenewResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Renew not implemented")
 }
-func (UnimplementedPeerServiceServer) Fence(context.Context, *FenceRequest) (*FenceResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method Fence not implemented")
+func (UnimplementedPeerServiceServer) Propose(context.Context, *ProposeRequest) (*ProposeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Propose not implemented")
 }
 func (UnimplementedPeerServiceServer) Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Replicate not implemented")
@@ -946,38 +958,38 @@ func _PeerService_Handoff_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
-func _PeerService_Lease_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(LeaseRequest)
+func _PeerService_Renew_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RenewRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	if interceptor == nil {
-		return srv.(PeerServiceServer).Lease(ctx, in)
+		return srv.(PeerServiceServer).Renew(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{
 		Server:     srv,
-		FullMethod: PeerService_Lease_FullMethodName,
+		FullMethod: PeerService_Renew_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(PeerServiceServer).Lease(ctx, req.(*LeaseRequest))
+		return srv.(PeerServiceServer).Renew(ctx, req.(*RenewRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
 
-func _PeerService_Fence_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(FenceRequest)
+func _PeerService_Propose_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ProposeRequest)
 	if err := dec(in); err != nil {
 		return nil, err
 	}
 	if interceptor == nil {
-		return srv.(PeerServiceServer).Fence(ctx, in)
+		return srv.(PeerServiceServer).Propose(ctx, in)
 	}
 	info := &grpc.UnaryServerInfo{
 		Server:     srv,
-		FullMethod: PeerService_Fence_FullMethodName,
+		FullMethod: PeerService_Propose_FullMethodName,
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(PeerServiceServer).Fence(ctx, req.(*FenceRequest))
+		return srv.(PeerServiceServer).Propose(ctx, req.(*ProposeRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -1020,12 +1032,12 @@ var PeerService_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _PeerService_Handoff_Handler,
 		},
 		{
-			MethodName: "Lease",
-			Handler:    _PeerService_Lease_Handler,
+			MethodName: "Renew",
+			Handler:    _PeerService_Renew_Handler,
 		},
 		{
-			MethodName: "Fence",
-			Handler:    _PeerService_Fence_Handler,
+			MethodName: "Propose",
+			Handler:    _PeerService_Propose_Handler,
 		},
 		{
 			MethodName: "Replicate",

@@ -1,0 +1,259 @@
+package control
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Phase is where a member of the map stands.
+type Phase uint8
+
+const (
+	// PhaseJoined is a member that owns keys, up or down.
+	PhaseJoined Phase = iota + 1
+	// PhaseLeaving is a member handing its keys over before it stops (with
+	// one replica, where its keys have no copy): it owns none, and keys
+	// that were its own wait for its handoff.
+	PhaseLeaving
+	// PhaseLeft is a member an operator forgot: it owns nothing and nothing
+	// waits for it. It joins again as a new member if it comes back.
+	PhaseLeft
+)
+
+func (p Phase) String() string {
+	switch p {
+	case PhaseJoined:
+		return "joined"
+	case PhaseLeaving:
+		return "leaving"
+	case PhaseLeft:
+		return "left"
+	}
+	return "unknown"
+}
+
+// Settings are the cluster-wide settings every member must share. They
+// are fixed when the cluster is bootstrapped; a node started with other
+// values is refused.
+type Settings struct {
+	// Replicas is how many members keep each key: 1, or 2 (a standby).
+	Replicas int `json:"replicas"`
+	// Policy is "exact" or "available": what happens to the keys of a
+	// member whose epoch ended without complete copies.
+	Policy string `json:"policy"`
+	// Lease is L, how long a lease runs after the renewal was sent.
+	Lease time.Duration `json:"lease"`
+}
+
+// Mismatch returns a sentence naming the first setting in which o differs
+// from s (the cluster's), "" when they agree.
+func (s Settings) Mismatch(o Settings) string {
+	switch {
+	case s.Replicas != o.Replicas:
+		return fmt.Sprintf("--replicas %d, but the cluster runs with --replicas %d", o.Replicas, s.Replicas)
+	case s.Policy != o.Policy:
+		return fmt.Sprintf("--owner-policy %s, but the cluster runs with --owner-policy %s", o.Policy, s.Policy)
+	case s.Lease != o.Lease:
+		return fmt.Sprintf("a lease of %v, but the cluster runs with %v", o.Lease, s.Lease)
+	}
+	return ""
+}
+
+// String encodes the settings in a few bytes, for gossip metadata.
+func (s Settings) String() string {
+	return fmt.Sprintf("r%d,%s,%dms", s.Replicas, s.Policy, s.Lease.Milliseconds())
+}
+
+// ParseSettings reads what String wrote.
+func ParseSettings(str string) (Settings, error) {
+	var s Settings
+	var ms int64
+	parts := strings.Split(str, ",")
+	if len(parts) != 3 {
+		return s, fmt.Errorf("control: settings %q: want r<replicas>,<policy>,<lease>ms", str)
+	}
+	if _, err := fmt.Sscanf(parts[0], "r%d", &s.Replicas); err != nil {
+		return s, fmt.Errorf("control: settings %q: replicas: %v", str, err)
+	}
+	s.Policy = parts[1]
+	if _, err := fmt.Sscanf(parts[2], "%dms", &ms); err != nil {
+		return s, fmt.Errorf("control: settings %q: lease: %v", str, err)
+	}
+	s.Lease = time.Duration(ms) * time.Millisecond
+	return s, nil
+}
+
+// Addrs are where a member serves.
+type Addrs struct {
+	// Gossip is its memberlist address (IP:port).
+	Gossip string `json:"gossip,omitempty"`
+	// GRPC is its decisions API.
+	GRPC string `json:"grpc,omitempty"`
+	// Peer is its peer service and Raft transport.
+	Peer string `json:"peer,omitempty"`
+	// Admin is its admin service.
+	Admin string `json:"admin,omitempty"`
+}
+
+// Member is one member of the cluster map.
+type Member struct {
+	// Name is the node's name: rendezvous hashing of keys uses it.
+	Name string `json:"name"`
+	// ID is the member's Raft server ID, a UUID created with its data
+	// directory: a node that lost its data directory comes back under a new
+	// ID, as a new member with the same name.
+	ID string `json:"id"`
+	// Zone is the failure domain the node says it runs in (may be empty);
+	// voters are spread across zones.
+	Zone string `json:"zone,omitempty"`
+	// Addrs are its addresses as it announced them.
+	Addrs Addrs `json:"addrs"`
+	// Phase is where it stands.
+	Phase Phase `json:"phase"`
+	// Epoch is its current epoch, or its last one when not Live. Every
+	// process start takes a new epoch; epochs only grow, cluster-wide.
+	Epoch uint64 `json:"epoch,omitempty"`
+	// Live reports that Epoch has not ended: the member may hold a lease
+	// and decide keys.
+	Live bool `json:"live,omitempty"`
+	// Releasable is set when Epoch ended while its standbys held every
+	// acknowledged hit of its keys (Synced was at least the last change):
+	// its keys go on from those copies. An epoch that ended without it
+	// keeps its keys waiting for the member to come back (policy exact).
+	Releasable bool `json:"releasable,omitempty"`
+	// Synced is the map version (a Changed value) at which the member last
+	// brought every standby of its keys up to date, with at least one other
+	// member live; 0 if never in this epoch.
+	Synced uint64 `json:"synced,omitempty"`
+	// Lost is set when the member came back under a new ID (its data
+	// directory is gone) after an epoch that ended without complete
+	// copies: before it decides its keys it waits for every member that
+	// may hold a copy of them. Cleared by its first Synced.
+	Lost bool `json:"lost,omitempty"`
+}
+
+// Tombstone records a member forgotten while it held keys that have no
+// complete copy elsewhere: whoever decides those keys next denies them for
+// one window of each key's limit, so that the hits the forgotten member
+// allowed and the ones allowed after it never share a window.
+type Tombstone struct {
+	// Name and ID are the forgotten member's.
+	Name string `json:"name"`
+	ID   string `json:"id"`
+	// At is the leader's wall clock, Unix nanoseconds, when it was
+	// forgotten; the map drops the tombstone after the longest window.
+	At int64 `json:"at"`
+}
+
+// tombstoneLife is how long a tombstone is kept: longer than the longest
+// window the engine takes (actor.DefaultMaxWindow, ten years).
+const tombstoneLife = 3651 * 24 * time.Hour
+
+// Map is the cluster map: what every node agrees on, in the order the Raft
+// log applied it. A Map is immutable; the state machine builds a new one on
+// every change.
+type Map struct {
+	// Version is the Raft index of the last entry that changed the map.
+	Version uint64 `json:"version"`
+	// Changed is the Version of the last membership change (a member added,
+	// an epoch started or ended, a phase changed): the version standby
+	// copies are measured against.
+	Changed uint64 `json:"changed"`
+	// ClusterID names the cluster, set once at bootstrap.
+	ClusterID string `json:"cluster_id"`
+	// Settings are the cluster-wide settings.
+	Settings Settings `json:"settings"`
+	// Members are sorted by name, one per name.
+	Members []Member `json:"members"`
+	// Tombstones are forgotten members whose keys had no complete copy.
+	Tombstones []Tombstone `json:"tombstones,omitempty"`
+	// LastEpoch is the largest epoch handed out.
+	LastEpoch uint64 `json:"last_epoch"`
+}
+
+// Member returns the member named name.
+func (m *Map) Member(name string) (Member, bool) {
+	if m == nil {
+		return Member{}, false
+	}
+	i, ok := slices.BinarySearchFunc(m.Members, name, func(x Member, n string) int { return strings.Compare(x.Name, n) })
+	if !ok {
+		return Member{}, false
+	}
+	return m.Members[i], true
+}
+
+// MemberByID returns the member whose Raft ID is id.
+func (m *Map) MemberByID(id string) (Member, bool) {
+	if m == nil {
+		return Member{}, false
+	}
+	for _, x := range m.Members {
+		if x.ID == id {
+			return x, true
+		}
+	}
+	return Member{}, false
+}
+
+// Owners returns the names of the members that own keys (phase joined,
+// up or down), sorted.
+func (m *Map) Owners() []string {
+	var names []string
+	for _, x := range m.members() {
+		if x.Phase == PhaseJoined {
+			names = append(names, x.Name)
+		}
+	}
+	return names
+}
+
+// LiveMembers returns the members whose epoch is live (any phase but
+// left), sorted by name.
+func (m *Map) LiveMembers() []Member {
+	var out []Member
+	for _, x := range m.members() {
+		if x.Live && x.Phase != PhaseLeft {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+func (m *Map) members() []Member {
+	if m == nil {
+		return nil
+	}
+	return m.Members
+}
+
+// clone returns a copy of m whose slices may be changed.
+func (m *Map) clone() *Map {
+	n := *m
+	n.Members = slices.Clone(m.Members)
+	n.Tombstones = slices.Clone(m.Tombstones)
+	return &n
+}
+
+// put stores x, replacing the member of the same name.
+func (m *Map) put(x Member) {
+	i, ok := slices.BinarySearchFunc(m.Members, x.Name, func(y Member, n string) int { return strings.Compare(y.Name, n) })
+	if ok {
+		m.Members[i] = x
+		return
+	}
+	m.Members = slices.Insert(m.Members, i, x)
+}
+
+// otherLive reports whether a member other than name has a live epoch and
+// owns keys.
+func (m *Map) otherLive(name string) bool {
+	for _, x := range m.Members {
+		if x.Name != name && x.Live && x.Phase == PhaseJoined {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,165 @@
+package control
+
+import (
+	"slices"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+func raftID(id string) raft.ServerID { return raft.ServerID(id) }
+
+// voterGrace is how long a voter may be unseen before a healthy member
+// takes its vote.
+const voterGrace = 30 * time.Second
+
+// reconcile brings the map and the Raft configuration in line with what
+// gossip finds: it adds the nodes of this cluster (or of none yet) that
+// run the cluster's settings, records new addresses, gives a name that
+// came back with a new ID (its data directory lost) the new ID once the
+// old epoch ended, takes forgotten members out of Raft, and places voters.
+func (c *Control) reconcile(g *granter) {
+	m := c.Map()
+	if m.ClusterID == "" {
+		return
+	}
+	f := c.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return
+	}
+	servers := make(map[string]raft.Server)
+	for _, s := range f.Configuration().Servers {
+		servers[string(s.ID)] = s
+	}
+	settings := m.Settings.String()
+	for _, p := range c.cfg.Gossip.Peers() {
+		if p.ID == "" || p.ClusterID != "" && p.ClusterID != m.ClusterID || p.Settings != settings {
+			continue
+		}
+		x, found := m.Member(p.Name)
+		switch {
+		case found && x.ID != p.ID && x.Phase != PhaseLeft && x.Live:
+			// The name came back under a new ID while its old epoch is
+			// live (a lost disk): end the old one first, fenced.
+			g.forceEnd(p.Name, x.Epoch, "it came back with a new data directory")
+			continue
+		case !found || x.ID != p.ID || x.Phase == PhaseLeft || x.Addrs != p.Addrs || x.Zone != p.Zone:
+			if _, err := c.apply(command{Op: opAdd, Name: p.Name, ID: p.ID, Zone: p.Zone, Addrs: p.Addrs}, time.Second); err != nil {
+				c.log.Warn("add a member", "member", p.Name, "err", err)
+				continue
+			}
+			if found && x.ID != p.ID {
+				if _, ok := servers[x.ID]; ok {
+					if err := c.raft.RemoveServer(raftID(x.ID), 0, time.Second).Error(); err != nil {
+						c.log.Warn("remove a member's old ID from raft", "member", p.Name, "err", err)
+					}
+					delete(servers, x.ID)
+				}
+			}
+			if !found || x.ID != p.ID || x.Phase == PhaseLeft {
+				c.log.Info("added a member", "member", p.Name, "id", p.ID, "peer", p.Addrs.Peer)
+			}
+		}
+		s, ok := servers[p.ID]
+		switch {
+		case !ok:
+			if err := c.raft.AddNonvoter(raftID(p.ID), raft.ServerAddress(p.Addrs.Peer), 0, time.Second).Error(); err != nil {
+				c.log.Warn("add a member to raft", "member", p.Name, "err", err)
+				continue
+			}
+			servers[p.ID] = raft.Server{Suffrage: raft.Nonvoter, ID: raftID(p.ID), Address: raft.ServerAddress(p.Addrs.Peer)}
+		case string(s.Address) != p.Addrs.Peer:
+			var err error
+			if s.Suffrage == raft.Voter {
+				err = c.raft.AddVoter(s.ID, raft.ServerAddress(p.Addrs.Peer), 0, time.Second).Error()
+			} else {
+				err = c.raft.AddNonvoter(s.ID, raft.ServerAddress(p.Addrs.Peer), 0, time.Second).Error()
+			}
+			if err != nil {
+				c.log.Warn("update a member's raft address", "member", p.Name, "err", err)
+			}
+		}
+	}
+	for _, x := range c.Map().Members {
+		if x.Phase == PhaseLeft {
+			if _, ok := servers[x.ID]; ok {
+				if err := c.raft.RemoveServer(raftID(x.ID), 0, time.Second).Error(); err == nil {
+					delete(servers, x.ID)
+				}
+			}
+		}
+	}
+	c.placeVoters(servers)
+}
+
+// placeVoters keeps voterTarget(servers) voters among the members that are
+// healthy (gossip sees them, their epoch is live), spread across zones: it
+// promotes a healthy non-voter while there are too few healthy voters, and
+// demotes a voter unseen for voterGrace once another took its place.
+func (c *Control) placeVoters(servers map[string]raft.Server) {
+	m := c.Map()
+	now := time.Now()
+	healthy := func(id string) bool {
+		x, ok := m.MemberByID(id)
+		return ok && x.Live && x.Phase == PhaseJoined && c.cfg.Gossip.Alive(x.Name)
+	}
+	c.unseenMu.Lock()
+	defer c.unseenMu.Unlock()
+	if c.unseen == nil {
+		c.unseen = make(map[string]time.Time)
+	}
+	var voters, good, spare []string
+	zones := make(map[string]bool)
+	for id, s := range servers {
+		if healthy(id) {
+			delete(c.unseen, id)
+		} else if _, ok := c.unseen[id]; !ok {
+			c.unseen[id] = now
+		}
+		switch {
+		case s.Suffrage == raft.Voter:
+			voters = append(voters, id)
+			if healthy(id) {
+				good = append(good, id)
+				x, _ := m.MemberByID(id)
+				zones[x.Zone] = true
+			}
+		case healthy(id):
+			spare = append(spare, id)
+		}
+	}
+	slices.Sort(spare)
+	target := voterTarget(len(servers))
+	if len(good) < target && len(spare) > 0 {
+		pick := spare[0]
+		for _, id := range spare {
+			if x, _ := m.MemberByID(id); !zones[x.Zone] {
+				pick = id
+				break
+			}
+		}
+		x, _ := m.MemberByID(pick)
+		if err := c.raft.AddVoter(raftID(pick), servers[pick].Address, 0, time.Second).Error(); err != nil {
+			c.log.Warn("promote a member to voter", "member", x.Name, "err", err)
+			return
+		}
+		c.log.Info("promoted a member to voter", "member", x.Name, "voters", len(voters)+1)
+		return
+	}
+	if len(good) < target {
+		return
+	}
+	for _, id := range voters {
+		since, bad := c.unseen[id]
+		if !bad || now.Sub(since) < voterGrace {
+			continue
+		}
+		x, _ := m.MemberByID(id)
+		if err := c.raft.DemoteVoter(raftID(id), 0, time.Second).Error(); err != nil {
+			c.log.Warn("demote a voter that is down", "member", x.Name, "err", err)
+			return
+		}
+		c.log.Warn("demoted a voter that is down", "member", x.Name, "down_for", now.Sub(since).Round(time.Second))
+		return
+	}
+}
