@@ -221,7 +221,8 @@ func New(cfg Config) (*Control, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Control{cfg: cfg, log: cfg.Logger.With("component", "control"), clock: cfg.Clock, store: st, fsm: newFSM(),
+	log := cfg.Logger.With("component", "control")
+	c := &Control{cfg: cfg, log: log, clock: cfg.Clock, store: st, fsm: newFSM(log),
 		fatal: make(chan error, 1)}
 	c.lease.clock, c.lease.length = cfg.Clock, cfg.Settings.Lease
 	ok := false

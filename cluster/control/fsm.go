@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 
@@ -72,13 +73,14 @@ func (r Result) err() error {
 // and publishes each new map. Raft calls Apply, Snapshot and Restore from
 // one goroutine; readers load the map without locks.
 type fsm struct {
+	log     *slog.Logger
 	cur     atomic.Pointer[Map]
 	mu      sync.Mutex // serialises publish with subscribers
 	changed chan struct{}
 }
 
-func newFSM() *fsm {
-	f := &fsm{changed: make(chan struct{})}
+func newFSM(log *slog.Logger) *fsm {
+	f := &fsm{log: log, changed: make(chan struct{})}
 	f.cur.Store(&Map{})
 	return f
 }
@@ -109,6 +111,7 @@ func (f *fsm) Apply(l *raft.Log) any {
 	if next != nil {
 		f.publish(next)
 	}
+	f.log.Debug("applied", "index", l.Index, "op", c.Op, "member", c.Name, "epoch", c.Epoch, "changed", next != nil, "refused", res.Err)
 	res.Version = l.Index
 	return res
 }

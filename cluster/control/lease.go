@@ -84,7 +84,8 @@ type granter struct {
 	pending   []*renewal
 	lastGrant map[string]time.Duration
 	lastAsk   map[string]time.Duration
-	epochSeen map[string]uint64 // the epoch lastAsk is about
+	epochSeen map[string]uint64        // the epoch lastAsk is about
+	seenAt    map[string]time.Duration // when this leader first saw that epoch
 	ending    map[string]ending
 	kick      chan struct{}
 }
@@ -227,7 +228,7 @@ func (c *Control) lead(ctx context.Context) {
 		return
 	}
 	g := &granter{c: c, since: since, wait: time.Duration(float64(c.cfg.Settings.Lease) * (1 + c.cfg.ClockDrift)),
-		lastGrant: map[string]time.Duration{}, lastAsk: map[string]time.Duration{}, epochSeen: map[string]uint64{},
+		lastGrant: map[string]time.Duration{}, lastAsk: map[string]time.Duration{}, epochSeen: map[string]uint64{}, seenAt: map[string]time.Duration{},
 		ending: map[string]ending{}, kick: make(chan struct{}, 1)}
 	c.granter.Store(g)
 	defer c.granter.Store(nil)
@@ -288,9 +289,12 @@ func (g *granter) endDown() {
 			continue
 		}
 		if g.epochSeen[x.Name] != x.Epoch {
-			// A new epoch: its renewals are counted from now.
+			// A new epoch: its renewals are counted from now, and gossip,
+			// which may still remember the member's previous process as
+			// dead, gets a lease's time to see this one.
 			g.epochSeen[x.Name] = x.Epoch
 			g.lastAsk[x.Name] = now
+			g.seenAt[x.Name] = now
 		}
 		e, isEnding := g.ending[x.Name]
 		if isEnding && e.epoch != x.Epoch {
@@ -304,7 +308,7 @@ func (g *granter) endDown() {
 			}
 			why := ""
 			switch {
-			case !c.cfg.Gossip.Alive(x.Name):
+			case !c.cfg.Gossip.Alive(x.Name) && now-g.seenAt[x.Name] > c.cfg.Settings.Lease:
 				why = "gossip declared it dead"
 			case now-ask > c.cfg.Settings.Lease:
 				why = fmt.Sprintf("no renewal for %v", (now - ask).Round(time.Millisecond))
