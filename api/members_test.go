@@ -1,7 +1,6 @@
 package api
 
 import (
-	"math"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -9,7 +8,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-io/sluice/api/apitest"
-	"github.com/sluice-io/sluice/cluster"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -25,7 +23,7 @@ func TestListMembersSingleNode(t *testing.T) {
 	ts := newTestServer(t, nil)
 	got := ts.listMembers()
 	want := &sluicepb.ClusterMember{Name: "test-node", GrpcAddr: ts.addr, State: "alive", Share: 1}
-	if len(got.Members) != 1 || !equalMember(got.Members[0], want) || got.Node != "test-node" || got.Epoch != 0 {
+	if len(got.Members) != 1 || !equalMember(got.Members[0], want) || got.Node != "test-node" || got.MapVersion != 0 {
 		t.Errorf("ListMembers() on a single node = %v; want node test-node, epoch 0, members [%v]", got, want)
 	}
 }
@@ -42,29 +40,6 @@ func TestListMembersAdminToken(t *testing.T) {
 	resp, err := ts.admin().ListMembers(ctx, &sluicepb.ListMembersRequest{})
 	if err != nil || len(resp.Members) != 1 {
 		t.Errorf("ListMembers() with the token = %v, %v; want the node itself", resp, err)
-	}
-}
-
-// TestKeySharesLeaving: a member that is leaving owns no keys; the others
-// share them all, the one that is down included (its keys wait for it).
-func TestKeySharesLeaving(t *testing.T) {
-	view := cluster.NewView(7, []cluster.Member{
-		{Name: "a", State: cluster.StateAlive},
-		{Name: "b", State: cluster.StateLeaving},
-		{Name: "c", State: cluster.StateAlive},
-	})
-	view.Roster, _ = (&cluster.Roster{}).Merge(
-		cluster.RosterEntry{Name: "a", Incarnation: 1, Phase: cluster.PhaseJoined},
-		cluster.RosterEntry{Name: "b", Incarnation: 1, Phase: cluster.PhaseLeaving},
-		cluster.RosterEntry{Name: "c", Incarnation: 1, Phase: cluster.PhaseJoined},
-		cluster.RosterEntry{Name: "d", Incarnation: 1, Phase: cluster.PhaseJoined}, // down
-	)
-	got := keyShares(view.Owners())
-	if got["b"] != 0 || math.Abs(got["a"]+got["c"]+got["d"]-1) > 1e-9 || math.Abs(got["d"]-1.0/3) > 0.03 {
-		t.Errorf("keyShares(a, c alive, b leaving, d down) = %v; want b 0, a, c and d about 1/3 each", got)
-	}
-	if again := keyShares(view.Owners()); again["a"] != got["a"] {
-		t.Errorf("keyShares of the same view: %v, then %v; want the same shares", got, again)
 	}
 }
 

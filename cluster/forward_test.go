@@ -19,10 +19,10 @@ func TestForwardToClosedPeerFailsFast(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	v := testView([]string{"a", "b"}, []string{"a", "b"}, nil)
-	v.Members[1].GRPCAddr = "127.0.0.1:1" // never dialled: nothing is sent
-	r.own.Store((&ownership{}).next(newConfig("a", PolicyExact, 1, v), 1, t0))
-	p, err := r.peer("b")
+	m := testMap(5, live("a", 1), live("b", 2))
+	m.Members[1].Addrs.Peer = "127.0.0.1:1" // never dialled: nothing is sent
+	r.own.Store((&ownership{}).next(newConfig("a", PolicyExact, 1, m), 1))
+	p, err := r.peers.get("b")
 	if err != nil {
 		t.Fatal(err)
 	}

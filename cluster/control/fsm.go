@@ -80,6 +80,9 @@ type fsm struct {
 }
 
 func newFSM(log *slog.Logger) *fsm {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	f := &fsm{log: log, changed: make(chan struct{})}
 	f.cur.Store(&Map{})
 	return f

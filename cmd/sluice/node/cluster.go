@@ -28,7 +28,7 @@ func (n *Node) startCluster() error {
 		return err
 	}
 	settings := control.Settings{
-		Replicas: n.cfg.Router.Replicas,
+		Replicas: max(n.cfg.Router.Replicas, 1),
 		Policy:   n.cfg.Router.Policy.String(),
 		Lease:    n.cfg.Control.Settings.Lease,
 	}

@@ -16,15 +16,31 @@ func (ts *testServer) listMembers() *sluicepb.ListMembersResponse {
 }
 
 // TestListMembersCluster: every node of a 3-node cluster lists the three,
-// alive, with their addresses, each owning about a third of the keys; once
-// one leaves, it is listed as left with no keys and the two others own
-// about half each.
+// alive, with their addresses, each owning about a third of the keys, all
+// three voters and one leader they agree on; once one stops, it is listed
+// as dead (its epoch ended, still a member) with no keys and the two others
+// own about half each.
 func TestListMembersCluster(t *testing.T) {
 	tc := newTestCluster(t, 3)
 	for i, ts := range tc.nodes {
 		got := ts.listMembers()
-		if got.Node != ts.cfg.NodeName || got.Epoch == 0 || len(got.Members) != 3 {
-			t.Fatalf("ListMembers() via node %d = %v; want node %s, an epoch, 3 members", i, got, ts.cfg.NodeName)
+		if got.Node != ts.cfg.NodeName || got.MapVersion == 0 || got.ClusterId == "" || len(got.Members) != 3 {
+			t.Fatalf("ListMembers() via node %d = %v; want node %s, a map version, a cluster ID, 3 members", i, got, ts.cfg.NodeName)
+		}
+		leaders := 0
+		for _, m := range got.Members {
+			if !m.Voter || !m.Live || m.Epoch == 0 {
+				t.Errorf("ListMembers() via node %d: %v; want a live voter with an epoch", i, m)
+			}
+			if m.Leader {
+				leaders++
+				if m.Name != got.Leader {
+					t.Errorf("ListMembers() via node %d: leader %s, but %s is marked leader", i, got.Leader, m.Name)
+				}
+			}
+		}
+		if leaders != 1 {
+			t.Errorf("ListMembers() via node %d: %d leaders; want 1", i, leaders)
 		}
 		var sum float64
 		for j, m := range got.Members {
@@ -49,7 +65,7 @@ func TestListMembersCluster(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		got := tc.nodes[0].listMembers()
-		ok := len(got.Members) == 3 && got.Members[2].State == "left" && got.Members[2].Share == 0
+		ok := len(got.Members) == 3 && got.Members[2].State == "dead" && !got.Members[2].Live && got.Members[2].Share == 0
 		for _, m := range got.Members[:min(2, len(got.Members))] {
 			ok = ok && m.State == "alive" && math.Abs(m.Share-0.5) < 0.03
 		}
@@ -57,7 +73,7 @@ func TestListMembersCluster(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("ListMembers() via node 0 after node-2 left = %v; want node-2 left with share 0, the others alive with about 1/2", got)
+			t.Fatalf("ListMembers() via node 0 after node-2 stopped = %v; want node-2 dead with share 0, the others alive with about 1/2", got)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
