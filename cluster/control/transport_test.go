@@ -1,0 +1,111 @@
+package control
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// muxStream listens on loopback, splits the port with a Mux and serves
+// Raft's side with secret and cluster ID cid.
+func muxStream(t *testing.T, secret, cid string) (*Mux, *stream) {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := NewMux(lis)
+	s, err := newStream(TransportConfig{Listener: m.Raft(), Advertise: lis.Addr().String(), Secret: []byte(secret),
+		ClusterID: func() string { return cid }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		s.Close()
+		s.wait()
+		m.GRPC().Close()
+	})
+	return m, s
+}
+
+// TestMuxSplits: a connection that does not start with Raft's byte reaches
+// the gRPC side with its first byte intact; a Raft dial reaches the Raft
+// side through the handshake, and the bytes flow both ways.
+func TestMuxSplits(t *testing.T) {
+	m, s := muxStream(t, "secret", "c1")
+	addr := s.Addr().String()
+
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("PRI * HTTP/2.0"))
+	g, err := m.GRPC().Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	got, _ := bufio.NewReader(g).Peek(3)
+	if string(got) != "PRI" {
+		t.Fatalf("gRPC side read %q; want %q", got, "PRI")
+	}
+
+	dialer := &stream{cfg: TransportConfig{Secret: []byte("secret"), ClusterID: func() string { return "c1" }}}
+	rc, err := dialer.Dial(rafAddr(addr), time.Second)
+	if err != nil {
+		t.Fatalf("raft dial: %v", err)
+	}
+	defer rc.Close()
+	ac, err := s.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ac.Close()
+	rc.Write([]byte("ping"))
+	buf := make([]byte, 4)
+	if _, err := io.ReadFull(ac, buf); err != nil || string(buf) != "ping" {
+		t.Fatalf("raft side read %q, %v; want ping", buf, err)
+	}
+}
+
+// TestHandshakeRefuses: a dialler without the cluster's secret, or from
+// another cluster, is refused with the reason; one that does not know its
+// cluster yet (a node joining) is let in.
+func TestHandshakeRefuses(t *testing.T) {
+	_, s := muxStream(t, "secret", "c1")
+	addr := rafAddr(s.Addr().String())
+	for _, tc := range []struct {
+		name, secret, cid, wantErr string
+	}{
+		{"wrong secret", "other", "c1", "wrong peer secret"},
+		{"other cluster", "secret", "c2", "cluster c2 is not this node's cluster c1"},
+		{"joining", "secret", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &stream{cfg: TransportConfig{Secret: []byte(tc.secret), ClusterID: func() string { return tc.cid }}}
+			c, err := d.Dial(addr, time.Second)
+			if tc.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Dial: %v; want accepted", err)
+				}
+				c.Close()
+				ac, err := s.Accept()
+				if err == nil {
+					ac.Close()
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Fatalf("Dial: %v; want an error containing %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
+func rafAddr(a string) raft.ServerAddress { return raft.ServerAddress(a) }
