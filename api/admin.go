@@ -378,8 +378,6 @@ func (a *adminService) ListMembers(ctx context.Context, req *sluicepb.ListMember
 				State:    cluster.StateAlive.String(),
 				Share:    1,
 				Live:     true,
-				Voter:    true,
-				Leader:   true,
 			}},
 		}, nil
 	}

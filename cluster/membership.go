@@ -222,8 +222,13 @@ func (m *Membership) Leave(timeout time.Duration) error {
 	if m.stopRejoin != nil {
 		m.stopRejoin()
 	}
+	deadline := time.Now().Add(timeout)
+	m.meta.Left = true
+	if err := m.announceLocked(timeout/2, "announce leaving"); err != nil {
+		m.log.Warn("leave: peers may record a failure rather than a departure", "err", err)
+	}
 	m.left = true
-	if err := m.ml.Leave(max(timeout, time.Millisecond)); err != nil {
+	if err := m.ml.Leave(max(time.Until(deadline), time.Millisecond)); err != nil {
 		return fmt.Errorf("cluster: leave: %w", err)
 	}
 	m.log.Info("left the cluster")
@@ -508,7 +513,7 @@ func (m *Membership) nodeDown(n *memberlist.Node) {
 	}
 	delete(m.live, n.Name)
 	kind, state := ChangeFailed, StateDead
-	if n.State == memberlist.StateLeft {
+	if md, err := decodeMeta(n.Meta); err == nil && md.Left {
 		kind, state = ChangeLeft, StateLeft
 	}
 	mem.State = state

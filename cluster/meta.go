@@ -36,6 +36,9 @@ type meta struct {
 	Settings string `json:"settings,omitempty"`
 	// Zone is its failure domain, for placing Raft voters.
 	Zone string `json:"zone,omitempty"`
+	// Left is set just before the node leaves gossip gracefully, so that
+	// its peers record a departure rather than a failure.
+	Left bool `json:"left,omitempty"`
 }
 
 var errNoGRPC = errors.New("no gRPC address")
@@ -91,6 +94,7 @@ func (m meta) advertised(ip string) meta {
 func (c Config) largestMeta() meta {
 	m := newMeta(c, math.MaxInt64)
 	m.Cluster = "00000000-0000-0000-0000-000000000000"
+	m.Left = true
 	return m.advertised("ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255")
 }
 

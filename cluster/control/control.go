@@ -184,6 +184,8 @@ type Control struct {
 	leaderAddr string
 	leaderConn *grpc.ClientConn
 
+	renewKick chan struct{} // capacity 1: renew now (a new epoch)
+
 	unseenMu sync.Mutex
 	unseen   map[string]time.Time // voters' IDs, since when they are not healthy
 
@@ -223,7 +225,7 @@ func New(cfg Config) (*Control, error) {
 	}
 	log := cfg.Logger.With("component", "control")
 	c := &Control{cfg: cfg, log: log, clock: cfg.Clock, store: st, fsm: newFSM(log),
-		fatal: make(chan error, 1)}
+		fatal: make(chan error, 1), renewKick: make(chan struct{}, 1)}
 	c.lease.clock, c.lease.length = cfg.Clock, cfg.Settings.Lease
 	ok := false
 	defer func() {
@@ -521,6 +523,10 @@ func (c *Control) ensureEpoch(ctx context.Context, m *Map) {
 	c.epochAt.Store(res.Version)
 	c.setEpoch(res.Epoch)
 	c.log.Info("epoch started", "epoch", res.Epoch)
+	select {
+	case c.renewKick <- struct{}{}:
+	default:
+	}
 }
 
 func (c *Control) setEpoch(e uint64) {
@@ -554,6 +560,7 @@ func (c *Control) renewLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-c.renewKick:
 		}
 		e := c.epoch.Load()
 		if e == 0 || c.stopping.Load() {

@@ -240,9 +240,10 @@ func (c *Control) lead(ctx context.Context) {
 		}
 		c.log.Info("initialised the cluster", "cluster", c.ClusterID(), "settings", c.cfg.Settings.String())
 	}
+	c.reconcile(g)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
-	lastReconcile := time.Time{}
+	lastReconcile := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
@@ -252,7 +253,7 @@ func (c *Control) lead(ctx context.Context) {
 			g.serve()
 		case <-tick.C:
 			g.endDown()
-			if time.Since(lastReconcile) >= time.Second {
+			if time.Since(lastReconcile) >= reconcileEvery {
 				c.reconcile(g)
 				c.dropTombstones()
 				lastReconcile = time.Now()
@@ -260,6 +261,10 @@ func (c *Control) lead(ctx context.Context) {
 		}
 	}
 }
+
+// reconcileEvery is how often the leader compares the map and the Raft
+// configuration with what gossip finds.
+const reconcileEvery = 250 * time.Millisecond
 
 // failPending answers the renewals left when leadership ends.
 func (g *granter) failPending() {

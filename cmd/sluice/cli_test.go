@@ -420,6 +420,7 @@ func TestServeSeparateListeners(t *testing.T) {
 	t.Cleanup(func() { waitMemberlistGone(t) })
 	n := startNode(t, nil, "--grpc-addr", "0.0.0.0:0", "--peer-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
 		"--gossip-addr", "127.0.0.1:0", "--expect", "1", "--node-name", "split")
+	n.waitReadyz()
 	if n.peerAddr == "" || n.adminAddr == "" || n.peerAddr == n.adminAddr {
 		t.Fatalf("ready file: peer %q, admin %q; want two listeners of their own", n.peerAddr, n.adminAddr)
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -142,6 +143,26 @@ func startNode(t testing.TB, e env, args ...string) *cliNode {
 	n.peerAddr, n.adminAddr = info.PeerAddr, info.AdminAddr
 	n.healthAddr = info.HealthAddr
 	return n
+}
+
+// waitReadyz waits until the node's /readyz answers 200: a cluster node
+// serves (its ready file is written) before it holds a lease.
+func (n *cliNode) waitReadyz() {
+	n.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get("http://" + n.httpAddr + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			n.t.Fatalf("node at %s not ready within 20s: %v", n.grpcAddr, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // stop ends the node as a first SIGINT would and checks that it exits 0.

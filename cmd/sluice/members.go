@@ -49,8 +49,12 @@ node applies the same versions in the same order) and the leader.`,
 			if err := printMembers(cmd.OutOrStdout(), resp); err != nil {
 				return err
 			}
+			if resp.ClusterId == "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "as seen by %s, which is not in a cluster (or has not joined it yet)\n", resp.Node)
+				return nil
+			}
 			fmt.Fprintf(cmd.ErrOrStderr(), "cluster %s, map version %d as applied by %s, leader %s\n",
-				orDash(resp.ClusterId), resp.MapVersion, resp.Node, orDash(resp.Leader))
+				resp.ClusterId, resp.MapVersion, resp.Node, orDash(resp.Leader))
 			return nil
 		},
 	}

@@ -23,10 +23,10 @@ func TestMembersSingleNode(t *testing.T) {
 
 	r := mustRun(t, exitOK, nil, args...)
 	wantLines(t, r.stdout,
-		"NAME    STATE  GRPC"+strings.Repeat(" ", len(n.grpcAddr)-2)+"GOSSIP  SHARE",
-		"node-a  alive  "+n.grpcAddr+"  -       100.0%")
-	if !strings.Contains(r.stderr, "as seen by node-a at epoch 0") {
-		t.Errorf("members: stderr %q; want the answering node and its epoch", r.stderr)
+		"NAME    STATE  EPOCH  ROLE  COPIES  GRPC"+strings.Repeat(" ", len(n.grpcAddr)-2)+"GOSSIP  SHARE",
+		"node-a  alive  0      -     -       "+n.grpcAddr+"  -       100.0%")
+	if !strings.Contains(r.stderr, "as seen by node-a, which is not in a cluster") {
+		t.Errorf("members: stderr %q; want the answering node, not in a cluster", r.stderr)
 	}
 
 	r = mustRun(t, exitOK, nil, append(args, "-o", "json")...)
@@ -35,7 +35,7 @@ func TestMembersSingleNode(t *testing.T) {
 	if len(got.Members) != 1 || got.Members[0].Name != "node-a" || got.Members[0].Share != 1 || got.Node != "node-a" {
 		t.Errorf("members -o json = %v; want node-a alone with share 1", &got)
 	}
-	for _, field := range []string{`"gossip_addr": ""`, `"epoch": "0"`, `"share": 1`} {
+	for _, field := range []string{`"gossip_addr": ""`, `"map_version": "0"`, `"share": 1`} {
 		if !strings.Contains(r.stdout, field) {
 			t.Errorf("members -o json printed\n%s\nwant the field %s (proto names, unpopulated fields too)", r.stdout, field)
 		}
@@ -64,6 +64,9 @@ func TestMembersCluster(t *testing.T) {
 	for i := range nodes {
 		nodes[i] = startNode(t, nil, "--node-name", "node-"+strconv.Itoa(i),
 			"--gossip-addr", gossip[i], "--join", gossip[0], "--expect", "3")
+	}
+	for _, n := range nodes {
+		n.waitReadyz()
 	}
 	for i, n := range nodes {
 		var rows []map[string]string

@@ -272,6 +272,9 @@ func (c Config) Validate() error {
 	if err := distinctAddrs(map[string]string{"grpc-addr": c.GRPCAddr, "peer-addr": c.PeerAddr, "admin-addr": c.AdminAddr, "http-addr": c.HTTPAddr, "health-addr": c.HealthAddr}); err != nil {
 		return err
 	}
+	if c.Cluster != nil && c.DataDir == "" {
+		return errors.New("node: config: data dir is empty; a cluster node keeps its Raft log and vote there, even with --durability memory: set --data-dir")
+	}
 	if c.Durability != "memory" {
 		if _, err := persist.ParseMode(c.Durability); err != nil {
 			return fmt.Errorf("node: config: durability %q: want commit, fsync, async or memory", c.Durability)

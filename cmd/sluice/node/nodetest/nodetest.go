@@ -46,6 +46,9 @@ func Start(t testing.TB, name string, edit func(*node.Config)) *Node {
 	if edit != nil {
 		edit(&cfg)
 	}
+	if cfg.Cluster != nil && cfg.DataDir == "" {
+		cfg.DataDir = t.TempDir() // the Raft log, whatever the durability
+	}
 	srv, err := node.New(cfg)
 	if err != nil {
 		t.Fatalf("node.New: %v", err)
