@@ -30,15 +30,17 @@ const (
 
 // overview is the cluster page's data.
 type overview struct {
-	Node      string      `json:"node"`
-	Epoch     uint64      `json:"epoch"`
-	ReadAt    string      `json:"readAt"`
-	Members   []member    `json:"members"`
-	Changes   []change    `json:"changes"`
-	Series    series      `json:"series"` // the whole seconds before now
-	Decisions topList     `json:"topDecisions"`
-	Denials   topList     `json:"topDenials"`
-	Totals    rateFigures `json:"totals"`
+	Node       string      `json:"node"`
+	Epoch      uint64      `json:"epoch"`      // the answering node's gossip view
+	MapVersion uint64      `json:"mapVersion"` // the cluster map it applied
+	Leader     string      `json:"leader"`     // the Raft leader it knows
+	ReadAt     string      `json:"readAt"`
+	Members    []member    `json:"members"`
+	Changes    []change    `json:"changes"`
+	Series     series      `json:"series"` // the whole seconds before now
+	Decisions  topList     `json:"topDecisions"`
+	Denials    topList     `json:"topDenials"`
+	Totals     rateFigures `json:"totals"`
 }
 
 // member is one member, with its figures when it answered.
@@ -140,7 +142,6 @@ func (h *Handler) overview(r *http.Request) (any, error) {
 	now := h.cfg.Clock.Now()
 	out := &overview{
 		Node:      h.b.NodeName(),
-		Epoch:     members.MapVersion,
 		ReadAt:    fmtTime(now),
 		Decisions: h.topList(tr.TopDecisions, top),
 		Denials:   h.topList(tr.TopDenials, top),
@@ -150,6 +151,10 @@ func (h *Handler) overview(r *http.Request) (any, error) {
 		out.Changes = append(out.Changes, change{At: fmtTime(c.At), AgoMs: ms(time.Since(c.At)), Epoch: c.Epoch, Kind: c.Kind.String(), Member: c.Member, State: c.State.String(), Members: c.Members})
 	}
 	slices.Reverse(out.Changes) // newest first
+	if len(out.Changes) > 0 {
+		out.Epoch = out.Changes[0].Epoch // the answering node's gossip view
+	}
+	out.MapVersion, out.Leader = members.MapVersion, members.Leader
 
 	// The series ends at the last whole second of the latest node (clocks
 	// differ a little: the nodes' last seconds are partial), and holds

@@ -129,6 +129,7 @@ async function renderCluster() {
   const s = document.getElementById("summary");
   s.replaceChildren(
     "Answered by ", el("b", {}, d.node), " · view epoch ", el("b", {}, d.epoch),
+    " · map version ", el("b", {}, d.mapVersion), " · leader ", el("b", {}, d.leader || "none"),
     " · ", el("b", {}, live), " live of ", el("b", {}, d.members.length), " members · ",
     el("b", {}, fmtRate(d.totals.decisionsPerSec)), " decisions/s, ",
     el("b", {}, fmtRate(d.totals.denialsPerSec)), " denials/s, ",
