@@ -174,10 +174,11 @@ var errWrongIncarnation = errors.New("cluster: handoff for another incarnation")
 const ErrorDomain = "sluice.io"
 
 // The reasons of an UNAVAILABLE status (see ErrorDomain).
-// ReasonNoQuorum, ReasonMoving and ReasonOwnerDown are refusals: nothing
-// was decided. After ReasonStandby or ReasonOwnerUnreachable, the hits may
-// have been recorded without being acknowledged, so a retry may count them
-// twice (never fewer).
+// ReasonNoQuorum, ReasonMoving and ReasonOwnerDown are mostly refusals:
+// nothing was decided. After ReasonStandby or ReasonOwnerUnreachable, the
+// hits may have been recorded without being acknowledged, so a retry may
+// count them twice (never fewer). Which is the case is in the ErrorInfo's
+// metadata, under MetaRecorded, whatever the reason.
 const (
 	// ReasonNoQuorum: the node holds no lease from a majority (ErrNoQuorum).
 	ReasonNoQuorum = "NO_QUORUM"
@@ -196,9 +197,64 @@ const (
 	ReasonShuttingDown = "SHUTTING_DOWN"
 )
 
+// MetaRecorded is the key, in the metadata of the ErrorInfo of an
+// UNAVAILABLE status, that says whether the failed call may have recorded
+// hits: RecordedNo (a refusal: nothing of the call was recorded) or
+// RecordedMaybe (some of its hits may be recorded, though none was
+// acknowledged: they count against the key, and a retry may count them
+// twice, never fewer). A client that keeps a ledger of its hits, as the
+// fault suite does, counts a RecordedMaybe failure as possibly counted.
+const MetaRecorded = "recorded"
+
+// The values of MetaRecorded.
+const (
+	RecordedNo    = "no"
+	RecordedMaybe = "maybe"
+)
+
+// ErrRecorded marks a failure that came after some of the call's hits may
+// have been recorded: none was acknowledged, but they may count against
+// their keys. Status says so (MetaRecorded: RecordedMaybe) for errors that
+// match it, and for the standby's, an unreachable member's, a partly
+// stale call's and a shutdown's, which may all come after a record.
+var ErrRecorded = errors.New("cluster: hits may be recorded, none acknowledged")
+
+// recordedError is err marked as ErrRecorded: it reads as err, and
+// matches both.
+type recordedError struct{ err error }
+
+func (e *recordedError) Error() string   { return e.err.Error() }
+func (e *recordedError) Unwrap() []error { return []error{e.err, ErrRecorded} }
+
+// maybeRecorded marks err as ErrRecorded (nil stays nil).
+func maybeRecorded(err error) error {
+	if err == nil || errors.Is(err, ErrRecorded) {
+		return err
+	}
+	return &recordedError{err}
+}
+
+// recorded is the MetaRecorded value of a failure: RecordedNo only for the
+// refusals that are made before anything is recorded.
+func recorded(err error) string {
+	switch {
+	case errors.Is(err, ErrRecorded),
+		errors.Is(err, actor.ErrStalePartial),
+		errors.Is(err, actor.ErrReplication), errors.Is(err, errStandby),
+		errors.Is(err, ErrUnreachable),
+		errors.Is(err, actor.ErrClosed), errors.Is(err, persist.ErrClosed):
+		return RecordedMaybe
+	}
+	return RecordedNo
+}
+
 // unavailable is an UNAVAILABLE status with msg, carrying an ErrorInfo
-// with reason and meta.
-func unavailable(reason, msg string, meta map[string]string) error {
+// with reason and meta, and MetaRecorded for err.
+func unavailable(reason, msg string, meta map[string]string, cause error) error {
+	if meta == nil {
+		meta = make(map[string]string, 1)
+	}
+	meta[MetaRecorded] = recorded(cause)
 	st, err := status.New(codes.Unavailable, msg).WithDetails(&errdetails.ErrorInfo{
 		Reason: reason, Domain: ErrorDomain, Metadata: meta,
 	})
@@ -213,7 +269,8 @@ func unavailable(reason, msg string, meta map[string]string) error {
 // Refusals (no quorum, ownership moving, owner down, an unreachable owner)
 // are UNAVAILABLE with the reason, so that the edge applies its failure
 // policy, with an errdetails.ErrorInfo saying why (see ErrorDomain); a
-// forwarded check this node does not act for is ABORTED.
+// forwarded check this node does not act for is ABORTED. The ErrorInfo
+// also says whether the call may have recorded hits (MetaRecorded).
 func Status(err error) error {
 	if err == nil {
 		return nil
@@ -230,7 +287,7 @@ func Status(err error) error {
 	case errors.Is(err, actor.ErrOverloaded), errors.Is(err, actor.ErrTooManyKeys):
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, actor.ErrClosed), errors.Is(err, persist.ErrClosed):
-		return unavailable(ReasonShuttingDown, "sluice: node shutting down; retry on another node", nil)
+		return unavailable(ReasonShuttingDown, "sluice: node shutting down; retry on another node", nil, err)
 	case errors.Is(err, errMisrouted):
 		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, errWrongIncarnation), errors.Is(err, ErrAlive):
@@ -238,21 +295,21 @@ func Status(err error) error {
 	case errors.Is(err, ErrNoMember):
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, ErrNoQuorum):
-		return unavailable(ReasonNoQuorum, err.Error(), nil)
+		return unavailable(ReasonNoQuorum, err.Error(), nil, err)
 	case errors.Is(err, ErrMoving):
-		return unavailable(ReasonMoving, err.Error(), nil)
+		return unavailable(ReasonMoving, err.Error(), nil, err)
 	case errors.Is(err, ErrOwnerDown):
-		return unavailable(ReasonOwnerDown, err.Error(), nil)
+		return unavailable(ReasonOwnerDown, err.Error(), nil, err)
 	case errors.Is(err, actor.ErrReplication), errors.Is(err, errStandby):
-		return unavailable(ReasonStandby, err.Error(), nil)
+		return unavailable(ReasonStandby, err.Error(), nil, err)
 	case errors.Is(err, actor.ErrStale):
-		return unavailable(ReasonMoving, ErrMoving.Error()+": "+err.Error(), nil)
+		return unavailable(ReasonMoving, ErrMoving.Error()+": "+err.Error(), nil, err)
 	case errors.Is(err, ErrUnreachable):
 		var meta map[string]string
 		if ue := (*UnreachableError)(nil); errors.As(err, &ue) {
 			meta = map[string]string{"member": ue.Member}
 		}
-		return unavailable(ReasonOwnerUnreachable, err.Error()+"; the edge decides whether to fail open or closed", meta)
+		return unavailable(ReasonOwnerUnreachable, err.Error()+"; the edge decides whether to fail open or closed", meta, err)
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -535,6 +536,12 @@ func (r *Router) fanOut(ctx context.Context, own *ownership, gen uint64, groups 
 			first = err
 		}
 	}
+	if first != nil && slices.Contains(decided, true) {
+		// Other groups were decided and recorded: the call fails, but not
+		// before anything was recorded (nor, all or nothing, if a release
+		// does not arrive).
+		first = maybeRecorded(first)
+	}
 	if !allOrNothing {
 		return first
 	}
@@ -682,7 +689,7 @@ func (r *Router) decideHere(ctx context.Context, own *ownership, gen uint64, che
 		// other node may act for these keys by now. The hits stay
 		// recorded, unacknowledged: conservative.
 		r.cfg.Observer.Refused("no_quorum", len(checks))
-		return fmt.Errorf("%w: the lease of %s ran out while it decided; nothing was acknowledged", ErrNoQuorum, r.cfg.Self)
+		return maybeRecorded(fmt.Errorf("%w: the lease of %s ran out while it decided; its hits are recorded, none acknowledged", ErrNoQuorum, r.cfg.Self))
 	}
 	return nil
 }
