@@ -286,10 +286,15 @@ func runScenarios(t *testing.T, scs []scenario, title string) {
 // fault was seen and the ledger. It returns the scenario's report.
 func runScenario(t *testing.T, bin string, sc scenario, tm timing) report {
 	r := report{name: sc.name, event: sc.event(tm)}
-	c := startCluster(t, clusterConfig{
+	c, err := startCluster(t, clusterConfig{
 		bin: bin, nodes: sc.nodes, joinAll: sc.joinAll, extraFlags: sc.serveFlags(),
 		nodeFlags: sc.nodeFlags, peerAddr: sc.peerAddr, deferred: sc.deferred, mayExit: sc.mayExit,
 	})
+	if err != nil {
+		r.checked = []string{"the cluster never started: " + err.Error()}
+		t.Error(err)
+		return r
+	}
 	cfg := defaultLoad()
 	keys := scenarioKeys(c.names(), cfg.freshLimit(tm.fault, 1), sc.keep)
 	ld := startLoad(c.nodes, keys, cfg)

@@ -101,9 +101,10 @@ type node struct {
 // startCluster creates a network of namespaces and starts a node in each
 // (but the deferred ones), with fresh data dirs, then waits until every
 // node it started is ready and sees all of them alive (but those that may
-// exit). The test's end kills the nodes, prints the tail of their logs if
-// the test failed, and deletes the namespaces.
-func startCluster(t *testing.T, cfg clusterConfig) *cluster {
+// exit); it returns an error if they are not within 30 s. The test's end
+// kills the nodes, prints the tail of their logs if the test failed, and
+// deletes the namespaces.
+func startCluster(t *testing.T, cfg clusterConfig) (*cluster, error) {
 	t.Helper()
 	n := cmp.Or(cfg.nodes, 3)
 	nw := newNetwork(t, n)
@@ -121,6 +122,7 @@ func startCluster(t *testing.T, cfg clusterConfig) *cluster {
 	// so that they are removed after it has read the logs.
 	root := t.TempDir()
 	t.Cleanup(func() {
+		c.stopMonitors()
 		for _, n := range c.nodes {
 			n.kill()
 			n.conn.Close()
@@ -185,16 +187,16 @@ func startCluster(t *testing.T, cfg clusterConfig) *cluster {
 			waitFor = append(waitFor, n)
 		}
 	}
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for _, n := range waitFor {
 		if err := n.waitReady(deadline); err != nil {
-			t.Fatal(err)
+			return c, err
 		}
 	}
 	if err := waitMembers(waitFor, deadline); err != nil {
-		t.Fatal(err)
+		return c, err
 	}
-	return c
+	return c, nil
 }
 
 // node returns node i, from 1.
