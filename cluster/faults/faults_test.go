@@ -335,9 +335,9 @@ func runScenario(t *testing.T, bin string, sc scenario, tm timing) report {
 	results := ledger(keys, calls, st.copies, ld.end)
 	checked := c.verifyFaults(t, calls)
 	if st.copies != nil {
-		what := fmt.Sprintf("%d keys on %d nodes read", len(keys), len(live))
+		what := fmt.Sprintf("%d keys read on %d nodes", len(keys), len(live))
 		if st.withStandby > 0 {
-			what += fmt.Sprintf(", %d with a standby copy", st.withStandby)
+			what += fmt.Sprintf(", %d of them on their standby too", st.withStandby)
 		}
 		checked = append(checked, what)
 	}
@@ -405,6 +405,12 @@ func restart(t *testing.T, c *cluster, tm timing, nodes []*node, flags []string)
 			}
 		}
 	}()
+	clean := true
+	defer func() {
+		if clean {
+			f.note("each exited 0 after SIGTERM and was ready again")
+		}
+	}()
 	for _, n := range nodes {
 		if err := n.signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
@@ -414,6 +420,7 @@ func restart(t *testing.T, c *cluster, tm timing, nodes []*node, flags []string)
 			t.Fatal(err)
 		}
 		if code != 0 {
+			clean = false
 			t.Errorf("%s exited with code %d after SIGTERM; want 0", n.name, code)
 		}
 		n.args = append(n.args, flags...)
@@ -423,7 +430,6 @@ func restart(t *testing.T, c *cluster, tm timing, nodes []*node, flags []string)
 		if err := n.waitReady(time.Now().Add(60 * time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		f.note("%s exited %d and was ready again", n.name, code)
 		time.Sleep(tm.between)
 	}
 }
