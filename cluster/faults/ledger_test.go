@@ -150,6 +150,7 @@ type keyResult struct {
 	ambiguous int64          // failed calls that may have recorded their hit
 	allowedBy map[string]int // allowed answers by deciding node
 	overlaps  []overlap      // evidence of two deciders at once (S1)
+	callsOf   []call         // the key's calls
 	// copies are the key's copies after the fault: the acting node's own
 	// state and, with a standby, its copy; nil if the cluster never
 	// settled.
@@ -217,7 +218,7 @@ func ledger(keys []testKey, calls []call, copies [][]keyCopy, end time.Time) []k
 	}
 	for i, k := range keys {
 		r := &results[i]
-		*r = keyResult{key: k, allowedBy: map[string]int{}, calls: len(byKey[i])}
+		*r = keyResult{key: k, allowedBy: map[string]int{}, calls: len(byKey[i]), callsOf: byKey[i]}
 		for _, c := range byKey[i] {
 			switch {
 			case c.outcome == allowed:
@@ -488,8 +489,8 @@ func checkResults(t *testing.T, results []keyResult) {
 				k.key.name, lost, where, k.allowed, describeAllowedBy(k.allowedBy), k.ambiguous, describeCopies(k.copies))
 		}
 		if over, where := k.overCounted(); over > 0 {
-			t.Errorf("%s: %d hits in %s beyond the calls that could have recorded them (S2); %d acknowledged, %d ambiguous; %s; its first runs: %s",
-				k.key.name, over, where, k.allowed, k.ambiguous, describeCopies(k.copies), describeRuns(k.copies[0].runs, 8))
+			t.Errorf("%s: %d hits in %s beyond the calls that could have recorded them (S2); %d acknowledged, %d ambiguous; %s; around that instant: %s",
+				k.key.name, over, where, k.allowed, k.ambiguous, describeCopies(k.copies), k.around(k.worstOverAt()))
 		}
 	}
 }
@@ -506,16 +507,47 @@ func describeCopies(copies []keyCopy) string {
 	return strings.Join(parts, ", ")
 }
 
-// describeRuns lists the first n runs of a copy: "04:05:06.789 ×2".
-func describeRuns(runs []hitRun, n int) string {
+// worstOverAt is the instant of the largest excess of any copy.
+func (r *keyResult) worstOverAt() time.Time {
+	var worst s2
+	for _, c := range r.copies {
+		if c.s2.over > worst.over {
+			worst = c.s2
+		}
+	}
+	return worst.overAt
+}
+
+// around lists, for a closer look, the key's failed calls by what they
+// said, then its calls and the runs of its first copy within the
+// resolution and 150 ms before at.
+func (r *keyResult) around(at time.Time) string {
+	from := at.Add(-r.key.resolution() - 150*time.Millisecond)
 	var parts []string
-	for _, r := range runs[:min(n, len(runs))] {
-		parts = append(parts, fmt.Sprintf("%s ×%d", r.at.Format("15:04:05.000"), r.n))
+	failures := map[string]int{}
+	for _, c := range r.callsOf {
+		if c.outcome == failed {
+			failures[fmt.Sprintf("%v %s, may have recorded: %v", c.code, c.reason, c.maybe)]++
+		}
 	}
-	if len(runs) > n {
-		parts = append(parts, fmt.Sprintf("and %d more", len(runs)-n))
+	for _, f := range slices.Sorted(maps.Keys(failures)) {
+		parts = append(parts, fmt.Sprintf("%d failed (%s)", failures[f], f))
 	}
-	return strings.Join(parts, ", ")
+	for _, c := range r.callsOf {
+		if c.sent.Before(from) || c.sent.After(at) {
+			continue
+		}
+		what := [...]string{"allowed by " + c.node, "denied by " + c.node, fmt.Sprintf("failed (%v %s, may have recorded: %v)", c.code, c.reason, c.maybe)}[c.outcome]
+		parts = append(parts, fmt.Sprintf("call %s–%s %s", c.sent.Format("05.000"), c.replied.Format("05.000"), what))
+	}
+	if len(r.copies) > 0 {
+		for _, h := range r.copies[0].runs {
+			if !h.at.Before(from) && !h.at.After(at) {
+				parts = append(parts, fmt.Sprintf("run %s ×%d", h.at.Format("05.000"), h.n))
+			}
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 // describeAllowedBy lists allowed answers by deciding node.
