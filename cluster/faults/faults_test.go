@@ -213,7 +213,7 @@ func scenarios() []scenario {
 			event: fixed("rolling SIGTERM restart, each node joining through the first")},
 		{name: "rolling-restart/join-all", joinAll: true, inject: rollingRestart, gate: rollingGate,
 			event: fixed("rolling SIGTERM restart, every node in every join list")},
-		{name: "partition", inject: partition,
+		{name: "partition", inject: partition, gate: partitionGate,
 			event: func(tm timing) string {
 				return fmt.Sprintf("node 2 cut off %s, its own client still reaching it", secs(tm.fault))
 			}},
@@ -242,6 +242,12 @@ func scenarios() []scenario {
 // for good (a crash of the acting node would lose it), or a key's state
 // holds one hit more than every call that could have recorded one.
 const rollingGate = "a standby copy lacks an acknowledged hit after a rolling restart, or a state counts a hit no call recorded"
+
+// partitionGate is what the partition finds wrong with today's cluster,
+// in about one run of ten: after the partition heals, the nodes are
+// fenced in turn, and a key's standby copy stays one hit (one that was
+// recorded, not acknowledged) behind its acting node's state for good.
+const partitionGate = "after the partition heals, a standby copy stays behind its acting node's state for good"
 
 // fixed is an event that does not depend on the timing.
 func fixed(s string) func(timing) string { return func(timing) string { return s } }
@@ -282,7 +288,7 @@ func runScenarios(t *testing.T, scs []scenario, title string) {
 			t.Parallel()
 			slots.ch <- struct{}{}
 			defer func() { <-slots.ch }()
-			r := report{name: sc.name, event: sc.event(tm), ran: true}
+			r := report{name: sc.name, event: sc.event(tm), ran: true, gated: sc.gate != ""}
 			defer func() {
 				r.failed = t.Failed()
 				mu.Lock()
@@ -290,7 +296,7 @@ func runScenarios(t *testing.T, scs []scenario, title string) {
 				mu.Unlock()
 			}()
 			r = runScenario(t, bin, sc, tm)
-			r.ran = true
+			r.ran, r.gated = true, sc.gate != ""
 		})
 	}
 }
