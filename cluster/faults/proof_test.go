@@ -249,7 +249,7 @@ func (f *fault) verify(c *cluster, calls []call) (seen string, errs []string) {
 			}
 			return
 		}
-		answered := 0
+		answered, wrong := 0, 0
 		for _, o := range f.observers {
 			if f.answered[o.name] == 0 {
 				continue
@@ -259,8 +259,10 @@ func (f *fault) verify(c *cluster, calls []call) (seen string, errs []string) {
 				n := f.seen[o.name][v.name]
 				switch {
 				case want && n == 0:
+					wrong++
 					errs = append(errs, fmt.Sprintf("%s: %s listed %s alive in all %d of its answers while the fault lasted; want suspect or dead", f.what, o.name, v.name, f.answered[o.name]))
 				case !want && n > 0:
+					wrong++
 					errs = append(errs, fmt.Sprintf("%s: %s listed %s down in %d of its %d answers; a cut of the peer address alone must not show in gossip", f.what, o.name, v.name, n, f.answered[o.name]))
 				}
 			}
@@ -269,7 +271,7 @@ func (f *fault) verify(c *cluster, calls []call) (seen string, errs []string) {
 			errs = append(errs, fmt.Sprintf("%s: none of %s answered ListMembers while the fault lasted", f.what, names(f.observers)))
 			return
 		}
-		if len(f.observers) > 0 {
+		if len(f.observers) > 0 && wrong == 0 {
 			if want {
 				parts = append(parts, fmt.Sprintf("%s saw it down", names(f.observers)))
 			} else {
