@@ -537,9 +537,9 @@ func (r *Router) fanOut(ctx context.Context, own *ownership, gen uint64, groups 
 		}
 	}
 	if first != nil && slices.Contains(decided, true) {
-		// Other groups were decided and recorded: the call fails, but not
-		// before anything was recorded (nor, all or nothing, if a release
-		// does not arrive).
+		// Other groups were decided, and their hits recorded: the call
+		// fails after a record (all or nothing, unwind releases them, but a
+		// release may not arrive).
 		first = maybeRecorded(first)
 	}
 	if !allOrNothing {
