@@ -348,6 +348,47 @@ func (e *Engine) CollectReplicas(ctx context.Context, want func(key string) bool
 	}
 }
 
+// InspectReplica returns this engine's replica copy of key (the standby's
+// copy of a key another node decides; see PutReplicas) as Inspect shows a
+// key: Found is false if it keeps none, or none that holds hits now, and
+// InMemory is always false (copies live on disk only). It reads the store
+// as it is now: a replica write submitted and not yet committed is not
+// seen. It changes nothing. A key that is empty, too long or reserved
+// fails with an *InvalidCheckError; in memory mode there are no copies.
+func (e *Engine) InspectReplica(ctx context.Context, key string) (KeyState, error) {
+	v := KeyState{Key: key, ReadAt: e.cfg.Clock.Now()}
+	if err := validKey(0, key, e.cfg.Limits); err != nil {
+		return KeyState{}, err
+	}
+	if e.closing.Load() {
+		return KeyState{}, ErrClosed
+	}
+	if err := ctx.Err(); err != nil {
+		return KeyState{}, fmt.Errorf("actor: inspect replica: %w", err)
+	}
+	if e.store == nil {
+		return v, nil
+	}
+	now := v.ReadAt.UnixNano()
+	var st state
+	var derr error
+	found := false
+	err := e.store.Get([]string{ReplicaPrefix + key}, func(_ int, deadline int64, value []byte) {
+		if deadline > now {
+			found, derr = true, st.decode(value)
+		}
+	})
+	switch {
+	case err != nil:
+		return KeyState{}, fmt.Errorf("actor: inspect replica %s: %w", QuoteKey(key), err)
+	case derr != nil:
+		return KeyState{}, fmt.Errorf("actor: inspect replica %s: %w", QuoteKey(key), derr)
+	case found && !st.isEmpty(now):
+		st.view(now, e.cfg.MaxLogRuns, &v)
+	}
+	return v, nil
+}
+
 // Get returns the encoded state of each key that holds one (from memory,
 // else from disk), without loading or changing anything: one Exported per
 // key, in the order of keys (a key given twice once), with its deadline;

@@ -250,6 +250,28 @@ func TestReplicaCopies(t *testing.T) {
 	}
 	checkCopies("after PutReplicas")
 
+	// InspectReplica shows each copy as Inspect shows the owner's key.
+	for _, k := range keys {
+		w, err := owner.eng.Inspect(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g, err := standby.eng.InspectReplica(ctx, k)
+		if err != nil {
+			t.Fatalf("InspectReplica(%q): %v", k, err)
+		}
+		if g.Found != w.Found || g.Used != w.Used || g.Lineage != w.Lineage || !slices.Equal(g.Runs, w.Runs) || g.InMemory {
+			t.Errorf("InspectReplica(%q) = found %v, %d used, lineage %x, runs %v, in memory %v; want the owner's found %v, %d used, lineage %x, runs %v, not in memory",
+				k, g.Found, g.Used, g.Lineage, g.Runs, g.InMemory, w.Found, w.Used, w.Lineage, w.Runs)
+		}
+	}
+	if v, err := owner.eng.InspectReplica(ctx, "log"); err != nil || v.Found {
+		t.Errorf("owner's InspectReplica(log) = %+v, %v; want not found: the owner keeps no copy of its own key", v, err)
+	}
+	if _, err := standby.eng.InspectReplica(ctx, ReplicaPrefix+"log"); err == nil {
+		t.Errorf("InspectReplica(a reserved key) = nil error; want an *InvalidCheckError")
+	}
+
 	// Copies are no keys of the standby's.
 	if l, err := standby.eng.List(ctx, "", "", 100); err != nil || len(l) != 0 {
 		t.Fatalf("standby List = %+v, %v; want nothing", l, err)

@@ -38,11 +38,15 @@ type adminService struct {
 	s *Server
 }
 
-// GetKey returns the live state of one key.
+// GetKey returns the live state of one key: on its owner, or with local,
+// this node's own state of the key and its standby copy.
 func (a *adminService) GetKey(ctx context.Context, req *sluicepb.GetKeyRequest) (*sluicepb.GetKeyResponse, error) {
 	s := a.s
 	if err := s.checkKey("key", req.Key); err != nil {
 		return nil, toStatus(err)
+	}
+	if req.Local {
+		return s.localKey(ctx, string(req.Key))
 	}
 	owner, err := s.keyOwner(ctx, req.Key)
 	if err != nil {
@@ -56,6 +60,20 @@ func (a *adminService) GetKey(ctx context.Context, req *sluicepb.GetKeyRequest) 
 		return nil, toStatus(err)
 	}
 	return &sluicepb.GetKeyResponse{State: s.keyState(&v)}, nil
+}
+
+// localKey reads this node's own state of key and its replica copy,
+// without asking the key's owner.
+func (s *Server) localKey(ctx context.Context, key string) (*sluicepb.GetKeyResponse, error) {
+	v, err := s.engine.Inspect(ctx, key)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	r, err := s.engine.InspectReplica(ctx, key)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &sluicepb.GetKeyResponse{State: s.keyState(&v), Replica: s.keyState(&r)}, nil
 }
 
 // keyText is key for the key_text fields: itself when it is valid UTF-8,

@@ -231,6 +231,63 @@ func TestAdminKeyOnDisk(t *testing.T) {
 	}
 }
 
+// TestAdminGetKeyLocal: a local GetKey reads the node asked, not the
+// key's owner: its own state of the key (as GetKey shows it) and its
+// standby copy, each found only where it is kept.
+func TestAdminGetKeyLocal(t *testing.T) {
+	ts := newTestServer(t, nil)
+	ctx := context.Background()
+	ts.hit(nativeCheck("mine", 10, time.Minute, 3))
+	// A standby copy of a key another node decides: the same state, as
+	// replication would write it.
+	states, err := ts.engine.Get(ctx, []string{"mine"})
+	if err != nil || len(states) != 1 {
+		t.Fatalf("engine.Get(mine) = %v, %v; want one state", states, err)
+	}
+	if err := ts.engine.PutReplicas(ctx, []persist.Record{{Key: "theirs", Value: states[0].State, Deadline: states[0].Deadline}}); err != nil {
+		t.Fatal(err)
+	}
+	local := func(key string) *sluicepb.GetKeyResponse {
+		t.Helper()
+		resp, err := ts.admin().GetKey(ts.ctx(), &sluicepb.GetKeyRequest{Key: []byte(key), Local: true})
+		if err != nil {
+			t.Fatalf("GetKey(%q, local) = %v; want no error", key, err)
+		}
+		return resp
+	}
+	for _, tc := range []struct {
+		key                    string
+		wantState, wantReplica int64 // used; -1: not found
+	}{
+		{"mine", 3, -1},
+		{"theirs", -1, 3},
+		{"nobody", -1, -1},
+	} {
+		resp := local(tc.key)
+		for _, part := range []struct {
+			what string
+			ks   *sluicepb.KeyState
+			want int64
+		}{{"state", resp.State, tc.wantState}, {"replica", resp.Replica, tc.wantReplica}} {
+			ks := part.ks
+			if ks == nil || string(ks.Key) != tc.key || ks.Node != "test-node" || ks.Found != (part.want >= 0) || part.want >= 0 && ks.Used != part.want {
+				t.Errorf("GetKey(%q, local).%s = %v; want key %q on test-node, found %v, used %d", tc.key, part.what, ks, tc.key, part.want >= 0, part.want)
+			}
+		}
+	}
+	if got, want := local("mine").State, ts.getKey("mine"); got.Used != want.Used || !proto.Equal(got.GetSlidingLog(), want.GetSlidingLog()) {
+		t.Errorf("GetKey(mine, local).state = %v; want what GetKey(mine) shows: %v", got, want)
+	}
+	if r := local("theirs").Replica; r.InMemory || len(r.GetSlidingLog().GetRuns()) != 1 || r.Limit != 10 {
+		t.Errorf("GetKey(theirs, local).replica = %v; want on disk only, one run, limit 10", r)
+	}
+	// Without local, the node answers for its own keys only: the copy
+	// is not a key of its own.
+	if got := ts.getKey("theirs"); got.Found {
+		t.Errorf("GetKey(theirs) = %v; want not found: a standby copy is not the node's key", got)
+	}
+}
+
 // TestAdminListKeysPages: pages cover every key of the prefix once, in
 // order, and the last page says so.
 func TestAdminListKeysPages(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -378,13 +379,28 @@ func fromPeerStatus(peer string, err error) error {
 	case codes.Unavailable:
 		for _, kind := range []error{ErrNoQuorum, ErrMoving, ErrOwnerDown} {
 			if strings.HasPrefix(st.Message(), kind.Error()) {
-				return &peerError{kind: kind, msg: st.Message()}
+				var err error = &peerError{kind: kind, msg: st.Message()}
+				if peerRecorded(st) != RecordedNo {
+					err = maybeRecorded(err)
+				}
+				return err
 			}
 		}
 	case codes.DeadlineExceeded, codes.Canceled:
 		return &UnreachableError{Member: peer, Reason: "did not answer in time: " + st.Message()}
 	}
 	return &UnreachableError{Member: peer, Reason: err.Error()}
+}
+
+// peerRecorded is the MetaRecorded value of a peer's status: "" from a
+// peer that does not say (a release before it), which counts as maybe.
+func peerRecorded(st *status.Status) string {
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == ErrorDomain {
+			return info.GetMetadata()[MetaRecorded]
+		}
+	}
+	return ""
 }
 
 // peerError is a refusal a peer explained: it matches its kind with

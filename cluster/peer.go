@@ -202,10 +202,11 @@ func checkClusterID(ctx context.Context, own string) error {
 const ErrorDomain = "sluice.io"
 
 // The reasons of an UNAVAILABLE status (see ErrorDomain).
-// ReasonNoQuorum, ReasonMoving and ReasonOwnerDown are refusals: nothing
-// was decided. After ReasonStandby or ReasonOwnerUnreachable, the hits may
-// have been recorded without being acknowledged, so a retry may count them
-// twice (never fewer).
+// ReasonNoQuorum, ReasonMoving and ReasonOwnerDown are mostly refusals:
+// nothing was decided. After ReasonStandby or ReasonOwnerUnreachable, the
+// hits may have been recorded without being acknowledged, so a retry may
+// count them twice (never fewer). Which is the case is in the ErrorInfo's
+// metadata, under MetaRecorded, whatever the reason.
 const (
 	// ReasonNoQuorum: the node holds no lease (ErrNoQuorum): it has no epoch
 	// yet, or cannot reach the Raft leader, or the leader no quorum.
@@ -225,20 +226,68 @@ const (
 	ReasonShuttingDown = "SHUTTING_DOWN"
 )
 
-// Metadata keys of the ErrorInfo of an UNAVAILABLE status.
+// MetaMember names, in the metadata of an OWNER_UNREACHABLE status, the
+// member that could not be reached.
+const MetaMember = "member"
+
+// MetaRecorded is the key, in the metadata of the ErrorInfo of an
+// UNAVAILABLE status, that says whether the failed call may have recorded
+// hits: RecordedNo (a refusal: nothing of the call was recorded) or
+// RecordedMaybe (some of its hits may be recorded, though none was
+// acknowledged: they count against the key, and a retry may count them
+// twice, never fewer). A client that keeps a ledger of its hits, as the
+// fault suite does, counts a RecordedMaybe failure as possibly counted.
+const MetaRecorded = "recorded"
+
+// The values of MetaRecorded.
 const (
-	// MetaRecorded is "maybe" when the refused check's hits may have been
-	// recorded (the refusal came after the commit: a standby that did not
-	// confirm, a lease that ran out meanwhile, an owner that did not
-	// answer), "no" when nothing was recorded.
-	MetaRecorded = "recorded"
-	// MetaMember names the member that could not be reached.
-	MetaMember = "member"
+	RecordedNo    = "no"
+	RecordedMaybe = "maybe"
 )
 
+// ErrRecorded marks a failure that came after some of the call's hits may
+// have been recorded: none was acknowledged, but they may count against
+// their keys. Status says so (MetaRecorded: RecordedMaybe) for errors that
+// match it, and for the standby's, an unreachable member's, a partly
+// stale call's and a shutdown's, which may all come after a record.
+var ErrRecorded = errors.New("cluster: hits may be recorded, none acknowledged")
+
+// recordedError is err marked as ErrRecorded: it reads as err, and
+// matches both.
+type recordedError struct{ err error }
+
+func (e *recordedError) Error() string   { return e.err.Error() }
+func (e *recordedError) Unwrap() []error { return []error{e.err, ErrRecorded} }
+
+// maybeRecorded marks err as ErrRecorded (nil stays nil).
+func maybeRecorded(err error) error {
+	if err == nil || errors.Is(err, ErrRecorded) {
+		return err
+	}
+	return &recordedError{err}
+}
+
+// recorded is the MetaRecorded value of a failure: RecordedNo only for the
+// refusals that are made before anything is recorded.
+func recorded(err error) string {
+	switch {
+	case errors.Is(err, ErrRecorded),
+		errors.Is(err, actor.ErrStalePartial),
+		errors.Is(err, actor.ErrReplication), errors.Is(err, errStandby),
+		errors.Is(err, ErrUnreachable),
+		errors.Is(err, actor.ErrClosed), errors.Is(err, persist.ErrClosed):
+		return RecordedMaybe
+	}
+	return RecordedNo
+}
+
 // unavailable is an UNAVAILABLE status with msg, carrying an ErrorInfo
-// with reason and meta.
-func unavailable(reason, msg string, meta map[string]string) error {
+// with reason and meta, and MetaRecorded for err.
+func unavailable(reason, msg string, meta map[string]string, cause error) error {
+	if meta == nil {
+		meta = make(map[string]string, 1)
+	}
+	meta[MetaRecorded] = recorded(cause)
 	st, err := status.New(codes.Unavailable, msg).WithDetails(&errdetails.ErrorInfo{
 		Reason: reason, Domain: ErrorDomain, Metadata: meta,
 	})
@@ -253,7 +302,8 @@ func unavailable(reason, msg string, meta map[string]string) error {
 // Refusals (no quorum, ownership moving, owner down, an unreachable owner)
 // are UNAVAILABLE with the reason, so that the edge applies its failure
 // policy, with an errdetails.ErrorInfo saying why (see ErrorDomain); a
-// forwarded check this node does not act for is ABORTED.
+// forwarded check this node does not act for is ABORTED. The ErrorInfo
+// also says whether the call may have recorded hits (MetaRecorded).
 func Status(err error) error {
 	if err == nil {
 		return nil
@@ -262,18 +312,6 @@ func Status(err error) error {
 		return err
 	}
 	var ice *actor.InvalidCheckError
-	recorded := "no"
-	var re *RecordedError
-	if errors.As(err, &re) {
-		recorded = "maybe"
-	}
-	meta := func(kv ...string) map[string]string {
-		m := map[string]string{MetaRecorded: recorded}
-		for i := 0; i+1 < len(kv); i += 2 {
-			m[kv[i]] = kv[i+1]
-		}
-		return m
-	}
 	switch {
 	case errors.As(err, &ice):
 		return status.Errorf(codes.InvalidArgument, "check %d: %s: %s", ice.Index, ice.Field, ice.Reason)
@@ -282,7 +320,7 @@ func Status(err error) error {
 	case errors.Is(err, actor.ErrOverloaded), errors.Is(err, actor.ErrTooManyKeys):
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, actor.ErrClosed), errors.Is(err, persist.ErrClosed), errors.Is(err, control.ErrClosed):
-		return unavailable(ReasonShuttingDown, "sluice: node shutting down; retry on another node", meta())
+		return unavailable(ReasonShuttingDown, "sluice: node shutting down; retry on another node", nil, err)
 	case errors.Is(err, errMisrouted):
 		return status.Error(codes.Aborted, err.Error())
 	case errors.Is(err, errWrongEpoch), errors.Is(err, errLate), errors.Is(err, control.ErrAlive),
@@ -291,23 +329,21 @@ func Status(err error) error {
 	case errors.Is(err, control.ErrNoMember):
 		return status.Error(codes.NotFound, err.Error())
 	case errors.Is(err, ErrNoQuorum), errors.Is(err, control.ErrNoLeader):
-		return unavailable(ReasonNoQuorum, err.Error(), meta())
+		return unavailable(ReasonNoQuorum, err.Error(), nil, err)
 	case errors.Is(err, ErrMoving):
-		return unavailable(ReasonMoving, err.Error(), meta())
+		return unavailable(ReasonMoving, err.Error(), nil, err)
 	case errors.Is(err, ErrOwnerDown):
-		return unavailable(ReasonOwnerDown, err.Error(), meta())
+		return unavailable(ReasonOwnerDown, err.Error(), nil, err)
 	case errors.Is(err, actor.ErrReplication), errors.Is(err, errStandby):
-		recorded = "maybe"
-		return unavailable(ReasonStandby, err.Error(), meta())
+		return unavailable(ReasonStandby, err.Error(), nil, err)
 	case errors.Is(err, actor.ErrStale):
-		return unavailable(ReasonMoving, ErrMoving.Error()+": "+err.Error(), meta())
+		return unavailable(ReasonMoving, ErrMoving.Error()+": "+err.Error(), nil, err)
 	case errors.Is(err, ErrUnreachable):
-		recorded = "maybe"
-		m := meta()
+		var meta map[string]string
 		if ue := (*UnreachableError)(nil); errors.As(err, &ue) {
-			m[MetaMember] = ue.Member
+			meta = map[string]string{MetaMember: ue.Member}
 		}
-		return unavailable(ReasonOwnerUnreachable, err.Error()+"; the edge decides whether to fail open or closed", m)
+		return unavailable(ReasonOwnerUnreachable, err.Error()+"; the edge decides whether to fail open or closed", meta, err)
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):

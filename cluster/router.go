@@ -552,6 +552,12 @@ func (c *call) run(ctx context.Context) error {
 			}
 		}
 	}
+	if first != nil && c.anyDecided() {
+		// Other groups were decided, and their hits recorded: the call
+		// fails after a record (all or nothing, unwind releases them, but
+		// a release may not arrive).
+		first = maybeRecorded(first)
+	}
 	if !c.reserved {
 		return first
 	}
@@ -776,20 +782,10 @@ func (r *Router) decideEngine(ctx context.Context, gen uint64, checks []actor.Ch
 		// other node may act for these keys by now. The hits stay
 		// recorded, unacknowledged: conservative.
 		r.cfg.Observer.Refused("no_quorum", len(checks))
-		return &RecordedError{Err: fmt.Errorf("%w: the lease of %s ran out while it decided; nothing was acknowledged", ErrNoQuorum, r.cfg.Self)}
+		return maybeRecorded(fmt.Errorf("%w: the lease of %s ran out while it decided; its hits are recorded, none acknowledged", ErrNoQuorum, r.cfg.Self))
 	}
 	return nil
 }
-
-// RecordedError is a refusal that came after the hits were recorded: the
-// client was not told they were allowed, but they count (conservative).
-// Status marks its status so ("recorded": "maybe").
-type RecordedError struct{ Err error }
-
-func (e *RecordedError) Error() string { return e.Err.Error() }
-
-// Unwrap returns the refusal.
-func (e *RecordedError) Unwrap() error { return e.Err }
 
 // penalize denies, without recording, the checks whose key a tombstone
 // bears on (a forgotten member's keys with no complete copy: one window of

@@ -4,330 +4,238 @@ package faults
 
 import (
 	"cmp"
-	"context"
 	"fmt"
 	"maps"
-	"math/rand/v2"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
-// The keys of a scenario: limited keys reach their limit within the first
-// seconds of load and must then be denied for the rest of the hour; ledger
-// keys are never denied, so their count is the number of hits the cluster
-// acknowledged.
-const (
-	keysPerKind  = 16
-	limitedLimit = 40
-	ledgerLimit  = 1_000_000_000
-	window       = time.Hour
-)
-
-// testKey is a key the load checks, with its limit per window.
-type testKey struct {
-	name  string
-	limit int64
+// hitRun is a number of hits a copy of a key holds at one instant.
+type hitRun struct {
+	at time.Time
+	n  int64
 }
 
-// limited reports whether the key is meant to reach its limit.
-func (k testKey) limited() bool { return k.limit == limitedLimit }
-
-// scenarioKeys returns the limited keys, then the ledger keys.
-func scenarioKeys() []testKey {
-	var keys []testKey
-	for i := range keysPerKind {
-		keys = append(keys, testKey{fmt.Sprintf("limited:%02d", i), limitedLimit})
-	}
-	for i := range keysPerKind {
-		keys = append(keys, testKey{fmt.Sprintf("ledger:%02d", i), ledgerLimit})
-	}
-	return keys
-}
-
-// check is a sliding-log check of cost hits on k; cost 0 peeks.
-func (k testKey) check(cost int64) *sluicepb.Check {
-	return &sluicepb.Check{
-		Key:       []byte(k.name),
-		Limit:     k.limit,
-		Window:    durationpb.New(window),
-		Algorithm: sluicepb.Algorithm_ALGORITHM_SLIDING_LOG,
-		Cost:      proto.Int64(cost),
-	}
-}
-
-// loadConfig shapes the load of a scenario.
-type loadConfig struct {
-	// rate is the calls per second of all callers together.
-	rate float64
-	// callers is the number of caller goroutines per client.
-	callers int
-	// deadline bounds each call.
-	deadline time.Duration
-	// maxCalls bounds the calls of each caller.
-	maxCalls int
-}
-
-// defaultLoad is about 2,000 checks/s from 32 callers per client: enough to
-// keep every key busy, little enough that the three nodes and the test
-// share two cores.
-func defaultLoad() loadConfig {
-	return loadConfig{rate: 2000, callers: 32, deadline: time.Second, maxCalls: 50_000}
-}
-
-// outcome is what a client was told about one check.
-type outcome uint8
-
-const (
-	allowed outcome = iota
-	denied
-	failed
-)
-
-// call is one check as its client saw it.
-type call struct {
-	key           int // index in the scenario's keys
-	client        int // index of the node whose client sent it
-	sent, replied time.Time
-	outcome       outcome
-	node          string     // allowed or denied: the node that decided
-	code          codes.Code // failed: the call's status
-	msg           string     // failed: the status message
-}
-
-// load is callers checking keys through every node's client until stopped.
-type load struct {
-	stop       chan struct{}
-	wg         sync.WaitGroup
-	start, end time.Time
-	calls      [][]call // one history per caller, written by that caller only
-}
-
-// startLoad starts cfg.callers callers on each node's client, each pacing
-// its calls so that all of them together send about cfg.rate calls per
-// second, on keys picked at random. A caller that falls behind skips ticks
-// rather than bursting.
-func startLoad(nodes []*node, keys []testKey, cfg loadConfig) *load {
-	l := &load{stop: make(chan struct{}), start: time.Now()}
-	total := cfg.callers * len(nodes)
-	l.calls = make([][]call, total)
-	interval := time.Duration(float64(total) / cfg.rate * float64(time.Second))
-	for i := range total {
-		l.wg.Add(1)
-		go func() {
-			defer l.wg.Done()
-			client := i % len(nodes)
-			l.calls[i] = runCaller(nodes[client], client, keys, interval, cfg, l.stop)
-		}()
-	}
-	return l
-}
-
-// runCaller sends one check every interval through n's client until stop
-// closes or it has sent cfg.maxCalls, and returns what it was told.
-func runCaller(n *node, client int, keys []testKey, interval time.Duration, cfg loadConfig, stop <-chan struct{}) []call {
-	var calls []call
-	// Spread the callers over the interval.
-	select {
-	case <-stop:
+// runsOf returns the runs of a sliding-log key state, oldest first (none
+// if it was not found).
+func runsOf(ks *sluicepb.KeyState) []hitRun {
+	if !ks.GetFound() {
 		return nil
-	case <-time.After(rand.N(interval)):
 	}
-	tick := time.NewTicker(interval)
-	defer tick.Stop()
-	for range cfg.maxCalls {
-		select {
-		case <-stop:
-			return calls
-		case <-tick.C:
-		}
-		select {
-		case <-stop: // stop wins over a tick that was ready too
-			return calls
-		default:
-		}
-		c := call{key: rand.IntN(len(keys)), client: client, sent: time.Now()}
-		ctx, cancel := context.WithTimeout(context.Background(), cfg.deadline)
-		resp, err := n.limit.Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{keys[c.key].check(1)}})
-		cancel()
-		c.replied = time.Now()
-		switch {
-		case err != nil:
-			s := status.Convert(err)
-			c.outcome, c.code, c.msg = failed, s.Code(), s.Message()
-		case len(resp.Decisions) != 1:
-			c.outcome, c.code, c.msg = failed, codes.Internal, fmt.Sprintf("%d decisions for 1 check", len(resp.Decisions))
-		case resp.Decisions[0].Allowed:
-			c.outcome, c.node = allowed, resp.Decisions[0].Node
-		default:
-			c.outcome, c.node = denied, resp.Decisions[0].Node
-		}
-		calls = append(calls, c)
+	var out []hitRun
+	for _, r := range ks.GetSlidingLog().GetRuns() {
+		out = append(out, hitRun{r.Time.AsTime(), r.Count})
 	}
-	return calls
+	return out
 }
 
-// finish stops the callers, waits for them and returns every call they
-// made.
-func (l *load) finish() []call {
-	close(l.stop)
-	l.wg.Wait()
-	l.end = time.Now()
-	var all []call
-	for _, calls := range l.calls {
-		all = append(all, calls...)
-	}
-	return all
+// s2 is how one copy of a key stands against what its clients were told
+// (see the package doc, "S2: nothing acknowledged lost"). At every instant
+// T, the copy must hold at least the hits acknowledged by then, and at
+// most the hits of calls sent by then that were allowed or may have
+// recorded their hit.
+type s2 struct {
+	// lost is the most acknowledged hits the copy lacks at any instant,
+	// and lostAt that instant.
+	lost   int64
+	lostAt time.Time
+	// over is the most hits the copy holds, at any instant, beyond the
+	// calls that could have recorded them, and overAt that instant.
+	over   int64
+	overAt time.Time
 }
 
-// peek is what the cluster says about a key through one node.
-type peek struct {
-	used int64  // limit - remaining
-	node string // the node that answered for the key (its owner)
+// checkS2 holds one copy of k (its runs) against k's calls. A call's hit is
+// recorded at the instant the node decided it, between the call's send and
+// its reply, rounded up to k's resolution; so, with r that rounding and δ
+// the clock margin, at every instant T:
+//
+//	#{allowed c: r(replied c) + δ ≤ T}  ≤  hits at or before T
+//	hits at or before T  ≤  #{c allowed or ambiguous: r(sent c) − δ ≤ T}
+//
+// lost is the largest shortfall of the first, over the largest excess of
+// the second. At the end of time they are allowed ≤ used ≤ allowed +
+// ambiguous; checked at every instant, they also catch a loss that extra
+// hits elsewhere in time make up for, which the totals cannot.
+func checkS2(k testKey, calls []call, runs []hitRun) s2 {
+	res := k.resolution()
+	round := func(t time.Time) time.Time {
+		if res <= 0 {
+			return t
+		}
+		ns := t.UnixNano()
+		q := ns / int64(res) * int64(res)
+		if q > ns {
+			q -= int64(res)
+		}
+		if q != ns {
+			q += int64(res)
+		}
+		return time.Unix(0, q)
+	}
+	runs = slices.Clone(runs)
+	slices.SortFunc(runs, func(a, b hitRun) int { return a.at.Compare(b.at) })
+	var acked, possible []time.Time
+	for i := range calls {
+		c := &calls[i]
+		if c.outcome == allowed {
+			acked = append(acked, round(c.replied).Add(clockMargin))
+		}
+		if c.outcome == allowed || c.ambiguous() {
+			possible = append(possible, round(c.sent).Add(-clockMargin))
+		}
+	}
+	slices.SortFunc(acked, time.Time.Compare)
+	slices.SortFunc(possible, time.Time.Compare)
+	var out s2
+	// The shortfall can only grow where an acknowledgement comes in.
+	var held int64
+	r := 0
+	for i, at := range acked {
+		if i+1 < len(acked) && !acked[i+1].After(at) {
+			continue // count every acknowledgement at this instant
+		}
+		for r < len(runs) && !runs[r].at.After(at) {
+			held += runs[r].n
+			r++
+		}
+		if short := int64(i+1) - held; short > out.lost {
+			out.lost, out.lostAt = short, at
+		}
+	}
+	// The excess can only grow where the copy holds hits.
+	held = 0
+	p := 0
+	for i, run := range runs {
+		held += run.n
+		if i+1 < len(runs) && !runs[i+1].at.After(run.at) {
+			continue
+		}
+		for p < len(possible) && !possible[p].After(run.at) {
+			p++
+		}
+		if excess := held - int64(p); excess > out.over {
+			out.over, out.overAt = excess, run.at
+		}
+	}
+	return out
 }
 
-// peekAll peeks at every key through every node: peeks[key][node]. It
-// fails if any node fails to answer for any key.
-func (c *cluster) peekAll(keys []testKey) ([][]peek, error) {
-	req := &sluicepb.CheckRequest{}
-	for _, k := range keys {
-		req.Checks = append(req.Checks, k.check(0))
-	}
-	peeks := make([][]peek, len(keys))
-	for i := range peeks {
-		peeks[i] = make([]peek, len(c.nodes))
-	}
-	for j, n := range c.nodes {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		resp, err := n.limit.Check(ctx, req)
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("peek through %s: %v", n.name, err)
-		}
-		if len(resp.Decisions) != len(keys) {
-			return nil, fmt.Errorf("peek through %s: %d decisions for %d checks", n.name, len(resp.Decisions), len(keys))
-		}
-		for i, d := range resp.Decisions {
-			peeks[i][j] = peek{used: keys[i].limit - d.Remaining, node: d.Node}
-		}
-	}
-	return peeks, nil
-}
+// oldLost is the check this suite made before checkS2: the acknowledged
+// hits a key's count falls short of, in total, at the end. Hits recorded
+// but not acknowledged (a standby that did not confirm in time) make the
+// count larger than the acknowledged hits, and hide as many lost ones.
+func oldLost(allowedHits, used int64) int64 { return max(0, allowedHits-used) }
 
-// settle waits until the cluster has recovered from a fault: every node
-// ready, every node seeing every member alive, and two peeks in a row at
-// every key through every node giving the same count on all of them (so a
-// handoff in flight has landed). It returns the last peeks it got, nil if
-// none succeeded, and an error if the cluster did not settle by deadline.
-func (c *cluster) settle(keys []testKey, deadline time.Time) ([][]peek, error) {
-	for _, n := range c.nodes {
-		if err := n.waitReady(deadline); err != nil {
-			peeks, _ := c.peekAll(keys)
-			return peeks, err
-		}
-	}
-	if err := c.waitMembers(deadline); err != nil {
-		peeks, _ := c.peekAll(keys)
-		return peeks, err
-	}
-	var last [][]peek
-	for {
-		peeks, err := c.peekAll(keys)
-		if err == nil {
-			if err = disagreement(keys, peeks); err == nil && slices.EqualFunc(peeks, last, slices.Equal[[]peek]) {
-				return peeks, nil
-			}
-			last = peeks
-		}
-		if time.Now().After(deadline) {
-			return last, fmt.Errorf("cluster not settled: %v", err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
-// disagreement returns an error naming the first key that the nodes count
-// differently.
-func disagreement(keys []testKey, peeks [][]peek) error {
-	for i, p := range peeks {
-		for _, q := range p[1:] {
-			if q != p[0] {
-				return fmt.Errorf("%s: %s", keys[i].name, describePeeks(p))
-			}
-		}
-	}
-	return nil
-}
-
-// describePeeks says what each node answered for one key.
-func describePeeks(p []peek) string {
-	var parts []string
-	for j, q := range p {
-		parts = append(parts, fmt.Sprintf("through n%d: %d used on %s", j+1, q.used, q.node))
-	}
-	return strings.Join(parts, ", ")
+// keyCopy is one copy of a key a scenario's ledger was held against.
+type keyCopy struct {
+	what string // "n2's state", "n3's standby copy"
+	used int64
+	runs []hitRun
+	s2   s2
 }
 
 // keyResult is the ledger of one key: what its clients were told and what
-// the cluster counts.
+// the cluster holds.
 type keyResult struct {
-	key        testKey
-	allowed    int64          // allowed answers
-	allowedBy  map[string]int // allowed answers by deciding node
-	peeks      []peek         // by node; nil if the cluster never answered
-	failing    time.Duration  // time covered by its failed calls
-	unanswered time.Duration  // time some client went without an answer
+	key       testKey
+	calls     int
+	allowed   int64          // allowed answers
+	ambiguous int64          // failed calls that may have recorded their hit
+	allowedBy map[string]int // allowed answers by deciding node
+	overlaps  []overlap      // evidence of two deciders at once (S1)
+	callsOf   []call         // the key's calls
+	// copies are the key's copies after the fault: the acting node's own
+	// state and, with a standby, its copy; nil if the cluster never
+	// settled.
+	copies     []keyCopy
+	failing    time.Duration // time covered by its failed calls
+	unanswered time.Duration // time some client went without an answer
 }
 
-// used is the smallest count any node gives (a lost hit shows on the
-// lowest), or -1 if unknown.
-func (r keyResult) used() int64 {
-	if r.peeks == nil {
-		return -1
-	}
-	return slices.MinFunc(r.peeks, func(a, b peek) int { return cmp.Compare(a.used, b.used) }).used
-}
-
-// over is by how many hits the key went over its limit.
-func (r keyResult) over() int64 { return max(0, r.allowed-r.key.limit) }
-
-// lost is how many acknowledged hits of a ledger key the cluster no longer
-// counts (0 if unknown).
-func (r keyResult) lost() int64 {
-	if r.key.limited() || r.peeks == nil {
+// over is by how many hits a limited key went over its limit.
+func (r *keyResult) over() int64 {
+	if !r.key.limited() {
 		return 0
 	}
-	return max(0, r.allowed-r.used())
+	return max(0, r.allowed-r.key.limit)
 }
 
-// ledger sums each key's calls. end is when the load stopped.
-func ledger(keys []testKey, calls []call, peeks [][]peek, end time.Time) []keyResult {
-	results := make([]keyResult, len(keys))
-	for i, k := range keys {
-		results[i] = keyResult{key: k, allowedBy: map[string]int{}}
-		if peeks != nil {
-			results[i].peeks = peeks[i]
+// s2Checked reports whether the key's copies are held against the ledger:
+// always for ledger keys; for limited keys unless they went over their
+// limit (a log keeps only its newest limit+1 hits, and the excess is the
+// finding).
+func (r *keyResult) s2Checked() bool { return r.copies != nil && r.over() == 0 }
+
+// lost is the most acknowledged hits any copy of the key lacks at some
+// instant (0 if not checked). A copy of a limited key that holds more than
+// its limit keeps only its newest limit+1 hits: its older ones are not
+// lost, only not kept, so it is not checked for losses (the excess is).
+func (r *keyResult) lost() (int64, string) {
+	var worst int64
+	var where string
+	if r.s2Checked() {
+		for _, c := range r.copies {
+			if r.key.limited() && c.used > r.key.limit {
+				continue
+			}
+			if c.s2.lost > worst {
+				worst, where = c.s2.lost, fmt.Sprintf("%s at %s", c.what, c.s2.lostAt.Format("15:04:05.000"))
+			}
 		}
 	}
+	return worst, where
+}
+
+// overCounted is the most hits any copy holds at some instant beyond the
+// calls that could have recorded them (0 if not checked).
+func (r *keyResult) overCounted() (int64, string) {
+	var worst int64
+	var where string
+	if r.s2Checked() {
+		for _, c := range r.copies {
+			if c.s2.over > worst {
+				worst, where = c.s2.over, fmt.Sprintf("%s at %s", c.what, c.s2.overAt.Format("15:04:05.000"))
+			}
+		}
+	}
+	return worst, where
+}
+
+// ledger sums each key's calls and holds each of its copies against them.
+// end is when the load stopped.
+func ledger(keys []testKey, calls []call, copies [][]keyCopy, end time.Time) []keyResult {
+	results := make([]keyResult, len(keys))
 	byKey := make([][]call, len(keys))
 	for _, c := range calls {
 		byKey[c.key] = append(byKey[c.key], c)
-		if c.outcome == allowed {
-			results[c.key].allowed++
-			results[c.key].allowedBy[c.node]++
-		}
 	}
-	for i := range results {
-		results[i].failing, results[i].unanswered = unavailable(byKey[i], end)
+	for i, k := range keys {
+		r := &results[i]
+		*r = keyResult{key: k, allowedBy: map[string]int{}, calls: len(byKey[i]), callsOf: byKey[i]}
+		for _, c := range byKey[i] {
+			switch {
+			case c.outcome == allowed:
+				r.allowed++
+				r.allowedBy[c.node]++
+			case c.ambiguous():
+				r.ambiguous++
+			}
+		}
+		r.overlaps = s1Overlaps(byKey[i])
+		if copies != nil {
+			for _, cp := range copies[i] {
+				cp.s2 = checkS2(k, byKey[i], cp.runs)
+				r.copies = append(r.copies, cp)
+			}
+		}
+		r.failing, r.unanswered = unavailable(byKey[i], end)
 	}
 	return results
 }
@@ -421,27 +329,44 @@ func median(ds []time.Duration) time.Duration {
 	return (ds[n/2-1] + ds[n/2]) / 2
 }
 
-// report is what one scenario cost: one row of the suite's table.
+// report is what one scenario cost and checked: one row of the suite's
+// table.
 type report struct {
-	event          string
-	measured       bool // false if the scenario ended before its ledger
-	known          bool // whether the cluster answered for every key at the end
-	limitedKeys    int
-	overKeys       int
-	worst          keyResult // the limited key with the most allowed
-	lostKeys       int
-	worstLost      int64
+	ran      bool   // whether the scenario ran (-run may leave it out)
+	gated    bool   // whether it runs only with SLUICE_FAULT_DOUBLE=1
+	name     string // the subtest's name
+	event    string // what happened, for the table
+	measured bool   // false if the scenario ended before its ledger
+	known    bool   // whether the cluster settled, so that copies were read
+	checked  []string
+	calls    int
+	// Limited keys over their limit, and the worst of them.
+	limitedKeys, overKeys int
+	worst                 keyResult
+	// Keys with evidence of two deciders at once, and the first evidence.
+	s1Keys  int
+	s1First string
+	// Keys whose copies lack acknowledged hits, or hold hits beyond the
+	// ambiguous calls, and the worst count of each.
+	lostKeys, overCountKeys   int
+	worstLost, worstOverCount int64
+	// What the check of the suite before would have said: keys whose
+	// count is short of their acknowledged hits in total.
+	oldLostKeys    int
 	failing        spread // over keys: time covered by failed calls
 	unanswered     spread // over keys: time some client had no answer
 	errorsByCode   map[codes.Code]int
 	firstErrByCode map[codes.Code]string
+	failed         bool // the row's checks failed
 }
 
 // newReport sums the ledger of a scenario.
-func newReport(event string, calls []call, results []keyResult, known bool) report {
-	r := report{event: event, measured: true, known: known, errorsByCode: map[codes.Code]int{}, firstErrByCode: map[codes.Code]string{}}
+func newReport(name, event string, calls []call, results []keyResult, known bool, checked []string) report {
+	r := report{name: name, event: event, measured: true, known: known, checked: checked, calls: len(calls),
+		errorsByCode: map[codes.Code]int{}, firstErrByCode: map[codes.Code]string{}}
 	var failing, unanswered []time.Duration
-	for _, k := range results {
+	for i := range results {
+		k := &results[i]
 		failing = append(failing, k.failing)
 		unanswered = append(unanswered, k.unanswered)
 		if k.key.limited() {
@@ -449,12 +374,26 @@ func newReport(event string, calls []call, results []keyResult, known bool) repo
 			if k.over() > 0 {
 				r.overKeys++
 			}
-			if k.allowed > r.worst.allowed {
-				r.worst = k
+			if k.allowed-k.key.limit > r.worst.allowed-r.worst.key.limit || r.worst.key.name == "" {
+				r.worst = *k
 			}
-		} else if lost := k.lost(); lost > 0 {
+		}
+		if len(k.overlaps) > 0 {
+			if r.s1Keys == 0 {
+				r.s1First = fmt.Sprintf("%s: %v", k.key.name, k.overlaps[0])
+			}
+			r.s1Keys++
+		}
+		if lost, _ := k.lost(); lost > 0 {
 			r.lostKeys++
 			r.worstLost = max(r.worstLost, lost)
+		}
+		if over, _ := k.overCounted(); over > 0 {
+			r.overCountKeys++
+			r.worstOverCount = max(r.worstOverCount, over)
+		}
+		if k.key.kind == ledgerKey && len(k.copies) > 0 && oldLost(k.allowed, k.copies[0].used) > 0 {
+			r.oldLostKeys++
 		}
 	}
 	r.failing = spreadOf(failing)
@@ -470,28 +409,42 @@ func newReport(event string, calls []call, results []keyResult, known bool) repo
 	return r
 }
 
-// tableHeader heads the suite's table; each report is one row.
-const tableHeader = "| event | keys over their limit (worst allowed/limit) | acknowledged hits lost (keys, worst) " +
-	"| s per key covered by failed calls (max / median) | s per key some client had no answer (max / median) | errors by code |\n" +
-	"|---|---|---|---|---|---|"
+// tableHeader heads the suite's table, in the shape of docs/cluster.md's
+// "What each failure costs"; each report is one row.
+const tableHeader = "| event | checked | keys over their limit (worst allowed/limit) | keys decided by two nodes at once | " +
+	"acknowledged hits lost (keys, worst) | hits counted beyond the ambiguous calls (keys, worst) | " +
+	"s refused per key: failed calls (max / median) | s until answered again (max / median) | errors by code |\n" +
+	"|---|---|---|---|---|---|---|---|---|"
 
 // row formats the report as a markdown table row.
 func (r report) row() string {
+	event := r.event
+	if r.gated {
+		event += " (gated)"
+	}
+	if r.failed {
+		event += " **(failed)**"
+	}
+	checked := strings.Join(r.checked, "; ")
 	if !r.measured {
-		return fmt.Sprintf("| %s | not measured | not measured | not measured | not measured | not measured |", r.event)
+		return fmt.Sprintf("| %s | %s | not measured | not measured | not measured | not measured | not measured | not measured | not measured |", event, checked)
 	}
 	over := fmt.Sprintf("%d of %d", r.overKeys, r.limitedKeys)
-	if r.worst.allowed > 0 {
+	if r.worst.key.name != "" {
 		over += fmt.Sprintf(" (%d/%d)", r.worst.allowed, r.worst.key.limit)
 	}
-	lost := "unknown: no ledger"
+	lost, counted := "unknown: not settled", "unknown: not settled"
 	if r.known {
-		lost = "0"
+		lost, counted = "0", "0"
 		if r.lostKeys > 0 {
 			lost = fmt.Sprintf("%d keys, worst %d", r.lostKeys, r.worstLost)
 		}
+		if r.overCountKeys > 0 {
+			counted = fmt.Sprintf("%d keys, worst %d", r.overCountKeys, r.worstOverCount)
+		}
 	}
-	return fmt.Sprintf("| %s | %s | %s | %v | %v | %s |", r.event, over, lost, r.failing, r.unanswered, r.errorSummary())
+	return fmt.Sprintf("| %s | %s | %s | %d | %s | %s | %v | %v | %s |",
+		event, checked, over, r.s1Keys, lost, counted, r.failing, r.unanswered, r.errorSummary())
 }
 
 // errorSummary lists the failed calls by code, most frequent first.
@@ -513,30 +466,92 @@ func (r report) errorSummary() string {
 func table(reports []report) string {
 	lines := []string{tableHeader}
 	for _, r := range reports {
-		lines = append(lines, r.row())
+		if r.ran {
+			lines = append(lines, r.row())
+		}
 	}
 	return strings.Join(lines, "\n")
 }
 
-// checkLedger fails the test for every limited key that allowed more than
-// its limit in the hour and every ledger key that counts fewer hits than
-// its clients were told were allowed, saying what the cluster counts now.
-func checkLedger(t *testing.T, results []keyResult) {
+// checkResults fails the test for every limited key that allowed more
+// than its limit, every key two nodes decided at once, and every copy of
+// a key that lacks acknowledged hits or holds hits no call could have
+// recorded, saying what the cluster holds.
+func checkResults(t *testing.T, results []keyResult) {
 	t.Helper()
-	for _, k := range results {
-		now := "the cluster did not answer for it"
-		if k.peeks != nil {
-			now = "the cluster now counts " + describePeeks(k.peeks)
+	for i := range results {
+		k := &results[i]
+		if k.over() > 0 {
+			t.Errorf("%s: %d hits allowed within the window (%s); limit %d; %s",
+				k.key.name, k.allowed, describeAllowedBy(k.allowedBy), k.key.limit, describeCopies(k.copies))
 		}
-		if k.key.limited() && k.over() > 0 {
-			t.Errorf("%s: %d hits allowed within the hour (%s); limit %d; %s",
-				k.key.name, k.allowed, describeAllowedBy(k.allowedBy), k.key.limit, now)
+		if len(k.overlaps) > 0 {
+			t.Errorf("%s: decided by two nodes at once (S1), %d times; first: %v", k.key.name, len(k.overlaps), k.overlaps[0])
 		}
-		if lost := k.lost(); lost > 0 {
-			t.Errorf("%s: %d hits acknowledged (%s); %s: %d lost",
-				k.key.name, k.allowed, describeAllowedBy(k.allowedBy), now, lost)
+		if lost, where := k.lost(); lost > 0 {
+			t.Errorf("%s: %d acknowledged hits missing from %s (S2); %d acknowledged in all (%s), %d ambiguous; %s",
+				k.key.name, lost, where, k.allowed, describeAllowedBy(k.allowedBy), k.ambiguous, describeCopies(k.copies))
+		}
+		if over, where := k.overCounted(); over > 0 {
+			t.Errorf("%s: %d hits in %s beyond the calls that could have recorded them (S2); %d acknowledged, %d ambiguous; %s; around that instant: %s",
+				k.key.name, over, where, k.allowed, k.ambiguous, describeCopies(k.copies), k.around(k.worstOverAt()))
 		}
 	}
+}
+
+// describeCopies says what each copy of a key holds.
+func describeCopies(copies []keyCopy) string {
+	if copies == nil {
+		return "the cluster did not settle"
+	}
+	var parts []string
+	for _, c := range copies {
+		parts = append(parts, fmt.Sprintf("%s counts %d", c.what, c.used))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// worstOverAt is the instant of the largest excess of any copy.
+func (r *keyResult) worstOverAt() time.Time {
+	var worst s2
+	for _, c := range r.copies {
+		if c.s2.over > worst.over {
+			worst = c.s2
+		}
+	}
+	return worst.overAt
+}
+
+// around lists, for a closer look, the key's failed calls by what they
+// said, then its calls and the runs of its first copy within the
+// resolution and 150 ms before at.
+func (r *keyResult) around(at time.Time) string {
+	from := at.Add(-r.key.resolution() - 150*time.Millisecond)
+	var parts []string
+	failures := map[string]int{}
+	for _, c := range r.callsOf {
+		if c.outcome == failed {
+			failures[fmt.Sprintf("%v %s, may have recorded: %v", c.code, c.reason, c.maybe)]++
+		}
+	}
+	for _, f := range slices.Sorted(maps.Keys(failures)) {
+		parts = append(parts, fmt.Sprintf("%d failed (%s)", failures[f], f))
+	}
+	for _, c := range r.callsOf {
+		if c.sent.Before(from) || c.sent.After(at) {
+			continue
+		}
+		what := [...]string{"allowed by " + c.node, "denied by " + c.node, fmt.Sprintf("failed (%v %s, may have recorded: %v)", c.code, c.reason, c.maybe)}[c.outcome]
+		parts = append(parts, fmt.Sprintf("call %s–%s %s", c.sent.Format("05.000"), c.replied.Format("05.000"), what))
+	}
+	if len(r.copies) > 0 {
+		for _, h := range r.copies[0].runs {
+			if !h.at.Before(from) && !h.at.After(at) {
+				parts = append(parts, fmt.Sprintf("run %s ×%d", h.at.Format("05.000"), h.n))
+			}
+		}
+	}
+	return strings.Join(parts, "; ")
 }
 
 // describeAllowedBy lists allowed answers by deciding node.
@@ -617,6 +632,87 @@ func TestUnavailable(t *testing.T) {
 			failing, unanswered := unavailable(tc.calls, at(10))
 			if failing != tc.wantFailing || unanswered != tc.wantUnanswered {
 				t.Errorf("unavailable = %v failing, %v unanswered; want %v, %v", failing, unanswered, tc.wantFailing, tc.wantUnanswered)
+			}
+		})
+	}
+}
+
+// TestCheckS2: a copy of a key passes when it holds every acknowledged hit
+// and no hit beyond the calls that may have recorded one, at every
+// instant; it fails on a lost hit, even when a hit that was recorded but
+// not acknowledged makes up for it in the total (which the check before,
+// oldLost, let pass), and on a hit no call could have recorded.
+func TestCheckS2(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	at := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	exact := testKey{name: "exact", kind: ledgerKey, limit: 500, window: time.Hour}
+	rounded := testKey{name: "rounded", kind: ledgerKey, limit: ledgerLimit, window: ledgerWindow}
+	// ok is a call allowed at s seconds; amb one that failed and may have
+	// recorded; refused one that failed and recorded nothing.
+	ok := func(s float64) call { return call{sent: at(s), replied: at(s + 0.001), outcome: allowed} }
+	amb := func(s float64) call { return call{sent: at(s), replied: at(s + 0.5), outcome: failed, maybe: true} }
+	refused := func(s float64) call { return call{sent: at(s), replied: at(s + 0.001), outcome: failed} }
+	hits := func(times ...float64) []hitRun {
+		var out []hitRun
+		for _, s := range times {
+			out = append(out, hitRun{at(s), 1})
+		}
+		return out
+	}
+	// Ten calls allowed at 1..10 s, decided a moment after they were sent.
+	var ten []call
+	var tenHits []float64
+	for i := 1; i <= 10; i++ {
+		ten = append(ten, ok(float64(i)))
+		tenHits = append(tenHits, float64(i)+0.0005)
+	}
+	without5 := slices.DeleteFunc(slices.Clone(tenHits), func(s float64) bool { return s == 5.0005 })
+	for _, tc := range []struct {
+		name             string
+		key              testKey
+		calls            []call
+		runs             []hitRun
+		wantLost         int64
+		wantOver         int64
+		wantOldLostSaid0 bool // the check before saw no loss
+	}{
+		{"every hit held", exact, ten, hits(tenHits...), 0, 0, true},
+		{"a hit lost", exact, ten, hits(without5...), 1, 0, false},
+		{"a lost hit made up for by an unacknowledged one", exact, append(slices.Clone(ten), amb(20)), hits(append(without5, 20.1)...), 1, 0, true},
+		{"an unacknowledged hit recorded", exact, append(slices.Clone(ten), amb(20)), hits(append(slices.Clone(tenHits), 20.1)...), 0, 0, true},
+		{"an unacknowledged hit not recorded", exact, append(slices.Clone(ten), amb(20)), hits(tenHits...), 0, 0, true},
+		{"a hit recorded by a refusal that said it recorded nothing", exact, append(slices.Clone(ten), refused(20)), hits(append(slices.Clone(tenHits), 20.0005)...), 0, 1, true},
+		{"a hit nobody sent", exact, ten, hits(append(slices.Clone(tenHits), 30)...), 0, 1, true},
+		{"a hit counted twice", exact, ten, append(hits(tenHits...), hitRun{at(3.0005), 1}), 0, 1, true},
+		{"a hit moved earlier than its call", exact, ten, hits(append(without5, 0.5)...), 0, 1, true},
+		{"rounded up to the resolution", rounded, ten, func() []hitRun {
+			// The node rounds a hit's time up to a multiple of the
+			// resolution since the epoch.
+			res := int64(rounded.resolution())
+			var out []hitRun
+			for _, s := range tenHits {
+				ns := at(s).UnixNano()
+				out = append(out, hitRun{time.Unix(0, (ns+res-1)/res*res), 1})
+			}
+			return out
+		}(), 0, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := checkS2(tc.key, tc.calls, tc.runs)
+			if got.lost != tc.wantLost || got.over != tc.wantOver {
+				t.Errorf("checkS2 = %d lost, %d over; want %d lost, %d over", got.lost, got.over, tc.wantLost, tc.wantOver)
+			}
+			var allowedHits, used int64
+			for _, c := range tc.calls {
+				if c.outcome == allowed {
+					allowedHits++
+				}
+			}
+			for _, r := range tc.runs {
+				used += r.n
+			}
+			if saw0 := oldLost(allowedHits, used) == 0; saw0 != tc.wantOldLostSaid0 {
+				t.Errorf("oldLost(%d allowed, %d used) = %d; want it to say 0: %v", allowedHits, used, oldLost(allowedHits, used), tc.wantOldLostSaid0)
 			}
 		})
 	}

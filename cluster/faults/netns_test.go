@@ -77,13 +77,17 @@ type host struct {
 	ns     string // namespace name, under /run/netns
 	ifname string // its end of the veth pair
 	ip     string // its address on the network
-	peers  []*host
+	// ip2 is a second address on the same link, used by nothing but what
+	// the scenario binds to it (the peer service), so that it can be cut
+	// while ip, and gossip on it, still work.
+	ip2   string
+	peers []*host
 }
 
 // newNetwork creates a network of n hosts, each with loopback and its link
-// up, on a random 10.x.y.0/24. The test's end deletes every namespace (and
-// with them the links and the bridge). It skips the test if the first
-// namespace cannot be created.
+// up and two addresses, on a random 10.x.y.0/24. The test's end deletes
+// every namespace (and with them the links and the bridge). It fails the
+// test if a namespace cannot be created.
 func newNetwork(t *testing.T, n int) *network {
 	t.Helper()
 	nw := &network{
@@ -120,12 +124,16 @@ func newNetwork(t *testing.T, n int) *network {
 			ns:     fmt.Sprintf("%sn%d", nw.prefix, i),
 			ifname: fmt.Sprintf("%sv%d", nw.prefix, i),
 			ip:     fmt.Sprintf("%s%d", nw.subnet, 10+i),
+			ip2:    fmt.Sprintf("%s%d", nw.subnet, 110+i),
 		}
 		port := fmt.Sprintf("%sp%d", nw.prefix, i)
 		addNS(h.ns)
 		must("link", "add", h.ifname, "netns", h.ns, "type", "veth", "peer", "name", port, "netns", nw.sw)
 		must("-n", nw.sw, "link", "set", port, "master", "br0", "up")
 		must("-n", h.ns, "addr", "add", h.ip+"/24", "dev", h.ifname)
+		// The second address is /32: the first stays the source of
+		// everything the host sends.
+		must("-n", h.ns, "addr", "add", h.ip2+"/32", "dev", h.ifname)
 		must("-n", h.ns, "link", "set", "lo", "up")
 		must("-n", h.ns, "link", "set", h.ifname, "up")
 		nw.hosts = append(nw.hosts, h)
@@ -154,13 +162,42 @@ func (h *host) setLink(up bool) error {
 // address in every other host's namespace: they drop whatever they send to
 // it, while what it sends them still arrives. A one-way cut.
 func (to *host) blackhole(add bool) error {
+	return blackholeRoutes(to.peers, []string{to.ip}, add)
+}
+
+// blackholeSecond is blackhole for to's second address only: the others
+// can no longer reach what listens there, and everything else, gossip on
+// the first address included, still flows both ways.
+func (to *host) blackholeSecond(add bool) error {
+	return blackholeRoutes(to.peers, []string{to.ip2}, add)
+}
+
+// cutBetween adds (or removes) blackhole routes both ways between the
+// hosts of a and those of b, for both addresses: a group cut off from the
+// rest, whose members still reach each other (a zone of the network).
+func cutBetween(a, b []*host, add bool) error {
+	addrs := func(hs []*host) []string {
+		var out []string
+		for _, h := range hs {
+			out = append(out, h.ip, h.ip2)
+		}
+		return out
+	}
+	return errors.Join(blackholeRoutes(a, addrs(b), add), blackholeRoutes(b, addrs(a), add))
+}
+
+// blackholeRoutes adds (or removes) a blackhole route for each address of
+// to in each namespace of from.
+func blackholeRoutes(from []*host, to []string, add bool) error {
 	verb := "del"
 	if add {
 		verb = "add"
 	}
 	var errs []error
-	for _, p := range to.peers {
-		errs = append(errs, ip("-n", p.ns, "route", verb, "blackhole", to.ip+"/32"))
+	for _, h := range from {
+		for _, addr := range to {
+			errs = append(errs, ip("-n", h.ns, "route", verb, "blackhole", addr+"/32"))
+		}
 	}
 	return errors.Join(errs...)
 }

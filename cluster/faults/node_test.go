@@ -4,6 +4,7 @@ package faults
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,7 +13,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -29,25 +33,45 @@ const (
 	grpcPort   = "8081"
 	httpPort   = "8080"
 	gossipPort = "7946"
+	// peerPort is where the peer service listens, on the host's second
+	// address, when clusterConfig.peerAddr is set.
+	peerPort = "8082"
 )
 
 // clusterConfig says how to run the nodes of one scenario.
 type clusterConfig struct {
 	// bin is the sluice binary.
 	bin string
-	// joinAll makes every node join all three gossip addresses (the
+	// nodes is the number of nodes (3 if 0).
+	nodes int
+	// joinAll makes every node join every node's gossip address (the
 	// headless Service of scripts/k8s); otherwise every node joins node 1
 	// (scripts/cluster-up.sh).
 	joinAll bool
 	// extraFlags are added to every node's serve command line after the
 	// harness's own.
 	extraFlags []string
+	// nodeFlags are added to one node's (by number, from 1) after
+	// extraFlags: the later of two equal flags wins.
+	nodeFlags map[int][]string
+	// peerAddr serves each node's peer service on its host's second
+	// address (--peer-addr), gossip and the rest staying on the first.
+	peerAddr bool
+	// deferred are nodes (by number) that startCluster does not start: the
+	// scenario starts them (a scale-up).
+	deferred []int
+	// mayExit are nodes (by number) that may exit instead of becoming ready
+	// (a node refused at start-up): startCluster does not wait for them.
+	mayExit []int
 }
 
-// cluster is three sluice processes, each in its own namespace of a
-// network, with an edge client beside each.
+// cluster is sluice processes, each in its own namespace of a network,
+// with an edge client beside each.
 type cluster struct {
 	nodes []*node
+	mu    sync.Mutex
+	// faults are the faults injected, in order (see beginFault).
+	faults []*fault
 }
 
 // node is one sluice serve process, restarted as often as a scenario
@@ -55,7 +79,7 @@ type cluster struct {
 // HTTP client whose sockets live in the node's namespace, so they reach it
 // on loopback whatever happens to its link.
 type node struct {
-	name string // its --node-name: "n1", "n2", "n3"
+	name string // its --node-name: "n1", "n2", ...
 	host *host
 	args []string // ip's arguments: netns exec, the namespace, the binary, serve and its flags
 	dir  string   // data dir, ready file and log live here
@@ -64,6 +88,9 @@ type node struct {
 	exited chan struct{} // closed once cmd has exited
 	log    *os.File      // every run of the node appends to it
 	runs   int
+	// started is set once the node was first started: its client sends
+	// load only from then on.
+	started atomic.Bool
 
 	conn  *grpc.ClientConn
 	limit sluicepb.RateLimitServiceClient
@@ -71,13 +98,16 @@ type node struct {
 	http  *http.Client
 }
 
-// startCluster creates a network of three namespaces and starts a node in
-// each, with fresh data dirs, then waits until every node is ready and
-// sees three members alive. The test's end kills the nodes, prints the tail
-// of their logs if the test failed, and deletes the namespaces.
-func startCluster(t *testing.T, cfg clusterConfig) *cluster {
+// startCluster creates a network of namespaces and starts a node in each
+// (but the deferred ones), with fresh data dirs, then waits until every
+// node it started is ready and sees all of them alive (but those that may
+// exit); it returns an error if they are not within 30 s. The test's end
+// kills the nodes, prints the tail of their logs if the test failed, and
+// deletes the namespaces.
+func startCluster(t *testing.T, cfg clusterConfig) (*cluster, error) {
 	t.Helper()
-	nw := newNetwork(t, 3)
+	n := cmp.Or(cfg.nodes, 3)
+	nw := newNetwork(t, n)
 	t.Logf("network: namespaces %s (bridge) and %sn1..n%d on %s0/24", nw.sw, nw.prefix, len(nw.hosts), nw.subnet)
 	c := &cluster{}
 	var gossip []string
@@ -92,6 +122,7 @@ func startCluster(t *testing.T, cfg clusterConfig) *cluster {
 	// so that they are removed after it has read the logs.
 	root := t.TempDir()
 	t.Cleanup(func() {
+		c.stopMonitors()
 		for _, n := range c.nodes {
 			n.kill()
 			n.conn.Close()
@@ -103,8 +134,9 @@ func startCluster(t *testing.T, cfg clusterConfig) *cluster {
 			for _, n := range c.nodes {
 				t.Logf("last lines of %s's log (%d runs):\n%s", n.name, n.runs, n.logTail(40))
 				if keep != "" {
+					name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name()) + "-" + n.name + ".log"
 					if b, err := os.ReadFile(filepath.Join(n.dir, "log")); err == nil {
-						os.WriteFile(filepath.Join(keep, n.name+".log"), b, 0o644)
+						os.WriteFile(filepath.Join(keep, name), b, 0o644)
 					}
 				}
 			}
@@ -116,7 +148,7 @@ func startCluster(t *testing.T, cfg clusterConfig) *cluster {
 		if err := os.Mkdir(n.dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
-		n.args = append([]string{"serve",
+		n.args = []string{"serve",
 			"--node-name", n.name,
 			"--grpc-addr", "0.0.0.0:" + grpcPort,
 			"--http-addr", "0.0.0.0:" + httpPort,
@@ -125,7 +157,12 @@ func startCluster(t *testing.T, cfg clusterConfig) *cluster {
 			"--data-dir", n.dataDir(),
 			"--ready-file", n.readyFile(),
 			"--shutdown-timeout", "10s",
-		}, cfg.extraFlags...)
+		}
+		if cfg.peerAddr {
+			n.args = append(n.args, "--peer-addr", net.JoinHostPort(h.ip2, peerPort))
+		}
+		n.args = append(n.args, cfg.extraFlags...)
+		n.args = append(n.args, cfg.nodeFlags[i+1]...)
 		n.args = append([]string{"netns", "exec", h.ns, cfg.bin}, n.args...)
 		var err error
 		if n.log, err = os.Create(filepath.Join(n.dir, "log")); err != nil {
@@ -138,36 +175,69 @@ func startCluster(t *testing.T, cfg clusterConfig) *cluster {
 	}
 	// Start them all before waiting for any: a node may wait for the
 	// others before it says it is ready.
-	for _, n := range c.nodes {
+	var waitFor []*node
+	for i, n := range c.nodes {
+		if slices.Contains(cfg.deferred, i+1) {
+			continue
+		}
 		if err := n.start(); err != nil {
 			t.Fatal(err)
 		}
-	}
-	deadline := time.Now().Add(60 * time.Second)
-	for _, n := range c.nodes {
-		if err := n.waitReady(deadline); err != nil {
-			t.Fatal(err)
+		if !slices.Contains(cfg.mayExit, i+1) {
+			waitFor = append(waitFor, n)
 		}
 	}
-	if err := c.waitMembers(deadline); err != nil {
-		t.Fatal(err)
+	deadline := time.Now().Add(30 * time.Second)
+	for _, n := range waitFor {
+		if err := n.waitReady(deadline); err != nil {
+			return c, err
+		}
 	}
-	return c
+	if err := waitMembers(waitFor, deadline); err != nil {
+		return c, err
+	}
+	return c, nil
 }
 
 // node returns node i, from 1.
 func (c *cluster) node(i int) *node { return c.nodes[i-1] }
 
-// waitMembers polls every node until each sees every node alive.
-func (c *cluster) waitMembers(deadline time.Time) error {
+// names returns the names of the nodes, in order.
+func (c *cluster) names() []string {
+	var out []string
 	for _, n := range c.nodes {
+		out = append(out, n.name)
+	}
+	return out
+}
+
+// running returns the nodes whose process runs (started, not exited),
+// paused or not.
+func (c *cluster) running() []*node {
+	var out []*node
+	for _, n := range c.nodes {
+		if n.running() {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// waitMembers polls each of nodes until it sees every one of them alive
+// (and perhaps others).
+func waitMembers(nodes []*node, deadline time.Time) error {
+	var want []string
+	for _, n := range nodes {
+		want = append(want, n.name)
+	}
+	for _, n := range nodes {
 		for {
 			alive, err := n.alive()
-			if err == nil && len(alive) == len(c.nodes) {
+			if err == nil && !slices.ContainsFunc(want, func(w string) bool { return !slices.Contains(alive, w) }) {
 				break
 			}
 			if time.Now().After(deadline) {
-				return fmt.Errorf("%s sees members %v alive (err %v); want all %d", n.name, alive, err, len(c.nodes))
+				return fmt.Errorf("%s sees members %v alive (err %v); want %v", n.name, alive, err, want)
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -239,11 +309,25 @@ func (n *node) start() error {
 		return fmt.Errorf("%s: %v", n.name, err)
 	}
 	n.cmd, n.exited = cmd, make(chan struct{})
+	n.started.Store(true)
 	go func(exited chan struct{}) {
 		cmd.Wait()
 		close(exited)
 	}(n.exited)
 	return nil
+}
+
+// running reports whether the node's process runs (paused or not).
+func (n *node) running() bool {
+	if n.cmd == nil {
+		return false
+	}
+	select {
+	case <-n.exited:
+		return false
+	default:
+		return true
+	}
 }
 
 // waitReady waits until the node has written its ready file and its
@@ -284,19 +368,34 @@ func (n *node) readyz() (int, error) {
 
 // alive returns the names of the members the node sees alive.
 func (n *node) alive() ([]string, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	states, err := n.members(2 * time.Second)
+	if err != nil {
+		return nil, err
+	}
+	var alive []string
+	for name, state := range states {
+		if state == "alive" {
+			alive = append(alive, name)
+		}
+	}
+	slices.Sort(alive)
+	return alive, nil
+}
+
+// members returns the state of every member the node lists, by name
+// ("alive", "leaving", "left", "dead"), asking for at most timeout.
+func (n *node) members(timeout time.Duration) (map[string]string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	resp, err := n.admin.ListMembers(ctx, &sluicepb.ListMembersRequest{})
 	if err != nil {
 		return nil, err
 	}
-	var alive []string
+	states := make(map[string]string, len(resp.Members))
 	for _, m := range resp.Members {
-		if m.State == "alive" {
-			alive = append(alive, m.Name)
-		}
+		states[m.Name] = m.State
 	}
-	return alive, nil
+	return states, nil
 }
 
 // signal sends sig to the node.
@@ -331,7 +430,6 @@ func (n *node) kill() {
 	}
 }
 
-// logTail returns the last lines of the node's log, over all its runs.
 // logLines returns the lines of the node's log (every run) that contain s.
 func (n *node) logLines(s string) []string {
 	b, err := os.ReadFile(n.log.Name())
@@ -347,6 +445,7 @@ func (n *node) logLines(s string) []string {
 	return out
 }
 
+// logTail returns the last lines of the node's log, over all its runs.
 func (n *node) logTail(lines int) string {
 	b, err := os.ReadFile(n.log.Name())
 	if err != nil {

@@ -836,7 +836,13 @@ func (x *ClusterMember) GetReleasable() bool {
 type GetKeyRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The key, exactly as checks send it. Required.
-	Key           []byte `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Key []byte `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// Read the node asked, not the key's owner: state is what this node
+	// holds of the key itself (found = false unless it decides the key, or
+	// holds state it has not handed over yet), and replica its standby's copy
+	// of the key, if it keeps one. Nothing is forwarded. For comparing the
+	// copies of a key across nodes (the fault suite does, after a fault).
+	Local         bool `protobuf:"varint,2,opt,name=local,proto3" json:"local,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -878,11 +884,22 @@ func (x *GetKeyRequest) GetKey() []byte {
 	return nil
 }
 
+func (x *GetKeyRequest) GetLocal() bool {
+	if x != nil {
+		return x.Local
+	}
+	return false
+}
+
 // GetKeyResponse carries the state of the key asked for.
 type GetKeyResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The key's state. Always set; see KeyState.found.
-	State         *KeyState `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	State *KeyState `protobuf:"bytes,1,opt,name=state,proto3" json:"state,omitempty"`
+	// Only with GetKeyRequest.local: this node's standby copy of the key
+	// (found = false if it keeps none; in_memory is always false). Copies
+	// are kept on disk only, so a node in memory mode keeps none.
+	Replica       *KeyState `protobuf:"bytes,2,opt,name=replica,proto3" json:"replica,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -920,6 +937,13 @@ func (*GetKeyResponse) Descriptor() ([]byte, []int) {
 func (x *GetKeyResponse) GetState() *KeyState {
 	if x != nil {
 		return x.State
+	}
+	return nil
+}
+
+func (x *GetKeyResponse) GetReplica() *KeyState {
+	if x != nil {
+		return x.Replica
 	}
 	return nil
 }
@@ -966,7 +990,8 @@ type KeyState struct {
 	// was only on disk (idle keys leave memory; they load again on their next
 	// check).
 	InMemory bool `protobuf:"varint,14,opt,name=in_memory,json=inMemory,proto3" json:"in_memory,omitempty"`
-	// Name of the node that owns the key and answered (its --node-name).
+	// Name of the node that owns the key and answered (its --node-name);
+	// for a local read, the node asked.
 	Node string `protobuf:"bytes,15,opt,name=node,proto3" json:"node,omitempty"`
 	// The owner's clock when it read the state.
 	ReadAt *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=read_at,json=readAt,proto3" json:"read_at,omitempty"`
@@ -3255,11 +3280,13 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06gossip\x18\f \x01(\tR\x06gossip\x12\x1e\n" +
 	"\n" +
 	"releasable\x18\r \x01(\bR\n" +
-	"releasable\"!\n" +
+	"releasable\"7\n" +
 	"\rGetKeyRequest\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\fR\x03key\";\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
+	"\x05local\x18\x02 \x01(\bR\x05local\"j\n" +
 	"\x0eGetKeyResponse\x12)\n" +
-	"\x05state\x18\x01 \x01(\v2\x13.sluice.v1.KeyStateR\x05state\"\xea\x05\n" +
+	"\x05state\x18\x01 \x01(\v2\x13.sluice.v1.KeyStateR\x05state\x12-\n" +
+	"\areplica\x18\x02 \x01(\v2\x13.sluice.v1.KeyStateR\areplica\"\xea\x05\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05found\x18\x02 \x01(\bR\x05found\x122\n" +
@@ -3511,71 +3538,72 @@ var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	46, // 5: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
 	9,  // 6: sluice.v1.ListMembersResponse.members:type_name -> sluice.v1.ClusterMember
 	12, // 7: sluice.v1.GetKeyResponse.state:type_name -> sluice.v1.KeyState
-	0,  // 8: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
-	46, // 9: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
-	13, // 10: sluice.v1.KeyState.sliding_log:type_name -> sluice.v1.SlidingLogState
-	15, // 11: sluice.v1.KeyState.sliding_window:type_name -> sluice.v1.SlidingWindowState
-	16, // 12: sluice.v1.KeyState.token_bucket:type_name -> sluice.v1.TokenBucketState
-	46, // 13: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
-	46, // 14: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
-	47, // 15: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
-	47, // 16: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
-	14, // 17: sluice.v1.SlidingLogState.runs:type_name -> sluice.v1.LogRun
-	47, // 18: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
-	47, // 19: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
-	47, // 20: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
-	19, // 21: sluice.v1.ListKeysResponse.keys:type_name -> sluice.v1.KeySummary
-	47, // 22: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
-	46, // 23: sluice.v1.Override.window:type_name -> google.protobuf.Duration
-	0,  // 24: sluice.v1.Override.algorithm:type_name -> sluice.v1.Algorithm
-	47, // 25: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
-	47, // 26: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
-	22, // 27: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
-	22, // 28: sluice.v1.SetOverrideResponse.override:type_name -> sluice.v1.Override
-	22, // 29: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
-	30, // 30: sluice.v1.EnvoyKeyRequest.entries:type_name -> sluice.v1.DescriptorEntry
-	33, // 31: sluice.v1.ReplicateRequest.records:type_name -> sluice.v1.StoreRecord
-	2,  // 32: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.Check
-	4,  // 33: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
-	2,  // 34: sluice.v1.ReleaseRequest.checks:type_name -> sluice.v1.Check
-	40, // 35: sluice.v1.HandoffRequest.keys:type_name -> sluice.v1.KeyRecord
-	1,  // 36: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
-	10, // 37: sluice.v1.AdminService.GetKey:input_type -> sluice.v1.GetKeyRequest
-	17, // 38: sluice.v1.AdminService.ListKeys:input_type -> sluice.v1.ListKeysRequest
-	20, // 39: sluice.v1.AdminService.ResetKey:input_type -> sluice.v1.ResetKeyRequest
-	23, // 40: sluice.v1.AdminService.SetOverride:input_type -> sluice.v1.SetOverrideRequest
-	25, // 41: sluice.v1.AdminService.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
-	27, // 42: sluice.v1.AdminService.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
-	29, // 43: sluice.v1.AdminService.EnvoyKey:input_type -> sluice.v1.EnvoyKeyRequest
-	7,  // 44: sluice.v1.AdminService.ListMembers:input_type -> sluice.v1.ListMembersRequest
-	5,  // 45: sluice.v1.AdminService.ForgetMember:input_type -> sluice.v1.ForgetMemberRequest
-	35, // 46: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
-	37, // 47: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
-	39, // 48: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
-	42, // 49: sluice.v1.PeerService.Renew:input_type -> sluice.v1.RenewRequest
-	44, // 50: sluice.v1.PeerService.Propose:input_type -> sluice.v1.ProposeRequest
-	32, // 51: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
-	3,  // 52: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
-	11, // 53: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
-	18, // 54: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
-	21, // 55: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
-	24, // 56: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
-	26, // 57: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
-	28, // 58: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
-	31, // 59: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
-	8,  // 60: sluice.v1.AdminService.ListMembers:output_type -> sluice.v1.ListMembersResponse
-	6,  // 61: sluice.v1.AdminService.ForgetMember:output_type -> sluice.v1.ForgetMemberResponse
-	36, // 62: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
-	38, // 63: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
-	41, // 64: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
-	43, // 65: sluice.v1.PeerService.Renew:output_type -> sluice.v1.RenewResponse
-	45, // 66: sluice.v1.PeerService.Propose:output_type -> sluice.v1.ProposeResponse
-	34, // 67: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
-	52, // [52:68] is the sub-list for method output_type
-	36, // [36:52] is the sub-list for method input_type
-	36, // [36:36] is the sub-list for extension type_name
-	36, // [36:36] is the sub-list for extension extendee
-	0,  // [0:36] is the sub-list for field type_name
+	12, // 8: sluice.v1.GetKeyResponse.replica:type_name -> sluice.v1.KeyState
+	0,  // 9: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
+	46, // 10: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
+	13, // 11: sluice.v1.KeyState.sliding_log:type_name -> sluice.v1.SlidingLogState
+	15, // 12: sluice.v1.KeyState.sliding_window:type_name -> sluice.v1.SlidingWindowState
+	16, // 13: sluice.v1.KeyState.token_bucket:type_name -> sluice.v1.TokenBucketState
+	46, // 14: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
+	46, // 15: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
+	47, // 16: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
+	47, // 17: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
+	14, // 18: sluice.v1.SlidingLogState.runs:type_name -> sluice.v1.LogRun
+	47, // 19: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
+	47, // 20: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
+	47, // 21: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
+	19, // 22: sluice.v1.ListKeysResponse.keys:type_name -> sluice.v1.KeySummary
+	47, // 23: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
+	46, // 24: sluice.v1.Override.window:type_name -> google.protobuf.Duration
+	0,  // 25: sluice.v1.Override.algorithm:type_name -> sluice.v1.Algorithm
+	47, // 26: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
+	47, // 27: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
+	22, // 28: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
+	22, // 29: sluice.v1.SetOverrideResponse.override:type_name -> sluice.v1.Override
+	22, // 30: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
+	30, // 31: sluice.v1.EnvoyKeyRequest.entries:type_name -> sluice.v1.DescriptorEntry
+	33, // 32: sluice.v1.ReplicateRequest.records:type_name -> sluice.v1.StoreRecord
+	2,  // 33: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.Check
+	4,  // 34: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
+	2,  // 35: sluice.v1.ReleaseRequest.checks:type_name -> sluice.v1.Check
+	40, // 36: sluice.v1.HandoffRequest.keys:type_name -> sluice.v1.KeyRecord
+	1,  // 37: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
+	10, // 38: sluice.v1.AdminService.GetKey:input_type -> sluice.v1.GetKeyRequest
+	17, // 39: sluice.v1.AdminService.ListKeys:input_type -> sluice.v1.ListKeysRequest
+	20, // 40: sluice.v1.AdminService.ResetKey:input_type -> sluice.v1.ResetKeyRequest
+	23, // 41: sluice.v1.AdminService.SetOverride:input_type -> sluice.v1.SetOverrideRequest
+	25, // 42: sluice.v1.AdminService.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
+	27, // 43: sluice.v1.AdminService.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
+	29, // 44: sluice.v1.AdminService.EnvoyKey:input_type -> sluice.v1.EnvoyKeyRequest
+	7,  // 45: sluice.v1.AdminService.ListMembers:input_type -> sluice.v1.ListMembersRequest
+	5,  // 46: sluice.v1.AdminService.ForgetMember:input_type -> sluice.v1.ForgetMemberRequest
+	35, // 47: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
+	37, // 48: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
+	39, // 49: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
+	42, // 50: sluice.v1.PeerService.Renew:input_type -> sluice.v1.RenewRequest
+	44, // 51: sluice.v1.PeerService.Propose:input_type -> sluice.v1.ProposeRequest
+	32, // 52: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
+	3,  // 53: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
+	11, // 54: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
+	18, // 55: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
+	21, // 56: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
+	24, // 57: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
+	26, // 58: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
+	28, // 59: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
+	31, // 60: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
+	8,  // 61: sluice.v1.AdminService.ListMembers:output_type -> sluice.v1.ListMembersResponse
+	6,  // 62: sluice.v1.AdminService.ForgetMember:output_type -> sluice.v1.ForgetMemberResponse
+	36, // 63: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
+	38, // 64: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
+	41, // 65: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
+	43, // 66: sluice.v1.PeerService.Renew:output_type -> sluice.v1.RenewResponse
+	45, // 67: sluice.v1.PeerService.Propose:output_type -> sluice.v1.ProposeResponse
+	34, // 68: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
+	53, // [53:69] is the sub-list for method output_type
+	37, // [37:53] is the sub-list for method input_type
+	37, // [37:37] is the sub-list for extension type_name
+	37, // [37:37] is the sub-list for extension extendee
+	0,  // [0:37] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }

@@ -208,7 +208,8 @@ const (
 // a wrong one, fails with UNAUTHENTICATED. Calls on a single key are
 // answered by the key's owner, whichever node receives them.
 type AdminServiceClient interface {
-	// GetKey returns the live state of one key, as its owner sees it now.
+	// GetKey returns the live state of one key, as its owner sees it now
+	// (or, with local, as the node asked holds it, with its standby copy).
 	// It records nothing. A key with no state answers found = false, not
 	// NOT_FOUND.
 	GetKey(ctx context.Context, in *GetKeyRequest, opts ...grpc.CallOption) (*GetKeyResponse, error)
@@ -360,7 +361,8 @@ func (c *adminServiceClient) ForgetMember(ctx context.Context, in *ForgetMemberR
 // a wrong one, fails with UNAUTHENTICATED. Calls on a single key are
 // answered by the key's owner, whichever node receives them.
 type AdminServiceServer interface {
-	// GetKey returns the live state of one key, as its owner sees it now.
+	// GetKey returns the live state of one key, as its owner sees it now
+	// (or, with local, as the node asked holds it, with its standby copy).
 	// It records nothing. A key with no state answers found = false, not
 	// NOT_FOUND.
 	GetKey(context.Context, *GetKeyRequest) (*GetKeyResponse, error)

@@ -1,0 +1,268 @@
+//go:build linux
+
+package faults
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+)
+
+// doubleFaults returns the double faults and operator mistakes of issue
+// 19: events a StatefulSet meets in its first month, which the hand-made
+// control plane of today does not survive. They are the measure of the
+// Raft control plane.
+func doubleFaults() []scenario {
+	return []scenario{
+		{name: "owner-and-standby-cut", nodes: 5, keep: ownedBy("n4", "n5"), inject: ownerAndStandbyCut,
+			event: func(tm timing) string {
+				return fmt.Sprintf("5 nodes, `--expect 5`: the owner and the standby of every key (n4, n5) cut off together %s, reaching each other", secs(tm.fault))
+			}},
+		{name: "owner-killed-standby-paused", nodes: 5, keep: ownedBy("n2", "n3"), inject: ownerKilledStandbyPaused,
+			event: func(tm timing) string {
+				return fmt.Sprintf("5 nodes: the standby of every key (n3) paused, then its owner (n2) killed -9, both back %s later", secs(tm.fault))
+			}},
+		{name: "forget-during-pause", replicas: 1, inject: forgetDuringPause,
+			event: func(tm timing) string {
+				return fmt.Sprintf("`--replicas 1`: n2 paused %s, `sluice members forget n2` 4 s into it, then it resumes", secs(forgetPause(tm)))
+			}},
+		{name: "stale-expect-cut", nodeFlags: map[int][]string{3: {"--expect", "1"}}, inject: staleExpectCut,
+			event: func(tm timing) string {
+				return fmt.Sprintf("n3 started with `--expect 1` (a stale manifest), then cut off %s", secs(tm.fault))
+			}},
+		{name: "mismatched-replicas", nodeFlags: map[int][]string{3: {"--replicas", "1"}}, mayExit: []int{3}, inject: mismatchedReplicas,
+			event: fixed("n3 started with `--replicas 1` beside two with 2: it must refuse to join, naming the setting")},
+		{name: "scale-during-rolling-restart", nodes: 5, expect: 3, deferred: []int{4, 5},
+			nodeFlags: map[int][]string{4: {"--expect", "5"}, 5: {"--expect", "5"}}, inject: scaleDuringRollingRestart,
+			event: fixed("scale 3 → 5 (`--expect 5` on the new nodes) during a rolling restart of n1–n3 to `--expect 5`")},
+		{name: "wiped-disk-and-pause", inject: wipedDiskAndPause,
+			event: func(tm timing) string {
+				return fmt.Sprintf("n2 killed -9 and its disk wiped, back %s later, while n3 is paused %s", secs(tm.down), secs(tm.fault))
+			}},
+		{name: "one-way-cut-gossip-blind", peerAddr: true, inject: gossipBlindCut,
+			event: func(tm timing) string {
+				return fmt.Sprintf("one-way cut of n2's peer address only (gossip on another address still flows) %s", secs(tm.fault))
+			}},
+		{name: "new-keys-at-partition", freshAtFault: true, inject: partition,
+			event: func(tm timing) string {
+				return fmt.Sprintf("node 2 cut off %s, the fresh keys first checked at the moment of the cut", secs(tm.fault))
+			}},
+		{name: "leader-paused", inject: leaderPaused,
+			event: func(tm timing) string { return fmt.Sprintf("the Raft leader paused %s", secs(tm.fault)) }},
+		{name: "leader-cut", inject: leaderCut,
+			event: func(tm timing) string { return fmt.Sprintf("the Raft leader cut off %s", secs(tm.fault)) }},
+	}
+}
+
+// TestDoubleFaults runs the double faults and operator mistakes of issue
+// 19 as TestFaults runs the single ones, with the same checks. They fail on
+// the control plane of today (roster, leases, fencing promises of package
+// cluster), which is why it is being rebuilt on Raft; so they run only
+// with SLUICE_FAULT_DOUBLE=1 until it lands.
+func TestDoubleFaults(t *testing.T) {
+	if os.Getenv("SLUICE_FAULT_DOUBLE") != "1" {
+		t.Skip("faults: double faults run only with SLUICE_FAULT_DOUBLE=1 (they fail until the Raft control plane of issue 19 lands)")
+	}
+	requireNetns(t)
+	runScenarios(t, doubleFaults(), "what each double fault cost")
+}
+
+// ownedBy keeps the keys whose owner and standby are, in either order,
+// the two nodes named.
+func ownedBy(a, b string) func(order []string) bool {
+	return func(order []string) bool {
+		return order[0] == a && order[1] == b || order[0] == b && order[1] == a
+	}
+}
+
+// ownerAndStandbyCut cuts nodes 4 and 5 (the owner and the standby of
+// every key) off from nodes 1 to 3 for the fault's length; they still
+// reach each other, as a zone of a 2-2-1 layout would.
+func ownerAndStandbyCut(t *testing.T, c *cluster, tm timing) {
+	zone, rest := c.nodes[3:], c.nodes[:3]
+	if err := cutBetween(hosts(zone), hosts(rest), true); err != nil {
+		t.Fatal(err)
+	}
+	f := c.beginFault(cutOff, "n4, n5 cut off from n1–n3", zone, rest)
+	time.Sleep(tm.fault)
+	if err := cutBetween(hosts(zone), hosts(rest), false); err != nil {
+		t.Fatal(err)
+	}
+	f.heal()
+}
+
+// hosts returns the hosts of nodes.
+func hosts(nodes []*node) []*host {
+	var out []*host
+	for _, n := range nodes {
+		out = append(out, n.host)
+	}
+	return out
+}
+
+// ownerKilledStandbyPaused pauses node 3 (the standby of every key), kills
+// node 2 (their owner) with SIGKILL half a second later, and brings both
+// back at the end of the fault.
+func ownerKilledStandbyPaused(t *testing.T, c *cluster, tm timing) {
+	owner, standby := c.node(2), c.node(3)
+	observers := c.others(owner, standby)
+	p := stopNode(t, c, standby, observers)
+	time.Sleep(500 * time.Millisecond)
+	k := killNode(t, c, owner, false, observers)
+	time.Sleep(tm.fault - 500*time.Millisecond)
+	returnNode(t, owner, k)
+	contNode(t, standby, p)
+}
+
+// forgetPause is how long forgetDuringPause pauses its node: the fault's
+// length, but long enough to forget it 4 s in and wait a moment more.
+func forgetPause(tm timing) time.Duration { return max(tm.fault, 6*time.Second) }
+
+// forgetDuringPause pauses node 2, and 4 s later has node 1 forget it
+// (AdminService.ForgetMember, as `sluice members forget n2` does, and as
+// docs/operations.md advises for a node gone for good); then node 2
+// resumes.
+func forgetDuringPause(t *testing.T, c *cluster, tm timing) {
+	n := c.node(2)
+	d := forgetPause(tm)
+	f := stopNode(t, c, n, c.others(n))
+	time.Sleep(4 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	resp, err := c.node(1).admin.ForgetMember(ctx, &sluicepb.ForgetMemberRequest{Name: n.name})
+	cancel()
+	if err != nil {
+		f.problem("ForgetMember(%s) through n1: %v", n.name, err)
+	} else {
+		f.note("forgotten (its keys from copies: %v)", resp.FromCopies)
+	}
+	time.Sleep(d - 4*time.Second)
+	contNode(t, n, f)
+}
+
+// staleExpectCut cuts node 3, started with --expect 1 (a stale manifest),
+// off for the fault's length.
+func staleExpectCut(t *testing.T, c *cluster, tm timing) {
+	cutLink(t, c, c.node(3), tm.fault)
+}
+
+// refusalLine matches the line a node refused for a different --replicas
+// must print: the setting, and both values.
+var refusalLine = regexp.MustCompile(`replicas\D*(1\D+2|2\D+1)\b`)
+
+// mismatchedReplicas expects node 3, started with --replicas 1 beside
+// nodes with 2, to refuse to join: to exit non-zero with one line naming
+// the setting and both values. The others must go on unaffected (the
+// ledger checks them).
+func mismatchedReplicas(t *testing.T, c *cluster, tm timing) {
+	n := c.node(3)
+	f := c.beginFault(refused, "n3 started with --replicas 1", []*node{n}, c.others(n))
+	defer f.heal()
+	code, err := n.wait(tm.fault + 20*time.Second)
+	switch {
+	case err != nil:
+		f.problem("n3, started with --replicas 1 beside nodes with 2, still runs: it joined instead of refusing")
+		return
+	case code == 0:
+		f.problem("n3, started with --replicas 1 beside nodes with 2, exited 0; want a non-zero exit")
+	}
+	var lines []string
+	for _, l := range n.logLines("replicas") {
+		if refusalLine.MatchString(l) {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) == 0 {
+		f.problem("n3 exited %d without a line naming --replicas and both values (1 and 2); its last lines:\n%s", code, n.logTail(5))
+		return
+	}
+	f.note("n3 exited %d: %s", code, strings.TrimSpace(lines[0]))
+}
+
+// scaleDuringRollingRestart starts nodes 4 and 5 (with --expect 5) and, at
+// once, restarts nodes 1 to 3 in turn with --expect 5, as a StatefulSet
+// scaled from 3 to 5 with a chart that ties --expect to the replicas does.
+func scaleDuringRollingRestart(t *testing.T, c *cluster, tm timing) {
+	added := c.nodes[3:]
+	f := c.beginFault(restarted, "n4, n5 started", added, nil)
+	for _, n := range added {
+		if err := n.start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	restart(t, c, tm, c.nodes[:3], []string{"--expect", "5"})
+	for _, n := range added {
+		if err := n.waitReady(time.Now().Add(60 * time.Second)); err != nil {
+			f.problem("%v", err)
+		}
+	}
+	f.note("ready")
+	f.heal()
+}
+
+// wipedDiskAndPause kills node 2 with SIGKILL and wipes its data
+// directory while node 3 is paused; node 2 comes back empty after the
+// down time, node 3 at the end of the fault.
+func wipedDiskAndPause(t *testing.T, c *cluster, tm timing) {
+	wiped, stopped := c.node(2), c.node(3)
+	observers := c.others(wiped, stopped)
+	p := stopNode(t, c, stopped, observers)
+	k := killNode(t, c, wiped, true, observers)
+	time.Sleep(tm.down)
+	returnNode(t, wiped, k)
+	time.Sleep(tm.fault - tm.down)
+	contNode(t, stopped, p)
+}
+
+// gossipBlindCut makes nodes 1 and 3 drop what they send to node 2's
+// second address, where its peer service listens, for the fault's length:
+// gossip, on the first address, still flows both ways, so nobody sees
+// node 2 down, while nothing the others send its peer service arrives.
+func gossipBlindCut(t *testing.T, c *cluster, tm timing) {
+	n := c.node(2)
+	if err := n.host.blackholeSecond(true); err != nil {
+		t.Fatal(err)
+	}
+	f := c.beginFault(gossipBlind, "n2's peer address cut one way", []*node{n}, c.others(n))
+	time.Sleep(tm.fault)
+	if err := n.host.blackholeSecond(false); err != nil {
+		t.Fatal(err)
+	}
+	f.heal()
+}
+
+// leaderPaused pauses the control plane's leader for the fault's length.
+func leaderPaused(t *testing.T, c *cluster, tm timing) {
+	l := c.leader()
+	pauseFor(t, c, l, tm.fault, c.others(l))
+}
+
+// leaderCut cuts the control plane's leader off for the fault's length.
+func leaderCut(t *testing.T, c *cluster, tm timing) {
+	cutLink(t, c, c.leader(), tm.fault)
+}
+
+// leader returns the node the control plane names as its Raft leader
+// (ListMembersResponse.leader), asked of every running node until one
+// knows; node 1 if none does.
+func (c *cluster) leader() *node {
+	for _, n := range c.running() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		resp, err := n.admin.ListMembers(ctx, &sluicepb.ListMembersRequest{})
+		cancel()
+		if err != nil {
+			continue
+		}
+		for _, l := range c.nodes {
+			if l.name == resp.Leader {
+				return l
+			}
+		}
+	}
+	return c.node(1)
+}
