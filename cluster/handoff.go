@@ -417,6 +417,16 @@ func (r *Router) collectCopies(ctx context.Context, own *ownership, box func(str
 		if a == "" || a == r.cfg.Self {
 			return false
 		}
+		if prev != nil {
+			// The member that acted for the key before, if it is still
+			// live in the same epoch, hands the key over itself: a copy
+			// too would reach the receiver as a second state of the same
+			// history, and a receiver whose own state has another lineage
+			// would count its hits twice.
+			if p := prev.actingName(key); p != "" && p != a && (p == r.cfg.Self || cur.live(p) && cur.epochs[p] == prev.epochs[p]) {
+				return false
+			}
+		}
 		return fresh[a] || prev == nil || prev.actingName(key) != a
 	}
 	var mu sync.Mutex

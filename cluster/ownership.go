@@ -317,6 +317,13 @@ func (o *ownership) next(cur *config, epoch uint64) *ownership {
 	if o.cur != nil && cur.id == o.cur.id {
 		n.promoted = o.promoted
 	}
+	if o.cur != nil && startedSince(o.cur, cur) {
+		// A member whose epoch started is now the standby of some keys
+		// another member kept until now; should its epoch end again,
+		// those keys would go back to that member, which has missed every
+		// write meanwhile. Every standby is brought up to date again.
+		n.synced = nil
+	}
 	switch {
 	case o.cur == nil || epoch != o.epoch:
 		n.hist = []*config{nil, cur}
@@ -331,6 +338,17 @@ func (o *ownership) next(cur *config, epoch uint64) *ownership {
 	}
 	n.settle()
 	return n
+}
+
+// startedSince reports whether a member's epoch is live in cur that was
+// not in old (a member started, or joined).
+func startedSince(old, cur *config) bool {
+	for name, e := range cur.epochs {
+		if old.epochs[name] != e {
+			return true
+		}
+	}
+	return false
 }
 
 // syncMark is a standby brought up to date: in which configuration, at

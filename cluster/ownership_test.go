@@ -279,3 +279,26 @@ func TestPenalties(t *testing.T) {
 		}
 	}
 }
+
+// TestStandbyFlipFlop: a standby that lost a key to a member that started,
+// and gets it back when that member's epoch ends again, missed every write
+// meanwhile: it is not up to date for the key, whatever its earlier mark.
+func TestStandbyFlipFlop(t *testing.T) {
+	c1 := newConfig("a", PolicyExact, 2, testMap(5, live("a", 1), ended("y", true), live("x", 3)))
+	k := keysOrdered(c1, 1, "a", "y", "x")[0]
+	o := (&ownership{}).next(c1, 1)
+	o.synced = map[string]syncMark{"x": {cfg: c1, epoch: 3}}
+	if !o.syncedFor(k, "x") {
+		t.Fatalf("x brought up to date in c1: syncedFor(%s, x) = false; want true", k)
+	}
+	c2 := newConfig("a", PolicyExact, 2, testMap(7, live("a", 1), live("y", 4), live("x", 3)))
+	o = o.next(c2, 1)
+	if sb := c2.standby(k); sb != "y" {
+		t.Fatalf("standby(%s) once y started = %q; want y", k, sb)
+	}
+	c3 := newConfig("a", PolicyExact, 2, testMap(9, live("a", 1), ended("y", true), live("x", 3)))
+	o = o.next(c3, 1)
+	if o.syncedFor(k, "x") {
+		t.Fatalf("x got %s back after y's second end: syncedFor = true; want false (it missed y's stint)", k)
+	}
+}

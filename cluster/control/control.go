@@ -418,10 +418,16 @@ func (c *Control) bootstrapLoop(ctx context.Context) {
 }
 
 // tryBootstrap bootstraps the cluster if this node has no Raft state, no
-// node gossip shows belongs to a cluster, at least Expect nodes agree on
-// Expect and the settings, and this node has the lowest name of them.
+// node gossip shows belongs to a cluster, at least Expect nodes without a
+// cluster are up, a majority of Expect of them (this node among them)
+// agree on Expect and the settings, and this node has the lowest name of
+// those. The nodes that disagree are left out, named in a warning: once the
+// cluster exists they join it (an --expect that differs means nothing
+// then) or are refused (settings that differ). Two groups can bootstrap
+// apart only if each holds a majority of its own Expect.
 func (c *Control) tryBootstrap(loud func(string, ...any)) {
 	var agree []Peer
+	present := 0
 	for _, p := range c.cfg.Gossip.Peers() {
 		if p.ClusterID != "" {
 			return // a cluster exists: its leader adds this node
@@ -429,8 +435,9 @@ func (c *Control) tryBootstrap(loud func(string, ...any)) {
 		if p.ID == "" {
 			continue
 		}
+		present++
 		if p.Expect != c.cfg.Expect || p.Settings != c.cfg.Settings.String() {
-			loud("a node disagrees on how to bootstrap the cluster: nothing is bootstrapped until the nodes agree",
+			loud("a node disagrees on how to bootstrap the cluster: it is left out of the bootstrap",
 				"node", p.Name, "its_expect", p.Expect, "expect", c.cfg.Expect, "its_settings", p.Settings, "settings", c.cfg.Settings.String())
 			continue
 		}
@@ -440,7 +447,7 @@ func (c *Control) tryBootstrap(loud func(string, ...any)) {
 		loud("--expect 1, but the join list names other nodes: waiting to join them rather than bootstrapping alone")
 		return
 	}
-	if len(agree) < c.cfg.Expect {
+	if present < c.cfg.Expect || len(agree) < c.cfg.Expect/2+1 {
 		return
 	}
 	slices.SortFunc(agree, func(a, b Peer) int { return strings.Compare(a.Name, b.Name) })

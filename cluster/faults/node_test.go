@@ -373,8 +373,8 @@ func (n *node) alive() ([]string, error) {
 		return nil, err
 	}
 	var alive []string
-	for name, state := range states {
-		if state == "alive" {
+	for name, st := range states {
+		if st.state == "alive" {
 			alive = append(alive, name)
 		}
 	}
@@ -382,18 +382,23 @@ func (n *node) alive() ([]string, error) {
 	return alive, nil
 }
 
-// members returns the state of every member the node lists, by name
-// ("alive", "leaving", "left", "dead"), asking for at most timeout.
-func (n *node) members(timeout time.Duration) (map[string]string, error) {
+// memberState is how a node lists a member: its state in the cluster map
+// and gossip ("alive", "leaving", "left", "dead", "joining"), and what
+// gossip alone says of it ("alive", "dead", "left", "").
+type memberState struct{ state, gossip string }
+
+// members returns how the node lists every member, by name, asking for at
+// most timeout.
+func (n *node) members(timeout time.Duration) (map[string]memberState, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	resp, err := n.admin.ListMembers(ctx, &sluicepb.ListMembersRequest{})
 	if err != nil {
 		return nil, err
 	}
-	states := make(map[string]string, len(resp.Members))
+	states := make(map[string]memberState, len(resp.Members))
 	for _, m := range resp.Members {
-		states[m.Name] = m.State
+		states[m.Name] = memberState{m.State, m.Gossip}
 	}
 	return states, nil
 }

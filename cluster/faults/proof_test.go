@@ -111,7 +111,15 @@ func (f *fault) monitor() {
 					f.seen[p.asker.name] = map[string]int{}
 				}
 				for _, v := range p.about {
-					if states[v.name] != "alive" {
+					// A cut of the peer address alone must not show in
+					// gossip (the map may well end the victim's epoch:
+					// its renewals stop); every other fault must show as
+					// the victim not alive, in gossip or in the map.
+					down := states[v.name].state != "alive"
+					if f.kind == gossipBlind {
+						down = states[v.name].gossip != "alive"
+					}
+					if down {
 						f.seen[p.asker.name][v.name]++
 					}
 				}

@@ -93,8 +93,8 @@ func (n *node) readLocal(keys []testKey) ([]localRead, error) {
 	return out, nil
 }
 
-// owners returns the members n lists alive that own keys (a share above
-// 0): the nodes among which a key's acting member and standby are ranked.
+// owners returns the members n lists with a live epoch in phase joined:
+// the nodes among which a key's acting member and standby are ranked.
 func (n *node) owners() ([]string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
@@ -104,7 +104,7 @@ func (n *node) owners() ([]string, error) {
 	}
 	var out []string
 	for _, m := range resp.Members {
-		if m.State == "alive" && m.Share > 0 {
+		if m.Live && m.Phase == "joined" {
 			out = append(out, m.Name)
 		}
 	}
