@@ -449,7 +449,7 @@ func (a *adminService) ListMembers(ctx context.Context, req *sluicepb.ListMember
 	// Nodes gossip sees that the map does not list (yet): joining, or of
 	// another cluster.
 	for name, g := range gossip {
-		if !listed[name] {
+		if !listed[name] && g.State == cluster.StateAlive {
 			resp.Members = append(resp.Members, &sluicepb.ClusterMember{
 				Name: name, GossipAddr: g.GossipAddr, GrpcAddr: g.GRPCAddr, State: "joining", Id: g.ID, Gossip: g.State.String(),
 			})

@@ -153,6 +153,19 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 	}
 	h := &r.handoffs
 
+	// From here until every standby's full states are queued, no handoff
+	// import runs: a state collected before an import of its key, and
+	// queued after the import's copy, would roll the standby's copy back
+	// past it. (Decisions on those keys wait: their standby is not up to
+	// date; the engine's fence keeps out the ones routed before.)
+	r.resyncs.Lock()
+	locked := true
+	defer func() {
+		if locked {
+			r.resyncs.Unlock()
+		}
+	}()
+
 	// With standbys: merge the copies this node keeps of the keys it now
 	// acts for (it took them over) into them.
 	promoted := false
@@ -231,6 +244,17 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 		}
 	}
 
+	// Queue every resync now, in place (see above), and wait for them
+	// below.
+	resyncs := make(map[string]func(context.Context) error)
+	for name := range cur.epochs {
+		if name != self && standbys && cur.up(name) && !own.syncedWith(name) {
+			resyncs[name] = r.send(ctx, own, name, box(name).resync)
+		}
+	}
+	r.resyncs.Unlock()
+	locked = false
+
 	sent := 0
 	var wg sync.WaitGroup
 	errs := make(chan error, len(cur.epochs))
@@ -244,7 +268,7 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 		h.mu.Lock()
 		told := h.handedTo[name] == done
 		h.mu.Unlock()
-		resync := standbys && cur.up(name) && !own.syncedWith(name)
+		wait, resync := resyncs[name]
 		if len(b.tokens) == 0 && len(b.copies) == 0 && told && !resync {
 			continue // told already, and nothing new for it
 		}
@@ -262,7 +286,7 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 				h.mu.Unlock()
 			}
 			if resync {
-				if err := r.sendAndWait(ctx, own, name, b.resync); err != nil {
+				if err := wait(ctx); err != nil {
 					errs <- fmt.Errorf("bring standby %s up to date: %w", name, err)
 					return
 				}
@@ -501,6 +525,8 @@ func (r *Router) receiveHandoff(ctx context.Context, req *sluicepb.HandoffReques
 	}
 	r.imports.RLock()
 	defer r.imports.RUnlock()
+	r.resyncs.RLock()
+	defer r.resyncs.RUnlock()
 	own := r.own.Load()
 	if req.ToNode != r.cfg.Self || req.ToEpoch != own.epoch {
 		return 0, fmt.Errorf("%w: meant for %s epoch %d; this is %s epoch %d", errWrongEpoch, req.ToNode, req.ToEpoch, r.cfg.Self, own.epoch)

@@ -346,9 +346,18 @@ func (l *replicaLane) sendBatch() bool {
 // sendAndWait sends recs to standby name through its lanes (each key
 // after what is queued for it) and waits for the standby's answers.
 func (r *Router) sendAndWait(ctx context.Context, own *ownership, name string, recs []persist.Record) error {
+	return r.send(ctx, own, name, recs)(ctx)
+}
+
+// send queues recs for standby name through its lanes (each key after what
+// is queued for it) and returns a function that waits for the standby's
+// answers. What is queued keeps its place: a state read before a later
+// write of its key must be queued before that write's copy, or it would
+// roll the copy back (see handoffRound).
+func (r *Router) send(ctx context.Context, own *ownership, name string, recs []persist.Record) func(context.Context) error {
 	s, err := r.standbySender(own, name)
 	if err != nil {
-		return err
+		return func(context.Context) error { return err }
 	}
 	var lanes [replicaLanes][]persist.Record
 	for _, rec := range recs {
@@ -368,18 +377,20 @@ func (r *Router) sendAndWait(ctx context.Context, own *ownership, name string, r
 			sent++
 		}
 	}
-	var errs []error
-	for range sent {
-		select {
-		case err := <-result:
-			if err != nil {
-				errs = append(errs, err)
+	return func(ctx context.Context) error {
+		var errs []error
+		for range sent {
+			select {
+			case err := <-result:
+				if err != nil {
+					errs = append(errs, err)
+				}
+			case <-ctx.Done():
+				return ctx.Err()
 			}
-		case <-ctx.Done():
-			return ctx.Err()
 		}
+		return errors.Join(errs...)
 	}
-	return errors.Join(errs...)
 }
 
 // replicateStates sends full states to the standbys of their keys and

@@ -153,15 +153,22 @@ func (nopRouterObserver) Replicated(string, int, error)               {}
 // state to where the map says it belongs, and keeps standby copies.
 //
 // Its parts and their locks, in the order they may be taken (a part never
-// calls into an earlier one while holding its own lock):
+// takes an earlier one while holding a later one):
 //
 //  1. ownMu: the ownership (own) and what was applied last (applied).
-//  2. imports, copies: read-held by each handoff import and standby write,
-//     write-held while a new ownership is published (see update), so that
-//     none of them straddles a change.
-//  3. handoffs.mu: what the handoff rounds delivered (handoff.go).
-//  4. repl.mu: the standby senders (replica.go).
-//  5. peers.mu: the peer connections (forward.go).
+//  2. imports: read-held by each handoff import, write-held while a new
+//     ownership is published (see update) and, for a moment, at the start
+//     of a handoff round, so that no import straddles a change.
+//  3. resyncs: read-held by each handoff import, write-held by a handoff
+//     round while it collects states and queues them for the standbys
+//     (see handoffRound), so that no stale state is queued after a newer
+//     one.
+//  4. copies: read-held by each standby write received, write-held while
+//     a new ownership is published and before a promotion, so that no
+//     write from an epoch that ended is taken in after it.
+//  5. handoffs.mu: what the handoff rounds delivered (handoff.go).
+//  6. repl.mu and each receiving lane's lock (replica.go).
+//  7. peers.mu: the peer connections (forward.go).
 type Router struct {
 	cfg RouterConfig
 	log *slog.Logger
@@ -181,6 +188,7 @@ type Router struct {
 
 	imports sync.RWMutex
 	copies  sync.RWMutex
+	resyncs sync.RWMutex
 
 	handoffs handoffs
 	repl     replication

@@ -44,15 +44,14 @@ type Member struct {
 	GossipAddr string
 	// GRPCAddr is the host:port of the node's gRPC API (decisions).
 	GRPCAddr string
-	// PeerAddr is the host:port of its peer service, which peers dial to
-	// forward checks, hand state over, renew leases and copy writes:
-	// GRPCAddr unless the node serves it on a listener of its own. Empty
-	// for a member known only from the roster.
+	// PeerAddr is the host:port of its peer service and Raft, which peers
+	// dial to forward checks, hand state over, copy writes, renew leases
+	// and replicate the log: GRPCAddr unless the node serves it on a
+	// listener of its own.
 	PeerAddr string
 	// AdminAddr is the host:port of its admin service, which the other
 	// nodes dial for the admin calls they fan out: GRPCAddr unless the
-	// node serves it on a listener of its own. Empty for a member known
-	// only from the roster.
+	// node serves it on a listener of its own.
 	AdminAddr string
 	// State is the member's state.
 	State State

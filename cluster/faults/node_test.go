@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -342,10 +343,10 @@ func (n *node) waitReady(deadline time.Time) error {
 		}
 		if _, err := os.Stat(n.readyFile()); err != nil {
 			last = "no ready file"
-		} else if code, err := n.readyz(); err != nil {
+		} else if code, body, err := n.readyz(); err != nil {
 			last = err.Error()
 		} else if code != http.StatusOK {
-			last = fmt.Sprintf("/readyz answers %d", code)
+			last = fmt.Sprintf("/readyz answers %d: %s", code, body)
 		} else {
 			return nil
 		}
@@ -357,13 +358,14 @@ func (n *node) waitReady(deadline time.Time) error {
 }
 
 // readyz returns the status code of the node's /readyz.
-func (n *node) readyz() (int, error) {
+func (n *node) readyz() (int, string, error) {
 	resp, err := n.http.Get("http://127.0.0.1:" + httpPort + "/readyz")
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
-	resp.Body.Close()
-	return resp.StatusCode, nil
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	return resp.StatusCode, strings.TrimSpace(string(body)), nil
 }
 
 // alive returns the names of the members the node sees alive.

@@ -120,7 +120,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}, []string{"direction"})
 	m.refused = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_refused_checks_total",
-		Help: "Checks this node answered UNAVAILABLE rather than decide without showing it may, by reason (no_quorum: no lease from a majority; moving: the key's state has not arrived; owner_down: its owner is down and the policy keeps its keys for it; standby: the key's standby did not confirm the write).",
+		Help: "Checks this node answered UNAVAILABLE rather than decide without showing it may, by reason (no_quorum: no lease from the Raft leader; moving: the key's state has not arrived; owner_down: its owner is down and the policy keeps its keys for it; standby: the key's standby did not confirm the write).",
 	}, []string{"reason"})
 	m.unserved = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_unserved_seconds_total",
@@ -132,7 +132,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}, []string{"result"})
 	m.renewals = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_lease_renewals_total",
-		Help: "Lease renewals, by result (granted by a majority, or not).",
+		Help: "Lease renewals with the Raft leader, by result (granted, or refused: no leader, no quorum of voters, the epoch ended).",
 	}, []string{"result"})
 	m.membershipChanges = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sluice_membership_changes_total",
