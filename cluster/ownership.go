@@ -516,10 +516,10 @@ func (o *ownership) gate(key string) error {
 	}
 	if o.cur.replicas >= 2 {
 		if !held && o.promoted != o.cur.id {
-			return fmt.Errorf("%w: waiting for %s to take its copy of the key", ErrMoving, o.cur.self)
+			return &waitError{member: o.cur.self, err: fmt.Errorf("%w: waiting for %s to take its copy of the key", ErrMoving, o.cur.self)}
 		}
 		if sb := o.cur.standby(key); sb != "" && !o.syncedFor(key, sb) {
-			return fmt.Errorf("%w: waiting for the key's standby %s to be brought up to date", ErrMoving, sb)
+			return &waitError{member: sb, err: fmt.Errorf("%w: waiting for the key's standby %s to be brought up to date", ErrMoving, sb)}
 		}
 	}
 	return nil
@@ -565,7 +565,7 @@ func (o *ownership) gateHistory(key string) (held bool, err error) {
 	}
 	for name := range o.cur.epochs {
 		if name != self && !o.completeFrom(name) {
-			return false, fmt.Errorf("%w: waiting for the handoff of %s", ErrMoving, name)
+			return false, &waitError{member: name, err: fmt.Errorf("%w: waiting for the handoff of %s", ErrMoving, name)}
 		}
 	}
 	if o.lost() {
@@ -577,6 +577,17 @@ func (o *ownership) gateHistory(key string) (held bool, err error) {
 	}
 	return false, nil
 }
+
+// waitError is a gate's refusal that waits for a live member (its
+// complete, or its copies brought up to date): worth waiting for while
+// gossip sees the member alive, not when it does not (see admit).
+type waitError struct {
+	member string
+	err    error
+}
+
+func (e *waitError) Error() string { return e.err.Error() }
+func (e *waitError) Unwrap() error { return e.err }
 
 // penalty is a tombstone's effect on a key this node decides: the key is
 // denied until until, because the forgotten member named by the tombstone

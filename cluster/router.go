@@ -896,6 +896,12 @@ func (r *Router) admit(ctx context.Context, own *ownership, checks []actor.Check
 		if err == nil {
 			return nil
 		}
+		var we *waitError
+		if !errors.As(err, &we) || !r.cfg.Membership.Alive(we.member) {
+			// Waiting for a member that is down (or for its return) is no
+			// use within a call: refuse at once.
+			return err
+		}
 		if t == nil {
 			t = r.clk.NewTimer(r.cfg.HandoffWait)
 		}
