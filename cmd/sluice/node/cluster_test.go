@@ -290,10 +290,11 @@ func TestClusterUnreachableOwnerFailsFast(t *testing.T) {
 // Under the exact policy, nobody decides its keys meanwhile: checks on them
 // are UNAVAILABLE ("owner down"), and no key is ever over its limit. Under
 // the available policy, once failure detection dropped it and it is
-// fenced, the next node decides its keys without their state: at most one
-// window's limit of excess per key. Either way, once it is back and the
-// others handed back what they recorded, nothing more fits in the window:
-// the cluster counts every hit again.
+// fenced, the next node decides its keys without their state: each moved
+// key, sent more than twice its limit, allows exactly its limit again (one
+// window's limit of excess at most, and a limit enforced). Either way, once
+// it is back and the others handed back what they recorded, nothing more
+// fits in the window: the cluster counts every hit again.
 func TestClusterCrashAndReturn(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for failure detection")
@@ -324,14 +325,20 @@ func TestClusterCrashAndReturn(t *testing.T) {
 			victim.crash()
 			tc.waitMembers(2)
 
-			excess, moved, refused := 0, 0, 0
+			// Each moved key is sent more than twice its limit: a decider
+			// that enforced no limit, or half of one, would allow more than
+			// the limit.
+			const sent = 2*limit + 1
+			moved, refused := 0, 0
+			allowed := make(map[int]int) // of each moved key
 			deadline := time.Now().Add(10 * time.Second)
 			for k := 0; k < keys; k++ {
 				if owner[k] != "node-2" {
 					continue
 				}
 				moved++
-				for i := 0; i < limit+2; i++ {
+				allowed[k] = 0
+				for i := 0; i < sent; i++ {
 					ok, node, err := hit(0, k)
 					for err != nil && policy == cluster.PolicyExact && strings.Contains(err.Error(), "owner unreachable") && time.Now().Before(deadline) {
 						// node-0's router follows the view a moment after
@@ -353,27 +360,36 @@ func TestClusterCrashAndReturn(t *testing.T) {
 					case err != nil:
 						t.Fatalf("c%d under the available policy: %v", k, err)
 					case ok:
-						excess++
+						allowed[k]++
 						if node == "node-2" {
 							t.Fatalf("c%d decided by the crashed node", k)
 						}
 					}
 				}
 			}
-			if policy == cluster.PolicyExact {
-				t.Logf("exact: %d checks on %d keys of the crashed node refused; %d allowed", refused, moved, excess)
-				if excess != 0 || refused != moved*(limit+2) {
-					t.Fatalf("exact policy: %d allowed, %d refused on the down node's keys; want 0 and %d", excess, refused, moved*(limit+2))
+			if moved == 0 {
+				t.Fatal("no key of 60 was owned by node-2")
+			}
+			// Under exact, nothing is allowed; under available, the new
+			// decider starts without the hit node-2 recorded: the whole
+			// limit fits again, and no more.
+			want := 0
+			if policy == cluster.PolicyAvailable {
+				want = limit
+			}
+			perKey := make(map[int]int) // allowed hits → keys
+			for k, got := range allowed {
+				perKey[got]++
+				if got != want {
+					t.Errorf("c%d (owned by the crashed node) sent %d hits: %d allowed; want %d", k, sent, got, want)
 				}
-			} else {
-				// Without the victim's state, a moved key allows its whole
-				// limit again: 1 hit of excess each here (the one recorded
-				// before the crash), never more than one window's limit.
-				excess -= moved * (limit - 1)
-				t.Logf("available: %d keys moved without their state; %d hits allowed over their limits (bound: %d per key)", moved, excess, limit)
-				if moved == 0 || excess > moved*limit {
-					t.Fatalf("excess %d over %d moved keys; want at most %d", excess, moved, moved*limit)
-				}
+			}
+			if policy == cluster.PolicyExact && refused != moved*sent {
+				t.Errorf("exact policy: %d checks refused on the down node's %d keys; want all %d", refused, moved, moved*sent)
+			}
+			t.Logf("%s: %d keys of the crashed node, %d hits each: %d refused; keys by hits allowed: %v", policy, moved, sent, refused, perKey)
+			if t.Failed() {
+				t.FailNow()
 			}
 
 			victim.start()
