@@ -788,7 +788,8 @@ func TestWALIgnoresCheckpointed(t *testing.T) {
 }
 
 // FuzzDecodeWAL: the WAL decoder never panics, and the frames it accepts
-// and the tail it ignores make up the whole file.
+// and the tail it sets aside (torn, or a damaged last frame) make up the
+// whole file.
 func FuzzDecodeWAL(f *testing.F) {
 	var e frameEncoder
 	file := append([]byte(nil), walHeader...)
@@ -813,16 +814,16 @@ func FuzzDecodeWAL(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if sc.records != len(recs) || sc.torn < 0 || sc.torn > len(data) {
+		if sc.records != len(recs) || sc.torn < 0 || sc.damaged < 0 || (sc.torn > 0 && sc.damaged > 0) || sc.torn+sc.damaged > len(data) {
 			t.Fatalf("decodeWAL = %+v with %d records; inconsistent", sc, len(recs))
 		}
-		// The accepted frames and the torn tail cover the file.
+		// The accepted frames and the tail set aside cover the file.
 		off := walHeaderLen
 		for range sc.frames {
 			off += frameHeaderLen + int(binary.LittleEndian.Uint32(data[off:]))
 		}
-		if off != len(data)-sc.torn {
-			t.Fatalf("%d frames end at %d; the decoder said %d bytes of %d are torn", sc.frames, off, sc.torn, len(data))
+		if off != len(data)-sc.torn-sc.damaged {
+			t.Fatalf("%d frames end at %d; the decoder said %d bytes of %d are torn, %d damaged", sc.frames, off, sc.torn, len(data), sc.damaged)
 		}
 	})
 }

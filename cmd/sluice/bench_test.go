@@ -178,24 +178,30 @@ func TestBenchExact(t *testing.T) {
 }
 
 // TestBenchOpenLoopRate: an open loop at a low rate sends rate × duration
-// calls: every call due in the run is sent, or counted as unsent.
+// calls: every call due in the run is sent, or counted as unsent, and on a
+// machine with CPU to spare most of them are sent.
+//
+// A call costs about 1.7 ms of CPU under the race detector (client and
+// in-process server together, measured with sluice bench against a -race
+// build): 400 calls/s in each of two parallel subtests asked for 1.4 of
+// the machine's 2 cores, beside the rest of the test run, and the
+// generator fell behind (0 to 73 of 200 calls sent). At 100 calls/s, one
+// API after the other and outside the parallel tests, the load needs a
+// sixth of a core, and only a stall of half a second at the very end of
+// the run could leave half of the calls unsent.
 func TestBenchOpenLoopRate(t *testing.T) {
-	t.Parallel()
 	n := startNode(t, nil, "--durability", "memory")
 	for _, api := range []string{"native", "envoy"} {
 		t.Run(api, func(t *testing.T) {
-			t.Parallel()
-			rep := benchJSON(t, n.grpcAddr, "--api", api, "--rate", "400", "--duration", "500ms", "--warmup", "200ms", "--concurrency", "16")
+			rep := benchJSON(t, n.grpcAddr, "--api", api, "--rate", "100", "--duration", "1s", "--warmup", "200ms", "--concurrency", "8")
 			checkConsistent(t, rep)
-			// Exactly 200 calls are due; a loaded test machine (the race
-			// detector, the fault suite beside it) may keep many from
-			// being sent in time.
-			if rep.Calls+rep.Unsent != 200 || rep.Calls == 0 || rep.ElapsedS != 0.5 {
-				t.Errorf("open loop at 400 calls/s for 0.5s: %d calls, %d unsent in %gs; want 200 calls due, some of them sent",
+			// Exactly 100 calls are due.
+			if rep.Calls+rep.Unsent != 100 || rep.Calls <= 50 || rep.ElapsedS != 1 {
+				t.Errorf("open loop at 100 calls/s for 1s: %d calls, %d unsent in %gs; want 100 calls due, most of them sent",
 					rep.Calls, rep.Unsent, rep.ElapsedS)
 			}
-			if s := rep.Settings; s.Mode != "open" || s.Rate != 400 {
-				t.Errorf("settings %+v; want an open loop at 400/s", s)
+			if s := rep.Settings; s.Mode != "open" || s.Rate != 100 {
+				t.Errorf("settings %+v; want an open loop at 100/s", s)
 			}
 		})
 	}

@@ -7,10 +7,14 @@ import (
 	"testing"
 )
 
+// testCommand is the README's test command, which .ci/run runs.
+const testCommand = "go test -race -json ./... | go run ./scripts/testsummary"
+
 // TestREADME: the README's first screen runs Sluice and its tests, says
 // that the first run compiles for a while and which ports the node takes;
-// and no section runs a binary it has not built (the cluster section uses
-// the CLI that scripts/cluster-up.sh builds, the tour the one it builds).
+// CI runs the README's test command, as it is written there; and no
+// section runs a binary it has not built (the cluster section uses the CLI
+// that scripts/cluster-up.sh builds, the tour the one it builds).
 func TestREADME(t *testing.T) {
 	b, err := os.ReadFile("../../README.md")
 	if err != nil {
@@ -19,10 +23,17 @@ func TestREADME(t *testing.T) {
 	readme := string(b)
 	lines := strings.Split(readme, "\n")
 	firstScreen := strings.Join(lines[:min(len(lines), 50)], "\n")
-	for _, want := range []string{"go run ./cmd/sluice serve", "go test -race ./...", "compiles", "8081", "8080", "--grpc-addr", "--http-addr"} {
+	for _, want := range []string{"go run ./cmd/sluice serve", "\n    " + testCommand + "\n", "skipped", "compiles", "8081", "8080", "--grpc-addr", "--http-addr"} {
 		if !strings.Contains(firstScreen, want) {
 			t.Errorf("the README's first 50 lines lack %q", want)
 		}
+	}
+	ci, err := os.ReadFile("../../.ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(ci), "\n"+testCommand+"\n") {
+		t.Errorf(".ci/run lacks a line running the README's test command %q", testCommand)
 	}
 
 	// Each section (## heading) must build what it runs.

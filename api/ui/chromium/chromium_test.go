@@ -5,16 +5,22 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"testing"
 	"time"
 )
 
 // TestPage: a page served locally is loaded, its script runs, the rendered
-// DOM is read back, and a screenshot is a PNG.
+// DOM is read back, and a screenshot is a PNG. Without Chromium it skips,
+// or fails with CI set (.ci/run installs it).
 func TestPage(t *testing.T) {
 	path := Find()
 	if path == "" {
-		t.Skip("no Chromium (install Debian's chromium, or set SLUICE_CHROMIUM)")
+		const msg = "no Chromium (install Debian's chromium, or set SLUICE_CHROMIUM)"
+		if os.Getenv("CI") != "" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
 	}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/html")

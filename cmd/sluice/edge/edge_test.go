@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -303,11 +304,24 @@ func TestRulesReload(t *testing.T) {
 // TestDegradation runs the failure branches on purpose: Sluice killed,
 // Sluice slow (the decision deadline expires), a node answering
 // UNAVAILABLE (a real clustered node without quorum) or RESOURCE_EXHAUSTED,
-// each under both policies. Fail open forwards the request, fail closed answers 429; both
-// decide within the deadline (plus scheduling slack), and the metrics
-// count the failure by policy.
+// each under both policies. Fail open forwards the request, fail closed
+// answers 429, and the metrics count the failure by policy. The edge waits
+// for the deadline once when Sluice is slow (never less), and not at all
+// when it fails: the fastest of three requests answers within that wait
+// plus a slack.
+//
+// The slack is half the deadline: less than a second wait for it (a retry,
+// a reconnect, a second timer), so any of those fails the test, and well
+// above what a request through the edge takes beside the wait under -race:
+// 1 to 3 ms on an idle machine, the fastest of three at most 18 ms with two
+// CPU hogs beside the test on 2 cores. It bounds the fastest of three
+// requests, not each: a loaded machine stalls a process at times (single
+// requests took 60 ms more than the wait with the hogs, and stalls of
+// 300 ms were seen here beside other builds), while a wait in the code
+// delays every request.
 func TestDegradation(t *testing.T) {
-	const deadline = 50 * time.Millisecond
+	const deadline = 100 * time.Millisecond
+	const slack, tries = deadline / 2, 3
 	tests := []struct {
 		name    string
 		sluice  func(t *testing.T) string
@@ -349,24 +363,27 @@ func TestDegradation(t *testing.T) {
 					c.Rules = oneRule("ip", 5, "1m", policy)
 					c.Client.Timeout = deadline
 				})
-				start := time.Now()
-				r := get(t, "GET", "http://"+e.Addr()+"/", nil, "")
-				took := time.Since(start)
-				want := map[string]int{"open": 200, "closed": 429}[policy]
-				if r.status != want {
-					t.Errorf("%s: status %d; want %d", policy, r.status, want)
+				var took []time.Duration
+				for range tries {
+					start := time.Now()
+					r := get(t, "GET", "http://"+e.Addr()+"/", nil, "")
+					took = append(took, time.Since(start))
+					want := map[string]int{"open": 200, "closed": 429}[policy]
+					if r.status != want {
+						t.Errorf("%s: status %d; want %d", policy, r.status, want)
+					}
+					if r.header.Get("RateLimit") != "" || r.header.Get("RateLimit-Policy") != `"default";q=5;w=60` {
+						t.Errorf("%s: headers %v; want RateLimit-Policy only", policy, r.header)
+					}
 				}
-				if r.header.Get("RateLimit") != "" || r.header.Get("RateLimit-Policy") != `"default";q=5;w=60` {
-					t.Errorf("%s: headers %v; want RateLimit-Policy only", policy, r.header)
+				if fastest := slices.Min(took); fastest < tt.minTime || fastest > tt.minTime+slack {
+					t.Errorf("%s: answered in %v; want none before %v and the fastest within %v", policy, took, tt.minTime, tt.minTime+slack)
 				}
-				if took < tt.minTime || took > deadline+250*time.Millisecond {
-					t.Errorf("%s: answered in %v; want %v to %v", policy, took, tt.minTime, deadline+250*time.Millisecond)
-				}
-				want2 := fmt.Sprintf(`sluice_edge_failures_total{failure=%q,policy=%q,route="default",rule="default"} 1`, tt.failure, policy)
+				want2 := fmt.Sprintf(`sluice_edge_failures_total{failure=%q,policy=%q,route="default",rule="default"} %d`, tt.failure, policy, tries)
 				if m := scrape(t, e); !strings.Contains(m, want2) {
 					t.Errorf("%s: metrics lack %s", policy, want2)
 				}
-				t.Logf("Sluice %s, fail %s: %d in %v", tt.name, policy, r.status, took)
+				t.Logf("Sluice %s, fail %s: answered in %v", tt.name, policy, took)
 			}
 		})
 	}
