@@ -49,7 +49,7 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest, t
 			return nil, err
 		}
 		refunds = refunds || checks[i].Refund && checks[i].Cost > 0
-		if req.AllOrNothing && checks[i].Usage {
+		if req.AllOrNothing && checks[i].Usage && checks[i].Cost > 0 {
 			return nil, badFields([]string{"checks[" + strconv.Itoa(i) + "].usage"}, "check %d: a usage report is recorded whatever the other checks say, so it cannot be part of an all_or_nothing batch; send it in a call of its own", i)
 		}
 	}

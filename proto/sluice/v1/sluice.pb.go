@@ -227,8 +227,9 @@ type Check struct {
 	// retry_after is the wait until the key is below its limit again. A
 	// cost above the limit is valid. With cost 0 the check records nothing
 	// and is allowed only while the key is below its limit (a plain cost-0
-	// check is allowed at the limit too). Not with all_or_nothing, refund,
-	// penalty or reserve_for (INVALID_ARGUMENT).
+	// check is allowed at the limit too). Not with refund, penalty or
+	// reserve_for, nor, with a cost above 0, in an all_or_nothing batch
+	// (INVALID_ARGUMENT).
 	Usage bool `protobuf:"varint,9,opt,name=usage,proto3" json:"usage,omitempty"`
 	// When set, the check reserves cost (an estimate, for example a
 	// request's max_tokens) for this long: it is decided as usual and, if
