@@ -958,14 +958,20 @@ func (s *state) appendHeader(b []byte, version byte) []byte {
 // next to the state so that a write can append the hits recorded since the
 // last one (appendTail) instead of the whole log. The zero value knows
 // nothing: the next write is a full one.
+//
+// It holds no flag of its own: the store holds the log as of the last
+// write when full is not 0 (a full segment is never empty), which keeps an
+// entry in memory at 176 bytes, an allocation size class.
 type saved struct {
-	// at and n are the newest run of the log as last written; ok says the
-	// store holds the log as of that write.
+	// at and n are the newest run of the log as last written.
 	at, n int64
-	ok    bool
-	// disk is the length of the stored value; full that of its full segment.
+	// disk is the length of the stored value; full that of its full
+	// segment, 0 when the store's copy is not known.
 	disk, full uint32
 }
+
+// known reports whether the store holds the log as of the last write.
+func (sv *saved) known() bool { return sv.full != 0 }
 
 // written records that the store now holds the full encoding of s, of n
 // bytes.
@@ -976,7 +982,7 @@ func (s *state) written(sv *saved, n int) {
 		return
 	}
 	last := s.runAt(len(s.buf) - 1)
-	*sv = saved{at: last.at, n: last.n, ok: true, disk: uint32(n), full: uint32(n)}
+	*sv = saved{at: last.at, n: last.n, disk: uint32(n), full: uint32(max(n, 1))}
 }
 
 // appendTail appends to b a tail segment holding the hits recorded since the
@@ -989,7 +995,7 @@ func (s *state) written(sv *saved, n int) {
 // a chain, and a full write now and then sheds them, for an amortized
 // constant number of bytes per hit.
 func (s *state) appendTail(b []byte, sv *saved, now int64) ([]byte, bool) {
-	if !sv.ok || s.rewrite || s.algo != SlidingLog || len(s.buf) == 0 || s.expired(sv.at, now) {
+	if !sv.known() || s.rewrite || s.algo != SlidingLog || len(s.buf) == 0 || s.expired(sv.at, now) {
 		return b, false
 	}
 	// The runs newer than the saved newest run, and the hits added to that

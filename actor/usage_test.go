@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // usStep is one check of a usage script: a usage report (or a peek) at
@@ -340,5 +341,17 @@ func TestAllOrNothingReleasesReservation(t *testing.T) {
 		if err != nil || v.Used != want || v.Reservations != 0 {
 			t.Errorf("Inspect(%q) = %+v, %v; want %d used, no reservation", key, v, err, want)
 		}
+	}
+}
+
+// TestEntrySize checks that a key in memory stays in the 176-byte
+// allocation size class with the reservations pointer (docs/engine.md,
+// "Memory bound").
+func TestEntrySize(t *testing.T) {
+	if unsafe.Sizeof(uintptr(0)) != 8 {
+		t.Skip("64-bit platforms only")
+	}
+	if got := unsafe.Sizeof(entry{}); got > 176 {
+		t.Errorf("an entry is %d bytes; want at most 176 (an allocation size class)", got)
 	}
 }
