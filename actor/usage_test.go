@@ -3,6 +3,7 @@ package actor
 import (
 	"context"
 	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 	"unsafe"
@@ -353,5 +354,65 @@ func TestEntrySize(t *testing.T) {
 	}
 	if got := unsafe.Sizeof(entry{}); got > 176 {
 		t.Errorf("an entry is %d bytes; want at most 176 (an allocation size class)", got)
+	}
+}
+
+// TestMergeKeepsReservations checks that reservations travel with a
+// key's state through the merges of handoffs and standbys: into an empty
+// key (a copy), between copies of one history (the union: a record made
+// after the other's copy is kept), and between states that counted
+// different hits (the union, each ID once); expired records are dropped;
+// and a reservation settles once after the merge.
+func TestMergeKeepsReservations(t *testing.T) {
+	reserve := func(s *state, at time.Duration, id byte, cost int64) {
+		t.Helper()
+		c := Check{Key: "k", Limit: 100, Window: stMin, Cost: cost, Reservation: &Reservation{ID: ReservationID{id}, TTL: 30 * stSec}}
+		var d Decision
+		if s.decide(st0+int64(at), &c, stMaxRuns, &d); !d.Allowed {
+			t.Fatalf("reserve %d = %+v; want allowed", id, d)
+		}
+	}
+	ids := func(s *state) (out []byte) {
+		if s.res != nil {
+			for _, r := range s.res.list {
+				out = append(out, r.id[0])
+			}
+		}
+		return out
+	}
+	var owner state
+	reserve(&owner, 0, 1, 10)
+	standby := owner.clone() // the standby's copy, one history
+	reserve(&owner, stSec, 2, 20)
+
+	var empty state
+	empty.merge(st0+int64(2*stSec), &owner, stMaxRuns)
+	if got := ids(&empty); !slices.Equal(got, []byte{1, 2}) {
+		t.Errorf("merge into an empty key: reservations %v; want [1 2]", got)
+	}
+	joined := standby.clone()
+	joined.merge(st0+int64(2*stSec), &owner, stMaxRuns)
+	if got := ids(&joined); !slices.Equal(got, []byte{1, 2}) || joined.usedAt(st0+int64(2*stSec)) != 30 {
+		t.Errorf("join of copies: reservations %v, %d used; want [1 2], 30 (each hit once)", got, joined.usedAt(st0+int64(2*stSec)))
+	}
+	var other state
+	reserve(&other, stSec, 3, 5)
+	summed := other.clone()
+	summed.merge(st0+int64(2*stSec), &owner, stMaxRuns)
+	if got := ids(&summed); !slices.Equal(got, []byte{3, 1, 2}) || summed.usedAt(st0+int64(2*stSec)) != 35 {
+		t.Errorf("merge of different histories: reservations %v, %d used; want [3 1 2], 35", got, summed.usedAt(st0+int64(2*stSec)))
+	}
+	late := owner.clone()
+	late.merge(st0+int64(30500*stMs), &other, stMaxRuns) // 1 expired at 30s; 2 and 3 expire at 31s
+	if got := ids(&late); !slices.Equal(got, []byte{2, 3}) {
+		t.Errorf("merge after an expiry: reservations %v; want [2 3]", got)
+	}
+	settle := Check{Key: "k", Limit: 100, Window: stMin, Cost: 0, Reservation: &Reservation{ID: ReservationID{2}, Settle: true}}
+	var d Decision
+	if summed.decide(st0+int64(3*stSec), &settle, stMaxRuns, &d); !d.Allowed || d.Remaining != 85 {
+		t.Errorf("settle of 2 at 0 after the merge = %+v; want settled, 85 remaining", d)
+	}
+	if summed.decide(st0+int64(3*stSec), &settle, stMaxRuns, &d); d.Allowed {
+		t.Errorf("second settle after the merge = %+v; want not held", d)
 	}
 }
