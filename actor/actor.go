@@ -254,6 +254,11 @@ func (a *actor) decideCall(c *call, now int64, checks *int) (wrote bool) {
 		var changed bool
 		if c.op == opRelease {
 			changed = ent.st.release(c.marks[i], ch.Cost)
+			if r := ch.Reservation; r != nil && !r.Settle {
+				// The reserve is undone: forget it too.
+				_, dropped := ent.st.takeReservation(r.ID)
+				changed = changed || dropped
+			}
 		} else {
 			changed = ent.st.decide(now, ch, a.e.cfg.MaxLogRuns, &c.out[i])
 			if c.marks != nil {

@@ -70,7 +70,64 @@ type Check struct {
 	// Penalty records the hits even when the check is denied, so that a client
 	// that keeps hitting a closed door extends its own wait.
 	Penalty bool
+	// Usage marks a report of hits already spent (tokens a response used,
+	// known once it is done): they are recorded whether or not they fit,
+	// so the key may go above its limit, and checks after it wait until
+	// the window has room again. Allowed says whether they fitted; a
+	// denied report's RetryAfter is the wait until the key is below its
+	// limit again. A cost above the limit is valid. A usage check of cost
+	// 0 peeks, and is allowed only while the key is below its limit (a
+	// plain peek is allowed at the limit too). docs/engine.md, "Usage and
+	// reservations", has each algorithm's rules over the limit.
+	Usage bool
+	// Reservation, when not nil, makes the check reserve its cost for a
+	// while (Reservation.Settle false) or settle a reservation made
+	// earlier (true). See Reservation.
+	Reservation *Reservation
 }
+
+// ReservationID names a reservation: 16 random bytes, which only its
+// holder knows. The zero value names none.
+type ReservationID [16]byte
+
+// Reservation is the reservation part of a Check.
+//
+// A reserving check (Settle false) is decided as a plain check of its
+// cost, the estimate; if allowed, its hits are recorded at once, so that
+// concurrent requests cannot spend the same budget, and the key remembers
+// the reservation (its ID, where the hits went, the estimate, and when it
+// expires) until it is settled or expires. A reservation that expires is
+// settled at its estimate: its hits simply stay. Reserving again with the
+// ID of a reservation the key holds records nothing more (a retry).
+//
+// A settling check (Settle true) settles reservation ID at the check's
+// Cost, the actual cost: if it is less than the estimate, the difference
+// is given back (the very hits the reservation recorded, if they are
+// still in the window); if it is more, the excess is recorded as usage
+// (see Check.Usage). The reservation is then forgotten, so a second
+// settle of it finds nothing. A settle ignores the check's limit, window
+// and algorithm (they are the key's); its Decision is Allowed when the
+// reservation was held (and is now settled), and describes the key after
+// it, RetryAfter being the wait until the key is below its limit. A
+// settle of a reservation the key does not hold (settled already,
+// expired, or never made) changes nothing and is not allowed.
+type Reservation struct {
+	// ID names the reservation. Not zero.
+	ID ReservationID
+	// TTL is how long a reservation lasts, from Limits.MinWindow to
+	// Limits.MaxWindow. Ignored by a settle.
+	TTL time.Duration
+	// Settle makes the check settle reservation ID instead of making it.
+	Settle bool
+}
+
+// MaxReservations is the most reservations one key holds at once. A
+// reserving check past it is denied (RetryAfter: until the first of them
+// expires): it bounds the memory of a key whatever its callers do.
+const MaxReservations = 1024
+
+// settles reports whether c settles a reservation.
+func (c *Check) settles() bool { return c.Reservation != nil && c.Reservation.Settle }
 
 // Decision is the answer to one Check.
 type Decision struct {
@@ -145,7 +202,7 @@ type InvalidCheckError struct {
 	// Index is the position of the check in its batch.
 	Index int
 	// Field names the offending field: "key", "limit", "window", "cost",
-	// "algorithm" (or, for List, "prefix").
+	// "algorithm", "reservation" (or, for List, "prefix").
 	Field string
 	// Reason says what is wrong and what to change.
 	Reason string
@@ -178,8 +235,21 @@ func (c *Check) validate(i int, l Limits) error {
 		return bad("algorithm", "unknown algorithm %d (want 0 sliding_log, 1 sliding_window or 2 token_bucket)", c.Algorithm)
 	case c.Cost < 0:
 		return bad("cost", "%d; it must be 0 (peek) or more", c.Cost)
-	case c.Cost > c.Limit && !c.Refund:
+	case c.Cost > c.Limit && !c.Refund && !c.Usage && !c.settles():
 		return bad("cost", "%d is above the limit %d, so it could never be allowed; split it or raise the limit", c.Cost, c.Limit)
+	}
+	if r := c.Reservation; r != nil {
+		switch {
+		case c.Refund || c.Penalty || c.Usage:
+			return bad("reservation", "a check that reserves or settles cannot also be a refund, a penalty or a usage report")
+		case r.ID == ReservationID{}:
+			return bad("reservation", "the reservation ID is zero")
+		case r.Settle:
+		case c.Cost == 0:
+			return bad("cost", "0: a reservation needs an estimate of at least 1")
+		case r.TTL < l.MinWindow || r.TTL > l.MaxWindow:
+			return bad("reservation", "lasts %v; it must last from %v to %v", r.TTL, l.MinWindow, l.MaxWindow)
+		}
 	}
 	return nil
 }

@@ -93,6 +93,17 @@
 // bypass the actors, never race them; they are ordered among themselves by
 // one lock. List and Collect skip them; the janitor expires them.
 //
+// # Usage and reservations
+//
+// A usage check (Check.Usage) reports hits already spent: they are
+// recorded even over the limit, and the key's later checks wait until the
+// window has room. A reserving check (Check.Reservation) records its
+// estimate at once and leaves a record in the key's state, which a
+// settling check later removes, giving back the difference or recording
+// the overshoot. Records live in the state (encoded, handed over, copied
+// to standbys like hits), expire by the key's deadline and its one alarm,
+// and bound a key's memory (MaxReservations).
+//
 // docs/engine.md describes the algorithms, their error bounds, the
 // durability modes, the on-disk format, and copies.
 package actor

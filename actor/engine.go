@@ -679,18 +679,19 @@ func (e *Engine) CheckAll(ctx context.Context, checks []Check, out []Decision) e
 // Unwind turns the decisions of a reserving call that had a denial into
 // the all-or-nothing answer: every decision denied, the checks that fitted
 // with their hits given back in Remaining. It returns the checks whose hits
-// must be released, with their marks.
+// must be released, with their marks. Usage reports stay recorded (the
+// hits were spent), and their decisions as they are.
 func Unwind(checks []Check, out []Decision, marks []int64) ([]Check, []int64) {
 	var release []Check
 	var releaseMarks []int64
 	for i := range checks {
 		c := &checks[i]
-		if out[i].Allowed && !c.Refund && c.Cost > 0 {
+		if out[i].Allowed && !c.Refund && !c.Usage && c.Cost > 0 {
 			release = append(release, *c)
 			releaseMarks = append(releaseMarks, marks[i])
 			out[i].Remaining = min(out[i].Limit, out[i].Remaining+c.Cost)
 		}
-		if !c.Refund {
+		if !c.Refund && !c.Usage {
 			out[i].Allowed = false
 		}
 	}

@@ -123,7 +123,13 @@ import (
 // merge never panics, whatever the states.
 func (s *state) merge(now int64, o *state, maxRuns int) {
 	maxRuns = max(1, min(maxRuns, maxMaxRuns))
-	defer func() { s.rewrite = true }()
+	res := unionReservations(now, s, o)
+	defer func() {
+		s.rewrite = true
+		if s.valid() {
+			s.res = res
+		}
+	}()
 	if !o.valid() {
 		return
 	}

@@ -454,7 +454,9 @@ func TestMergeEmptySides(t *testing.T) {
 				continue
 			}
 			expired := o.clone()
-			expired.decide(now+2*o.window+int64(stSec), &Check{Key: "k", Limit: o.limit, Window: time.Duration(o.window), Algorithm: o.algo}, 8, &Decision{})
+			// Past every hit and reservation (which the clock going back in
+			// stBuild may have made after now).
+			expired.decide(max(now, o.deadline())+2*o.window+int64(stSec), &Check{Key: "k", Limit: o.limit, Window: time.Duration(o.window), Algorithm: o.algo}, 8, &Decision{})
 			for _, empty := range []state{{}, {algo: 9, limit: 5, window: 5}, {limit: -1, window: 5}, expired} {
 				s := empty.clone()
 				mgMerge(t, &s, now, &o, 8)

@@ -46,8 +46,9 @@ type run struct{ at, n int64 }
 // user, so it has no locks. The zero value is a key never seen: the first
 // check sets its algorithm, limit and window.
 //
-// The fields that an algorithm does not use are zero. On amd64 a state is 88
-// bytes, plus 16 bytes per run of the sliding log.
+// The fields that an algorithm does not use are zero. On amd64 a state is 96
+// bytes, plus 16 bytes per run of the sliding log (and its reservations,
+// when it holds some).
 type state struct {
 	// limit is the number of hits allowed per window; 0 only in the zero
 	// value.
@@ -69,7 +70,7 @@ type state struct {
 	// SlidingLog, the sum of n over the log.
 	cur int64
 	// tokens is, for TokenBucket, the tokens available at time at, in
-	// [0, limit].
+	// [0, limit], or down to -limit once usage took the bucket into debt.
 	tokens float64
 	// lineage names the history the state belongs to: a random non-zero
 	// number drawn when a check records hits in a state that held nothing
@@ -81,6 +82,8 @@ type state struct {
 	// counted different hits. 0 is unknown: the zero value, and states
 	// written before lineages; such a state draws one at its next change.
 	lineage uint64
+	// res holds the key's open reservations; nil when it has none.
+	res *openReservations
 	// head is the index of the oldest run in buf[:cap(buf)].
 	head uint32
 	algo Algorithm
@@ -145,6 +148,10 @@ func (s *state) decide(now int64, c *Check, maxRuns int, d *Decision) (changed b
 		return false
 	}
 	maxRuns = max(1, min(maxRuns, maxMaxRuns))
+	if c.settles() {
+		// A settle takes the key's parameters as they are.
+		return s.settle(now, c, maxRuns, d)
+	}
 	if s.limit <= 0 || s.window <= 0 || s.algo >= numAlgorithms {
 		// A key never seen (or a zero state): nothing to keep or convert.
 		s.reset(now, c.Algorithm, c.Limit, int64(c.Window))
@@ -157,13 +164,15 @@ func (s *state) decide(now int64, c *Check, maxRuns int, d *Decision) (changed b
 	}
 	d.Limit = s.limit
 	var recorded bool
-	switch s.algo {
-	case SlidingLog:
-		recorded = s.logDecide(now, c, maxRuns, d)
-	case SlidingWindow:
-		recorded = s.windowDecide(now, c, d)
-	case TokenBucket:
-		recorded = s.bucketDecide(now, c, d)
+	if s.res != nil {
+		s.pruneReservations(now)
+	}
+	if r := c.Reservation; r == nil {
+		recorded = s.algoDecide(now, c, maxRuns, d)
+	} else if s.holdsReservation(r.ID) || s.res != nil && len(s.res.list) >= MaxReservations {
+		s.reserveHeld(now, c, maxRuns, d)
+	} else if recorded = s.algoDecide(now, c, maxRuns, d); recorded && d.Allowed {
+		s.addReservation(r.ID, s.mark(), c.Cost, satAdd(now, int64(r.TTL)))
 	}
 	changed = changed || recorded
 	if changed && s.lineage == 0 {
@@ -175,6 +184,19 @@ func (s *state) decide(now int64, c *Check, maxRuns int, d *Decision) (changed b
 		s.rewrite = true
 	}
 	return changed
+}
+
+// algoDecide decides c with s's algorithm (s has c's parameters).
+func (s *state) algoDecide(now int64, c *Check, maxRuns int, d *Decision) (recorded bool) {
+	switch s.algo {
+	case SlidingLog:
+		return s.logDecide(now, c, maxRuns, d)
+	case SlidingWindow:
+		return s.windowDecide(now, c, d)
+	case TokenBucket:
+		return s.bucketDecide(now, c, d)
+	}
+	return false
 }
 
 // newLineage returns a random non-zero lineage.
@@ -211,9 +233,9 @@ func (s *state) reset(now int64, algo Algorithm, limit, window int64) {
 // had at the switch, and never forgets a hit sooner than the true history
 // would.
 func (s *state) convert(now int64, algo Algorithm, limit, window int64, maxRuns int) {
-	used, lineage := s.usedAt(now), s.lineage
+	used, lineage, res := s.usedAt(now), s.lineage, s.res
 	s.reset(now, algo, limit, window)
-	s.lineage = lineage
+	s.lineage, s.res = lineage, res
 	if used <= 0 {
 		return
 	}
@@ -259,15 +281,29 @@ func (s *state) resize(now, limit, window int64) {
 	case TokenBucket:
 		s.bucketRefill(now)
 		used := float64(s.limit) - s.tokens
+		lo := 0.0
+		if s.tokens < 0 {
+			lo = -float64(limit) // keep the debt, within the new bound
+		}
 		s.limit, s.window = limit, window
-		s.tokens = min(float64(limit), max(0, float64(limit)-used))
+		s.tokens = min(float64(limit), max(lo, float64(limit)-used))
 	}
 }
 
 // deadline is the unix ns time at which the state becomes empty (equivalent
-// to a key never seen) if nothing else arrives; 0 if it is empty already at
-// its last update. For all t >= deadline, isEmpty(t) is true.
+// to a key never seen) if nothing else arrives: its hits have expired and
+// its reservations too; 0 if it is empty already at its last update. For
+// all t >= deadline, isEmpty(t) is true.
 func (s *state) deadline() int64 {
+	dl := s.hitsDeadline()
+	if s.res != nil {
+		dl = max(dl, s.res.latest())
+	}
+	return dl
+}
+
+// hitsDeadline is deadline without the reservations.
+func (s *state) hitsDeadline() int64 {
 	if s.limit <= 0 || s.window <= 0 {
 		return 0
 	}
@@ -294,6 +330,9 @@ func (s *state) deadline() int64 {
 // isEmpty reports whether at time now the state holds nothing: all hits have
 // expired, or the bucket is full.
 func (s *state) isEmpty(now int64) bool {
+	if s.res != nil && s.res.live(now) {
+		return false
+	}
 	if s.algo == SlidingLog && s.limit > 0 {
 		// The newest run expires last.
 		return len(s.buf) == 0 || s.expired(s.runAt(len(s.buf)-1).at, now)
@@ -326,7 +365,12 @@ func (s *state) usedAt(now int64) int64 {
 		t.windowAdvance(now)
 		return t.windowEstimate(now)
 	case TokenBucket:
-		return s.limit - s.bucketRemaining(s.bucketAt(now-s.at))
+		// limit - remaining, where remaining may be negative in debt.
+		r := math.Floor(s.bucketAt(now-s.at) + s.bucketEps())
+		if r >= float64(s.limit) {
+			return 0
+		}
+		return s.limit - int64(r)
 	}
 	return 0
 }
@@ -359,6 +403,15 @@ func (s *state) logDecide(now int64, c *Check, maxRuns int, d *Decision) (record
 	case c.Refund:
 		d.Allowed = true
 		recorded = s.logRefund(c.Cost) > 0
+	case c.Usage && c.Cost == 0:
+		d.Allowed = used < s.limit
+	case c.Usage:
+		d.Allowed = c.Cost <= s.limit && used <= s.limit-c.Cost
+		if len(s.buf) == 0 {
+			s.lineage = 0 // it held nothing: a new history
+		}
+		s.logUsage(now, c.Cost, maxRuns)
+		recorded = true
 	case c.Cost == 0:
 		d.Allowed = used <= s.limit
 	case c.Cost > s.limit:
@@ -378,15 +431,19 @@ func (s *state) logDecide(now int64, c *Check, maxRuns int, d *Decision) (record
 			// only depends on that suffix up to its newest limit+1 hits: the
 			// dropped hits change no decision, remaining, retryAfter or
 			// resetAfter (until the limit is raised or hits are refunded: they
-			// are forgotten, a cost of opting in to penalties).
-			s.logTrim(satAdd(s.limit, 1))
+			// are forgotten, a cost of opting in to penalties). See logKeep.
+			s.logTrim(s.logKeep(now))
 		}
 	}
 	d.Remaining = max(0, s.limit-s.cur)
 	if len(s.buf) > 0 {
 		d.ResetAfter = time.Duration(s.runAt(len(s.buf)-1).at + s.window - now)
 	}
-	if !d.Allowed {
+	switch {
+	case d.Allowed:
+	case c.Usage:
+		d.RetryAfter = s.logWait(now, 1) // until the key is below its limit
+	default:
 		d.RetryAfter = s.logWait(now, c.Cost)
 	}
 	return recorded
@@ -547,6 +604,17 @@ func (s *state) windowDecide(now int64, c *Check, d *Decision) (recorded bool) {
 		m := min(c.Cost-n, s.prev)
 		s.prev -= m
 		recorded = n+m > 0
+	case c.Usage && c.Cost == 0:
+		d.Allowed = est < s.limit
+	case c.Usage:
+		// Recorded in full, not capped as penalties are: the key is in
+		// debt until the hits have weighed out of the window.
+		d.Allowed = c.Cost <= s.limit && est <= s.limit-c.Cost
+		if est == 0 {
+			s.lineage = 0 // it held nothing: a new history
+		}
+		s.cur = satAdd(s.cur, c.Cost)
+		recorded = true
 	case c.Cost == 0:
 		d.Allowed = est <= s.limit
 	case c.Cost > s.limit:
@@ -574,7 +642,11 @@ func (s *state) windowDecide(now int64, c *Check, d *Decision) (recorded bool) {
 	case s.prev > 0:
 		d.ResetAfter = time.Duration(s.at + s.window - now)
 	}
-	if !d.Allowed {
+	switch {
+	case d.Allowed:
+	case c.Usage:
+		d.RetryAfter = s.windowWait(now, 1) // until the key is below its limit
+	default:
 		d.RetryAfter = s.windowWait(now, c.Cost)
 	}
 	return recorded
@@ -652,8 +724,16 @@ func (s *state) bucketDecide(now int64, c *Check, d *Decision) (recorded bool) {
 			s.tokens = t
 			recorded = true
 		}
+	case c.Usage && c.Cost == 0:
+		d.Allowed = s.tokens+eps >= 1
+	case c.Usage:
+		d.Allowed = c.Cost <= s.limit && s.tokens+eps >= float64(c.Cost)
+		if s.tokens+eps >= float64(s.limit) {
+			s.lineage = 0 // full: it held nothing, a new history
+		}
+		recorded = s.bucketUsage(c.Cost)
 	case c.Cost == 0:
-		d.Allowed = true // used <= limit always holds
+		d.Allowed = s.tokens+eps >= 0 // used <= limit: not in debt
 	case c.Cost > s.limit:
 		d.Allowed = false
 	default:
@@ -672,24 +752,28 @@ func (s *state) bucketDecide(now int64, c *Check, d *Decision) (recorded bool) {
 	if el := s.bucketWait(float64(s.limit)); el > 0 {
 		d.ResetAfter = time.Duration(s.at + el - now)
 	}
-	if !d.Allowed {
-		if c.Cost > s.limit {
-			d.RetryAfter = never
-		} else {
-			d.RetryAfter = time.Duration(max(s.at+s.bucketWait(float64(c.Cost))-now, 0))
-		}
+	switch {
+	case d.Allowed:
+	case c.Usage:
+		// Until the key is below its limit: one token.
+		d.RetryAfter = time.Duration(max(s.at+s.bucketWait(1)-now, 0))
+	case c.Cost > s.limit:
+		d.RetryAfter = never
+	default:
+		d.RetryAfter = time.Duration(max(s.at+s.bucketWait(float64(c.Cost))-now, 0))
 	}
 	return recorded
 }
 
 func (s *state) bucketEps() float64 { return float64(s.limit) * 0x1p-40 }
 
-// bucketAt returns the tokens el ns after the last refill.
+// bucketAt returns the tokens el ns after the last refill. A bucket in
+// debt (tokens >= -limit) is full after at most two windows.
 func (s *state) bucketAt(el int64) float64 {
 	switch {
 	case el <= 0:
 		return s.tokens
-	case el >= s.window:
+	case el >= s.window && s.tokens >= 0, el/2 >= s.window:
 		return float64(s.limit)
 	}
 	return min(float64(s.limit), s.tokens+float64(el)*float64(s.limit)/float64(s.window))
@@ -714,18 +798,23 @@ func (s *state) bucketRemaining(tokens float64) int64 {
 }
 
 // bucketWait returns the smallest el >= 0 such that need fits el ns after the
-// last refill (at most window, when the bucket is full; need <= limit).
+// last refill (at most window when the bucket is full, two in debt; need <=
+// limit).
 func (s *state) bucketWait(need float64) int64 {
 	eps := s.bucketEps()
 	fits := func(el int64) bool { return s.bucketAt(el)+eps >= need }
 	if fits(0) {
 		return 0
 	}
+	top := s.window
+	if s.tokens < 0 {
+		top = satAdd(s.window, s.window)
+	}
 	// Start from the closed form and correct it for rounding: gallop to a
 	// bracket !fits(lo), fits(hi), then bisect.
 	guess := math.Ceil((need - eps - s.tokens) * float64(s.window) / float64(s.limit))
-	hi := s.window
-	if guess < float64(s.window) {
+	hi := top
+	if guess < float64(top) {
 		hi = max(int64(guess), 1)
 	}
 	var lo int64
@@ -745,8 +834,8 @@ func (s *state) bucketWait(need float64) int64 {
 		lo = hi
 		for step := int64(1); ; step *= 2 {
 			hi = lo + step
-			if hi >= s.window || hi < lo {
-				hi = s.window
+			if hi >= top || hi < lo {
+				hi = top
 				break
 			}
 			if fits(hi) {
@@ -773,9 +862,12 @@ func (s *state) bucketWait(need float64) int64 {
 // segment before (see appendTail). A segment:
 //
 //	byte     version: 3 for a full segment with a lineage, 1 for a full
-//	         segment without (lineage 0: unknown), 2 for a tail segment
+//	         segment without (lineage 0: unknown), 2 for a tail segment,
+//	         4 for a full segment with a lineage and reservations (or a
+//	         token bucket in debt)
 //	byte     algorithm
-//	8 bytes  version 3 only: the lineage, little-endian, not 0
+//	8 bytes  versions 3 and 4 only: the lineage, little-endian (not 0 in
+//	         version 3; 0 in version 4 is unknown)
 //	uvarint  limit (> 0)
 //	uvarint  window in ns (> 0)
 //	SlidingLog:    uvarint count, then count times: timestamp (the first as a
@@ -784,7 +876,12 @@ func (s *state) bucketWait(need float64) int64 {
 //	SlidingWindow: varint start of the current bucket, uvarint prev,
 //	               uvarint cur
 //	TokenBucket:   varint time of the last refill, 8 bytes little-endian
-//	               float64 tokens in [0, limit]
+//	               float64 tokens in [0, limit] ([-limit, limit] in
+//	               version 4)
+//	version 4 only: uvarint count of reservations (at most
+//	               MaxReservations), then each: 16 bytes ID (not zero, no
+//	               two equal), varint mark, uvarint estimate (> 0), varint
+//	               expiry (unix ns)
 //
 // The log of a chain is the runs of its segments in order; the first run of a
 // tail segment may have the time of the run before it (more hits at that
@@ -802,16 +899,22 @@ const (
 	stateVersion   = 1 // a full segment without lineage; what versions before tails wrote
 	tailVersion    = 2
 	lineageVersion = 3 // a full segment with a lineage
+	usageVersion   = 4 // a full segment with a lineage, reservations and debt
 )
 
 // appendBinary appends the full encoding of s to b: one full segment (of
-// version 1 if its lineage is unknown, so that it reads as it was written).
+// version 1 if its lineage is unknown, so that it reads as it was written;
+// of version 4 only when it holds reservations or a bucket in debt, so that
+// keys without them are written as before).
 func (s *state) appendBinary(b []byte) []byte {
-	if s.lineage == 0 {
-		b = s.appendHeader(b, stateVersion)
-	} else {
-		b = s.appendHeader(b, lineageVersion)
+	version := byte(lineageVersion)
+	switch {
+	case s.needsUsageVersion():
+		version = usageVersion
+	case s.lineage == 0:
+		version = stateVersion
 	}
+	b = s.appendHeader(b, version)
 	switch s.algo {
 	case SlidingLog:
 		b = binary.AppendUvarint(b, uint64(len(s.buf)))
@@ -836,12 +939,15 @@ func (s *state) appendBinary(b []byte) []byte {
 		b = binary.AppendVarint(b, s.at)
 		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(s.tokens))
 	}
+	if version == usageVersion {
+		b = s.appendReservations(b)
+	}
 	return b
 }
 
 func (s *state) appendHeader(b []byte, version byte) []byte {
 	b = append(b, version, byte(s.algo))
-	if version == lineageVersion {
+	if version == lineageVersion || version == usageVersion {
 		b = binary.LittleEndian.AppendUint64(b, s.lineage)
 	}
 	b = binary.AppendUvarint(b, uint64(s.limit))
@@ -852,14 +958,20 @@ func (s *state) appendHeader(b []byte, version byte) []byte {
 // next to the state so that a write can append the hits recorded since the
 // last one (appendTail) instead of the whole log. The zero value knows
 // nothing: the next write is a full one.
+//
+// It holds no flag of its own: the store holds the log as of the last
+// write when full is not 0 (a full segment is never empty), which keeps an
+// entry in memory at 176 bytes, an allocation size class.
 type saved struct {
-	// at and n are the newest run of the log as last written; ok says the
-	// store holds the log as of that write.
+	// at and n are the newest run of the log as last written.
 	at, n int64
-	ok    bool
-	// disk is the length of the stored value; full that of its full segment.
+	// disk is the length of the stored value; full that of its full
+	// segment, 0 when the store's copy is not known.
 	disk, full uint32
 }
+
+// known reports whether the store holds the log as of the last write.
+func (sv *saved) known() bool { return sv.full != 0 }
 
 // written records that the store now holds the full encoding of s, of n
 // bytes.
@@ -870,7 +982,7 @@ func (s *state) written(sv *saved, n int) {
 		return
 	}
 	last := s.runAt(len(s.buf) - 1)
-	*sv = saved{at: last.at, n: last.n, ok: true, disk: uint32(n), full: uint32(n)}
+	*sv = saved{at: last.at, n: last.n, disk: uint32(n), full: uint32(max(n, 1))}
 }
 
 // appendTail appends to b a tail segment holding the hits recorded since the
@@ -883,7 +995,7 @@ func (s *state) written(sv *saved, n int) {
 // a chain, and a full write now and then sheds them, for an amortized
 // constant number of bytes per hit.
 func (s *state) appendTail(b []byte, sv *saved, now int64) ([]byte, bool) {
-	if !sv.ok || s.rewrite || s.algo != SlidingLog || len(s.buf) == 0 || s.expired(sv.at, now) {
+	if !sv.known() || s.rewrite || s.algo != SlidingLog || len(s.buf) == 0 || s.expired(sv.at, now) {
 		return b, false
 	}
 	// The runs newer than the saved newest run, and the hits added to that
@@ -994,8 +1106,8 @@ func (s *state) decode(b []byte) error {
 			return fmt.Errorf("actor: decode state: segment %d: %d bytes; want at least 2", seg, len(b))
 		}
 		switch {
-		case b[0] != stateVersion && b[0] != tailVersion && b[0] != lineageVersion:
-			return fmt.Errorf("actor: decode state: segment %d: unknown encoding version %d (want %d, %d or %d)", seg, b[0], stateVersion, tailVersion, lineageVersion)
+		case b[0] != stateVersion && b[0] != tailVersion && b[0] != lineageVersion && b[0] != usageVersion:
+			return fmt.Errorf("actor: decode state: segment %d: unknown encoding version %d (want %d, %d, %d or %d)", seg, b[0], stateVersion, tailVersion, lineageVersion, usageVersion)
 		case seg > 0 && b[0] != tailVersion:
 			return fmt.Errorf("actor: decode state: segment %d: version %d after the first segment; want %d", seg, b[0], tailVersion)
 		case b[1] >= byte(numAlgorithms):
@@ -1005,17 +1117,17 @@ func (s *state) decode(b []byte) error {
 		}
 		t.algo = Algorithm(b[1])
 		d := decoder{b: b[2:]}
-		if b[0] == lineageVersion {
+		if b[0] == lineageVersion || b[0] == usageVersion {
 			switch {
 			case len(d.b) < 8:
 				return fmt.Errorf("actor: decode state: %s: lineage: truncated", t.algo)
-			case binary.LittleEndian.Uint64(d.b) == 0:
+			case b[0] == lineageVersion && binary.LittleEndian.Uint64(d.b) == 0:
 				return fmt.Errorf("actor: decode state: %s: lineage 0 in a segment of version %d", t.algo, lineageVersion)
 			}
 			t.lineage = binary.LittleEndian.Uint64(d.b)
 			d.b = d.b[8:]
 		}
-		t.decodeSegment(&d, seg)
+		t.decodeSegment(&d, seg, b[0])
 		if d.err != nil {
 			return fmt.Errorf("actor: decode state: %s: %v", t.algo, d.err)
 		}
@@ -1029,9 +1141,21 @@ func (s *state) decode(b []byte) error {
 	return nil
 }
 
-// decodeSegment reads the rest of segment seg (after its version and
-// algorithm) into t, appending to t's log.
-func (t *state) decodeSegment(d *decoder, seg int) {
+// decodeSegment reads the rest of segment seg, of the given version (after
+// its version, algorithm and lineage) into t, appending to t's log.
+func (t *state) decodeSegment(d *decoder, seg int, version byte) {
+	t.decodeFields(d, seg, version)
+	if version == usageVersion {
+		t.decodeReservations(d)
+		if d.err == nil && t.res == nil && !(t.tokens < 0) {
+			// What appendBinary writes as version 4 only.
+			d.fail("version %d without reservations or debt", usageVersion)
+		}
+	}
+}
+
+// decodeFields reads the limit, window and algorithm fields of a segment.
+func (t *state) decodeFields(d *decoder, seg int, version byte) {
 	t.limit = d.uvarint("limit")
 	t.window = d.uvarint("window")
 	if d.err == nil && t.limit <= 0 {
@@ -1108,8 +1232,12 @@ func (t *state) decodeSegment(d *decoder, seg int) {
 		if d.err == nil {
 			t.tokens = math.Float64frombits(binary.LittleEndian.Uint64(d.b))
 			d.b = d.b[8:]
-			if !(t.tokens >= 0 && t.tokens <= float64(t.limit)) { // also NaN
-				d.fail("tokens %v outside [0, %d]", t.tokens, t.limit)
+			lo := 0.0
+			if version == usageVersion {
+				lo = -float64(t.limit)
+			}
+			if !(t.tokens >= lo && t.tokens <= float64(t.limit)) { // also NaN
+				d.fail("tokens %v outside [%v, %d]", t.tokens, lo, t.limit)
 			}
 		}
 	}

@@ -39,14 +39,37 @@ func stBuild(ops []byte) (state, int64) {
 			Refund:    op[3]&0x10 != 0,
 			Penalty:   op[3]&0x20 != 0,
 		}
+		id := ReservationID{1 + op[2]%4}
+		switch op[3] & 0xc0 {
+		case 0x40: // a usage report, which may be above the limit
+			c.Usage, c.Refund, c.Penalty = true, false, false
+			c.Cost = int64(op[1]) % (2*limit + 1)
+		case 0x80: // a reservation
+			c.Refund, c.Penalty = false, false
+			c.Cost = max(c.Cost, 1)
+			c.Reservation = &Reservation{ID: id, TTL: time.Duration(window) * time.Duration(1+op[0]%3) / 2}
+		case 0xc0: // a settle
+			c.Refund, c.Penalty = false, false
+			c.Cost = int64(op[1]) % (2*limit + 1)
+			c.Reservation = &Reservation{ID: id, Settle: true}
+		}
 		s.decide(now, &c, maxRuns, &d)
 	}
 	return s, now
 }
 
-// stSame reports whether a and b hold the same state, lineage included.
+// stSame reports whether a and b hold the same state, lineage and
+// reservations included.
 func stSame(a, b *state) bool {
+	var ra, rb []reservation
+	if a.res != nil {
+		ra = a.res.list
+	}
+	if b.res != nil {
+		rb = b.res.list
+	}
 	return a.algo == b.algo && a.limit == b.limit && a.window == b.window && a.lineage == b.lineage &&
+		slices.Equal(ra, rb) &&
 		a.at == b.at && a.prev == b.prev && a.cur == b.cur &&
 		math.Float64bits(a.tokens) == math.Float64bits(b.tokens) &&
 		slices.Equal(a.appendEntries(nil), b.appendEntries(nil))
@@ -62,6 +85,9 @@ func FuzzDecodeState(f *testing.F) {
 		{1, 2, 5, 3, 1, 1, 200, 3, 1, 3, 0, 0x23},
 		{2, 4, 9, 3, 2, 1, 10, 3, 2, 1, 10, 0x13},
 		{0, 9, 0, 0x23, 0, 9, 0, 0x23, 1, 0, 0, 3, 2, 3, 4, 2},
+		{0, 3, 1, 0x83, 0, 2, 2, 0x83, 0, 9, 0, 0x43, 0, 1, 1, 0xc3},  // log: reserve, reserve, usage, settle
+		{1, 3, 1, 0x83, 1, 9, 0, 0x43, 1, 0, 2, 0xc3},                 // window counter
+		{2, 3, 1, 0x83, 2, 11, 0, 0x43, 2, 7, 1, 0xc3, 2, 9, 0, 0x43}, // token bucket into debt
 	} {
 		s, _ := stBuild(ops)
 		f.Add(s.appendBinary(nil))
@@ -138,6 +164,7 @@ func TestDecodeStateErrors(t *testing.T) {
 		s.decide(st0+5, &c, 100, &d)
 		return s.appendBinary(nil)
 	}()
+	rec := append(append([]byte{9}, make([]byte, 15)...), 0, 2, 0) // id 9, mark 0, estimate 2, expiry 0
 	for _, tc := range []struct {
 		name string
 		in   []byte
@@ -145,7 +172,16 @@ func TestDecodeStateErrors(t *testing.T) {
 	}{
 		{"empty", nil, "0 bytes"},
 		{"version 0", append([]byte{0}, valid[1:]...), "unknown encoding version 0"},
-		{"version 4", append([]byte{4}, valid[1:]...), "unknown encoding version 4"},
+		{"version 5", append([]byte{5}, valid[1:]...), "unknown encoding version 5"},
+		{"version 4 without reservations", append(append([]byte{4}, valid[1:]...), 0), "without reservations or debt"},
+		{"version 4 after the first", append(slices.Clip(valid), append([]byte{4}, valid[1:]...)...), "version 4 after the first segment"},
+		{"reservations truncated", append(append([]byte{4}, valid[1:]...), 1, 7), "1 reservations in 1 bytes"},
+		{"too many reservations", append(append([]byte{4}, valid[1:]...), 0x81, 0x08), "1025 reservations; at most 1024"},
+		{"zero reservation id", append(append(append([]byte{4}, valid[1:]...), 1), make([]byte, 19)...), "id is zero"},
+		{"zero estimate", append(append(append([]byte{4}, valid[1:]...), 1, 9), make([]byte, 18)...), "estimate 0 is not positive"},
+		{"repeated reservation", append(append(append([]byte{4}, valid[1:]...), 2), append(slices.Clip(rec), rec...)...), "id repeated"},
+		{"debt in version 3", []byte{3, 2, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0xf0, 0xbf}, "outside [0, 1]"},
+		{"debt below -limit", []byte{4, 2, 1, 0, 0, 0, 0, 0, 0, 0, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0xc0, 0}, "outside [-1, 1]"},
 		{"full segment after the first", append(slices.Clip(valid), valid...), "version 3 after the first segment"},
 		{"version 1 after the first", append(slices.Clip(valid), append([]byte{1, 0}, valid[10:]...)...), "version 1 after the first segment"},
 		{"lineage 0", append([]byte{3, 0, 0, 0, 0, 0, 0, 0, 0, 0}, valid[10:]...), "lineage 0"},

@@ -130,7 +130,7 @@ func checkStateWellFormed(t *testing.T, s *state) {
 		if cap(s.buf) != 0 {
 			t.Fatalf("%v state holds a log of capacity %d", s.algo, cap(s.buf))
 		}
-		if s.prev < 0 || s.cur < 0 || s.tokens < 0 || s.tokens > float64(s.limit) {
+		if s.prev < 0 || s.cur < 0 || s.tokens < -float64(s.limit) || s.tokens > float64(s.limit) {
 			t.Fatalf("%v state out of range: %+v", s.algo, *s)
 		}
 		return

@@ -1,6 +1,9 @@
 package actor
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // KeyState is the live state of one key, for operators.
 type KeyState struct {
@@ -32,6 +35,10 @@ type KeyState struct {
 	Lineage uint64
 	// ReadAt is the owner's clock when it read the state.
 	ReadAt time.Time
+	// Reservations is the number of open reservations (see Reservation),
+	// and Reserved the hits they reserved.
+	Reservations int
+	Reserved     int64
 }
 
 // Run is a number of hits recorded at the same time.
@@ -54,6 +61,9 @@ func (s *state) clone() state {
 		// Same capacity: the log is a ring that wraps at cap(buf).
 		c.buf = make([]run, len(s.buf), cap(s.buf))
 		copy(c.buf[:cap(c.buf)], s.buf[:cap(s.buf)])
+	}
+	if s.res != nil {
+		c.res = &openReservations{list: slices.Clone(s.res.list)}
 	}
 	return c
 }
@@ -84,6 +94,12 @@ func (s *state) view(now int64, maxRuns int, v *KeyState) {
 	v.RetryAfter = d.RetryAfter
 	if dl := s.deadline(); dl > 0 {
 		v.ExpiresAt = time.Unix(0, dl)
+	}
+	if peek.res != nil {
+		v.Reservations = len(peek.res.list)
+		for _, r := range peek.res.list {
+			v.Reserved = satAdd(v.Reserved, r.n)
+		}
 	}
 }
 

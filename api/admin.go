@@ -103,6 +103,7 @@ func (s *Server) keyState(v *actor.KeyState) *sluicepb.KeyState {
 	ks.Used, ks.Remaining = v.Used, v.Remaining
 	ks.RetryAfter, ks.ResetAfter = durationpb.New(v.RetryAfter), durationpb.New(v.ResetAfter)
 	ks.InMemory = v.InMemory
+	ks.Reservations, ks.Reserved = int64(v.Reservations), v.Reserved
 	if !v.ExpiresAt.IsZero() {
 		ks.ExpiresAt = timestamppb.New(v.ExpiresAt)
 	}

@@ -39,6 +39,12 @@ import (
 //   - Shadow-mode rules (every limit, with Config.ShadowMode) count and
 //     report, but their descriptors say OK and never make the request
 //     OVER_LIMIT.
+//   - Usage descriptors (a rule with usage: true, or a domain of
+//     Config.UsageDomains) report hits already spent, as Envoy's
+//     apply_on_stream_done sends them: recorded even when they do not
+//     fit (a cost above the limit included), so the key may go over its
+//     limit; a cost-0 descriptor is OVER_LIMIT while the key is at or
+//     above its limit (see actor.Check.Usage, docs/envoy.md).
 type envoyService struct {
 	rlsv3.UnimplementedRateLimitServiceServer
 	s *Server
@@ -92,6 +98,9 @@ type envoyDescriptor struct {
 	name string
 	// shadow and quota are the rule's shadow_mode and quota_mode.
 	shadow, quota bool
+	// usage: the hits are usage already spent (the rule's usage, or
+	// Config.UsageDomains), recorded even when they do not fit.
+	usage bool
 	// meta is the rule's metadata, for the response's dynamic metadata;
 	// nil without a rule (or for an unlimited one).
 	meta *structpb.Struct
@@ -163,8 +172,10 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	for i := range descs {
 		d := &descs[i]
 		d.key = envoyKey(req.Domain, counted[i])
+		d.usage = s.usageAll || s.usageDomains[req.Domain]
 		if r := rules[i]; r != nil {
 			d.name, d.shadow, d.quota = r.Name, r.ShadowMode, r.QuotaMode
+			d.usage = d.usage || r.Usage
 			if r.Unlimited {
 				d.kind = envoyUnlimited
 			} else {
@@ -194,10 +205,12 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			d.kind = envoyBlocked
 			continue
 		}
-		c := actor.Check{Key: d.key, Limit: d.limit, Window: d.window, Algorithm: d.algo, Refund: d.refund}
+		c := actor.Check{Key: d.key, Limit: d.limit, Window: d.window, Algorithm: d.algo, Refund: d.refund, Usage: d.usage && !d.refund}
 		switch {
 		case d.refund:
 			c.Cost = int64(min(d.cost, math.MaxInt64)) // a refund never takes the count below zero
+		case c.Usage:
+			c.Cost = int64(min(d.cost, math.MaxInt64)) // spent: recorded whatever the limit
 		case d.cost > uint64(d.limit):
 			d.neverFits = true // peek, for limit_remaining
 		default:
@@ -262,6 +275,8 @@ func (s *Server) envoyResponse(domain string, descs []envoyDescriptor, out []act
 		}
 	}
 	var allowed, denied, shadowDenied int
+	var reports, reportsOver int
+	var reportedHits float64
 	var enforced []envoyOutcome // outcomes of the limited, non-shadow descriptors
 	overLimit := false
 	quotaTotal, quotaDenied := 0, 0
@@ -289,6 +304,13 @@ func (s *Server) envoyResponse(domain string, descs []envoyDescriptor, out []act
 				reset: dec.ResetAfter, retry: dec.RetryAfter, neverFits: d.neverFits}
 		}
 		s.ruleStats.count(domain, &o)
+		if d.usage && !d.refund && d.cost > 0 && d.kind == envoyCheck {
+			reports++
+			reportedHits += float64(d.cost)
+			if !o.allowed {
+				reportsOver++
+			}
+		}
 		code := rlsv3.RateLimitResponse_OK
 		switch {
 		case o.allowed:
@@ -333,6 +355,14 @@ func (s *Server) envoyResponse(domain string, descs []envoyDescriptor, out []act
 	m.denied.Add(float64(denied))
 	if shadowDenied > 0 {
 		m.shadowDenied.Add(float64(shadowDenied))
+	}
+	if reports > 0 {
+		u := &s.metrics.usage
+		u.reports.WithLabelValues("envoy").Add(float64(reports))
+		u.reportedHits.WithLabelValues("envoy").Add(reportedHits)
+		if reportsOver > 0 {
+			u.overLimit.WithLabelValues("envoy").Add(float64(reportsOver))
+		}
 	}
 	return resp
 }

@@ -49,6 +49,9 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest, t
 			return nil, err
 		}
 		refunds = refunds || checks[i].Refund && checks[i].Cost > 0
+		if req.AllOrNothing && checks[i].Usage && checks[i].Cost > 0 {
+			return nil, badFields([]string{"checks[" + strconv.Itoa(i) + "].usage"}, "check %d: a usage report is recorded whatever the other checks say, so it cannot be part of an all_or_nothing batch; send it in a call of its own", i)
+		}
 	}
 	if refunds {
 		if err := s.mayRefund(ctx); err != nil {
@@ -65,6 +68,7 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest, t
 	decs := make([]sluicepb.Decision, len(out))
 	durs := make([]durationpb.Duration, 2*len(out))
 	allowed := 0
+	usage := false
 	for i := range out {
 		d := &out[i]
 		if d.Allowed {
@@ -74,7 +78,14 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest, t
 		pd.Allowed, pd.Limit, pd.Remaining, pd.Node = d.Allowed, d.Limit, d.Remaining, nodes[i]
 		pd.RetryAfter = setDuration(&durs[2*i], d.RetryAfter)
 		pd.ResetAfter = setDuration(&durs[2*i+1], d.ResetAfter)
+		if checks[i].Reservation != nil && d.Allowed {
+			pd.Reservation = appendHandle(nil, &checks[i])
+		}
 		resp.Decisions[i] = pd
+		usage = usage || checks[i].Usage || checks[i].Reservation != nil
+	}
+	if usage {
+		s.countUsage(checks, out)
 	}
 	s.metrics.native.allowed.Add(float64(allowed))
 	s.metrics.native.denied.Add(float64(len(out) - allowed))
@@ -109,7 +120,22 @@ func (s *Server) nativeCheck(i int, pc *sluicepb.Check, now time.Time, c *actor.
 	if pc.Cost != nil {
 		c.Cost = *pc.Cost
 	}
-	c.Refund, c.Penalty = pc.Refund, pc.Penalty
+	c.Refund, c.Penalty, c.Usage = pc.Refund, pc.Penalty, pc.Usage
+	field := "checks[" + strconv.Itoa(i) + "]."
+	switch {
+	case len(pc.ReservationId) > 0 || pc.Settle:
+		return badFields([]string{field + "reservation_id"}, "check %d: reservation_id and settle are for Sluice's nodes among themselves: reserve with reserve_for, and settle with Settle", i)
+	case c.Usage && (c.Refund || c.Penalty):
+		return badFields([]string{field + "usage"}, "check %d: a usage report is always recorded: it cannot also be a refund or a penalty", i)
+	case pc.ReserveFor != nil:
+		if err := pc.ReserveFor.CheckValid(); err != nil || pc.ReserveFor.AsDuration() <= 0 {
+			return badFields([]string{field + "reserve_for"}, "check %d: reserve_for %v: it must be a positive duration (how long the reservation lasts before it settles at its estimate)", i, pc.ReserveFor.AsDuration())
+		}
+		if c.Usage || c.Refund || c.Penalty {
+			return badFields([]string{field + "reserve_for"}, "check %d: a reservation cannot also be a usage report, a refund or a penalty", i)
+		}
+		c.Reservation = &actor.Reservation{ID: newReservationID(), TTL: pc.ReserveFor.AsDuration()}
+	}
 	if c.Limit < 0 {
 		return badInput("check %d: limit: %d; it must be a positive count, or 0 to take it from an override or the limits file", i, c.Limit)
 	}

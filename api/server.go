@@ -48,6 +48,13 @@ type Config struct {
 	// envoyproxy/ratelimit's SHADOW_MODE does: counted and reported, never
 	// OVER_LIMIT.
 	ShadowMode bool
+	// UsageDomains lists the Envoy domains whose every descriptor is a
+	// usage descriptor, as if its limits file rule said usage: true (and
+	// also when the descriptor carries its limit inline): its hits are
+	// usage already spent, recorded even when they do not fit (see
+	// docs/envoy.md, "Token budgets"). "*" marks every domain. Default:
+	// none.
+	UsageDomains []string
 	// ResponseDynamicMetadata makes Envoy responses carry dynamic metadata
 	// (the request, and the metadata of the limits file's rules that
 	// allowed it), as envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA
@@ -125,6 +132,9 @@ type Server struct {
 	// headerNames is cfg.HeaderNames with the defaults filled in.
 	headerNames HeaderNames
 	ruleStats   *ruleStats
+	// usageDomains is cfg.UsageDomains as a set; usageAll is "*" in it.
+	usageDomains map[string]bool
+	usageAll     bool
 }
 
 // New builds the services and loads the overrides kept in d.Store.
@@ -172,6 +182,16 @@ func New(cfg Config, d Deps) (*Server, error) {
 		return nil, fmt.Errorf("api: config: near limit ratio %v: want a share of the limit in (0, 1]", r)
 	}
 	s.ruleStats = newRuleStats(d.Registry, cfg.RuleMetricsMaxKeys, cfg.NearLimitRatio)
+	for _, dom := range cfg.UsageDomains {
+		if dom == "" {
+			return nil, errors.New("api: config: usage domains: an empty domain; name a domain, or \"*\" for every domain")
+		}
+		if s.usageDomains == nil {
+			s.usageDomains = make(map[string]bool)
+		}
+		s.usageDomains[dom] = true
+		s.usageAll = s.usageAll || dom == "*"
+	}
 	var overrides []*Override
 	if s.store != nil {
 		if overrides, err = loadOverrides(s.store); err != nil {

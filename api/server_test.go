@@ -35,6 +35,8 @@ type testConfig struct {
 	HeaderNames      HeaderNames
 	ShadowMode       bool
 	DynamicMetadata  bool
+	// UsageDomains is Config.UsageDomains.
+	UsageDomains []string
 	// RuleMetricsMaxKeys and NearLimitRatio shape the per-rule statistics.
 	RuleMetricsMaxKeys int
 	NearLimitRatio     float64
@@ -119,7 +121,7 @@ func (ts *testServer) start() {
 	ts.srv, err = New(Config{
 		NodeName: ts.cfg.NodeName, AdminToken: ts.cfg.AdminToken, RefundToken: ts.cfg.RefundToken,
 		RateLimitHeaders: ts.cfg.RateLimitHeaders, Limits: ts.cfg.Engine.Limits,
-		HeaderFormat: ts.cfg.HeaderFormat, HeaderNames: ts.cfg.HeaderNames, ShadowMode: ts.cfg.ShadowMode,
+		HeaderFormat: ts.cfg.HeaderFormat, HeaderNames: ts.cfg.HeaderNames, ShadowMode: ts.cfg.ShadowMode, UsageDomains: ts.cfg.UsageDomains,
 		ResponseDynamicMetadata: ts.cfg.DynamicMetadata,
 		RuleMetricsMaxKeys:      ts.cfg.RuleMetricsMaxKeys, NearLimitRatio: ts.cfg.NearLimitRatio,
 	}, Deps{

@@ -58,7 +58,7 @@ func (c *denialCache) shard(key string) *cacheShard {
 
 // cacheable reports whether a check may be answered from, or stored in,
 // the cache.
-func cacheable(ch *Check) bool { return !ch.Peek && !ch.Refund && !ch.Penalty }
+func cacheable(ch *Check) bool { return !ch.Peek && !ch.Refund && !ch.Penalty && !ch.Usage }
 
 // lookup returns the cached denial of ch, if there is one in force.
 func (c *denialCache) lookup(ch *Check) (Decision, bool) {

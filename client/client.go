@@ -643,6 +643,7 @@ func toProto(ch *Check, pc *sluicepb.Check) *sluicepb.Check {
 	pc.Cost = &cost
 	pc.Refund = ch.Refund
 	pc.Penalty = ch.Penalty
+	pc.Usage = ch.Usage
 	return pc
 }
 

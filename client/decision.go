@@ -39,6 +39,16 @@ type Check struct {
 	// check is never answered from the local denial cache, which would
 	// not record them.
 	Penalty bool
+	// Usage reports hits already spent (the tokens a response used, known
+	// once it is done): they are recorded even when they do not fit, so
+	// the key may go above its limit and later checks wait until the
+	// window has room; Allowed says whether they fitted, and a cost above
+	// the limit is valid. With Peek, the check asks whether the key is
+	// below its limit (a plain peek is allowed at the limit too): the
+	// question to ask before work whose cost is reported after it. A
+	// usage check is never answered from the local denial cache; a usage
+	// report (not a peek) cannot be part of CheckAll.
+	Usage bool
 	// OnFailure is what this check's decision is when Sluice does not
 	// decide it. The zero value takes the call's policy (WithPolicy), else
 	// Config.OnFailure.

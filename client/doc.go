@@ -85,6 +85,24 @@
 // requires an admin token that Config.Token is not, decisions say
 // SourceSluice. Config.LearnNode turns this off.
 //
+// # Budgets spent after the fact
+//
+// Some costs are known only once the work is done (the tokens an LLM
+// response used). Two ways to count them:
+//
+//   - A usage report (Check.Usage): the hits are recorded even when they
+//     take the key over its limit, and the checks after it wait until the
+//     window has room. Ask before the work with a usage peek (Usage and
+//     Peek: allowed while the key is below its limit), report the cost
+//     after it.
+//   - Reserve and Settle: reserve an estimate before the work (it counts
+//     at once, so concurrent work cannot spend the same budget), and
+//     settle with the actual cost after it: the difference goes back, an
+//     overshoot is recorded. A reservation never settled expires at its
+//     estimate. Only the holder of a Reservation can settle it, once.
+//
+// docs/edge.md, "Token budgets", has the details.
+//
 // # Concurrency and lifecycle
 //
 // A Client is safe for concurrent use. New does not connect; the first

@@ -416,7 +416,7 @@ func (e *peerError) Unwrap() error { return e.kind }
 // ToProtoCheck encodes a resolved engine check for the wire.
 func ToProtoCheck(c *actor.Check) *sluicepb.Check {
 	cost := c.Cost
-	return &sluicepb.Check{
+	pc := &sluicepb.Check{
 		Key:       []byte(c.Key),
 		Limit:     c.Limit,
 		Window:    durationpb.New(c.Window),
@@ -424,5 +424,13 @@ func ToProtoCheck(c *actor.Check) *sluicepb.Check {
 		Cost:      &cost,
 		Refund:    c.Refund,
 		Penalty:   c.Penalty,
+		Usage:     c.Usage,
 	}
+	if r := c.Reservation; r != nil {
+		pc.ReservationId, pc.Settle = r.ID[:], r.Settle
+		if !r.Settle {
+			pc.ReserveFor = durationpb.New(r.TTL)
+		}
+	}
+	return pc
 }

@@ -174,7 +174,14 @@ func FromProtoChecks(in []*sluicepb.Check) ([]actor.Check, error) {
 		}
 		checks[i] = actor.Check{
 			Key: string(pc.Key), Limit: pc.Limit, Window: pc.Window.AsDuration(), Algorithm: algo,
-			Cost: pc.GetCost(), Refund: pc.Refund, Penalty: pc.Penalty,
+			Cost: pc.GetCost(), Refund: pc.Refund, Penalty: pc.Penalty, Usage: pc.Usage,
+		}
+		if len(pc.ReservationId) > 0 {
+			r := &actor.Reservation{TTL: pc.ReserveFor.AsDuration(), Settle: pc.Settle}
+			if copy(r.ID[:], pc.ReservationId) != len(pc.ReservationId) {
+				return nil, &actor.InvalidCheckError{Index: i, Field: "reservation", Reason: "the reservation ID is longer than 16 bytes"}
+			}
+			checks[i].Reservation = r
 		}
 	}
 	return checks, nil

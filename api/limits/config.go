@@ -41,6 +41,13 @@ type Rule struct {
 	// ShadowMode is the descriptor's shadow_mode: hits are counted and
 	// reported, but the rule never denies a request.
 	ShadowMode bool
+	// Usage is the descriptor's usage (a Sluice extension): its hits are
+	// usage already spent (tokens a response used, reported when it is
+	// done), recorded even when they do not fit, so the key may go above
+	// its limit and later requests wait until the window has room; a
+	// request of 0 hits is over the limit while the key is at or above it
+	// (see actor.Check.Usage and docs/envoy.md).
+	Usage bool
 	// QuotaMode is the descriptor's quota_mode (an envoyproxy/ratelimit
 	// extension): when the rule is over its limit it fails the request only
 	// if every quota-mode rule of the request is over its limit.

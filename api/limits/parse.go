@@ -453,8 +453,12 @@ func (p *parser) descriptors(list *yaml.Node, parent *node, d *domain, prefix st
 		level := statLevel{key: e.Key, fixed: e.Value, shared: n.share != ""}
 		level.fromRequest = valueToMetric && (e.Value == "" || strings.Contains(e.Value, "*") && !level.shared)
 		stat := append(stat[:len(stat):len(stat)], level)
+		if f, ok := fields.get("usage"); ok && rule == nil && flag("usage") {
+			p.errorf(f.key, "usage applies to the descriptor's own rate_limit, and this descriptor has none; put usage: true next to the rate_limit of the descriptors whose hits are reported after the fact")
+		}
 		if rule != nil {
 			rule.ShadowMode, rule.QuotaMode, rule.DetailedMetric = shadow, quota, detailed
+			rule.Usage = flag("usage")
 			rule.Metadata = meta
 			rule.Domain, rule.Path, rule.File, rule.Line = d.name, here, p.file, item.Line
 			rule.StatKey, rule.statLevels = staticStatKey(stat), ruleStatLevels(stat, detailed)

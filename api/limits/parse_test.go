@@ -54,7 +54,7 @@ func TestParseErrors(t *testing.T) {
 		{"misspelled requests_per_unit", "domain: d\ndescriptors:\n  - key: key1\n    rate_limit:\n      unit: day\n      requestsperunit: 5\n",
 			`limits: f.yaml:6: unknown field "requestsperunit" in rate_limit; did you mean "requests_per_unit"?`},
 		{"unknown field", "domain: d\ndescriptors:\n  - key: a\n    colour: blue\n",
-			`limits: f.yaml:4: unknown field "colour" in a descriptor; a descriptor takes only key, value, rate_limit, descriptors, shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold, metadata`},
+			`limits: f.yaml:4: unknown field "colour" in a descriptor; a descriptor takes only key, value, rate_limit, descriptors, shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold, metadata, usage`},
 		{"shadow_mode inside rate_limit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: day\n      requests_per_unit: 5\n      shadow_mode: true\n",
 			`limits: f.yaml:7: unknown field "shadow_mode" in rate_limit; shadow_mode belongs on the descriptor, next to rate_limit, not inside it`},
 		{"unit beside rate_limit", "domain: d\ndescriptors:\n  - key: a\n    unit: day\n",
@@ -260,5 +260,41 @@ descriptors:
 	_, err := Parse("f.yaml", []byte("domain: m\ndescriptors:\n  - key: a\n    rate_limit:\n      <<: [5]\n      unit: day\n      requests_per_unit: 1\n"))
 	if want := "limits: f.yaml:5: a merge key (<<) needs a mapping or a list of mappings, found \"5\""; err == nil || err.Error() != want {
 		t.Errorf("Parse = %v; want %s", err, want)
+	}
+}
+
+// TestParseUsage checks the usage field (a Sluice extension): it marks its
+// descriptor's rule, and needs one.
+func TestParseUsage(t *testing.T) {
+	c := mustParse(t, `
+domain: ai
+descriptors:
+  - key: user
+    usage: true
+    rate_limit: {unit: minute, requests_per_unit: 100000}
+    descriptors:
+      - key: model
+        rate_limit: {unit: minute, requests_per_unit: 5000}
+`)
+	for _, tc := range []struct {
+		entries []Entry
+		want    bool
+	}{
+		{d("user=u1"), true},
+		{d("user=u1", "model=m"), false}, // usage is per descriptor, not inherited
+	} {
+		r, ok := c.Lookup("ai", tc.entries)
+		if !ok || r.Usage != tc.want {
+			t.Errorf("Lookup(ai, %v) = %+v, %v; want a rule with Usage %v", tc.entries, r, ok, tc.want)
+		}
+	}
+	_, err := Parse("f.yaml", []byte(`
+domain: ai
+descriptors:
+  - key: user
+    usage: true
+`))
+	if err == nil || !strings.Contains(err.Error(), "f.yaml:5: usage applies to the descriptor's own rate_limit, and this descriptor has none") {
+		t.Errorf("Parse(usage without rate_limit) = %v; want an error that says usage needs the descriptor's rate_limit", err)
 	}
 }

@@ -83,4 +83,12 @@
 // of its own, so that its would-be denials never block a request nor
 // spend the enforced rules' hits. They are logged (at most once a second
 // per rule) and reported to Config.Observe, but never shown in headers.
+//
+// # Costs known after the response
+//
+// A rule with a ResponseCost (a response header or trailer) is a budget
+// spent after the fact, such as LLM tokens: a request goes through while
+// the budget is below its limit, and once the handler returned, Wrap (and
+// ServeNext, or Report for callers of Decide) records the cost the
+// response carried, even over the limit. Config.ObserveUsage sees each.
 package httplimit

@@ -42,8 +42,14 @@ type Rule struct {
 	// Algorithm is how Sluice counts; the zero value lets the server choose
 	// (the exact sliding log unless an override says otherwise).
 	Algorithm client.Algorithm
-	// Cost is what one request costs. 0 means 1.
+	// Cost is what one request costs. 0 means 1; with ResponseCost it
+	// must be 0.
 	Cost int64
+	// ResponseCost, if set, makes the rule a budget spent after the fact:
+	// a request goes through while the budget is below its limit, and
+	// what its response reports it cost (a header or trailer) is recorded
+	// once the handler returned, even over the limit. See ResponseCost.
+	ResponseCost ResponseCost
 	// OnFailure is the decision when Sluice does not decide this rule
 	// (slow, down, an error): client.FailOpen or client.FailClosed. The
 	// zero value takes Config.OnFailure.
@@ -96,6 +102,9 @@ type Config struct {
 	// Observe, if set, is called after each request's decision (before the
 	// handler runs, or the denial is written), for metrics.
 	Observe func(r *http.Request, res *Result)
+	// ObserveUsage, if set, is called for each cost a response reported
+	// (rules with a ResponseCost), after Sluice recorded it, for metrics.
+	ObserveUsage func(rep *UsageReport)
 	// Logger receives the would-be denials of shadow rules and Sluice's
 	// failures, each at most once a second per rule with the count of
 	// those not logged. nil discards them.
@@ -141,6 +150,8 @@ type Limiter struct {
 	enforced []int // indexes of enforced rules in cfg.Rules
 	shadow   []int
 	logs     []logLimiter // one per rule
+	// usage: a rule has a ResponseCost.
+	usage bool
 }
 
 // New returns a Limiter of cfg, or an error naming every bad field.
@@ -174,6 +185,7 @@ func New(cfg Config) (*Limiter, error) {
 		l.rand = rand.Float64
 	}
 	for i := range cfg.Rules {
+		l.usage = l.usage || !cfg.Rules[i].ResponseCost.IsZero()
 		if cfg.Rules[i].Shadow {
 			l.shadow = append(l.shadow, i)
 		} else {
@@ -236,6 +248,9 @@ func (r *Rule) Validate() error {
 	if r.Cost < 0 || r.Cost > r.Limit && r.Limit > 0 {
 		errs = append(errs, fmt.Sprintf("cost %d: want 0 to the limit", r.Cost))
 	}
+	if !r.ResponseCost.IsZero() && r.Cost != 0 {
+		errs = append(errs, fmt.Sprintf("cost %d with a response cost: the request asks only whether the budget has room (leave cost at 0)", r.Cost))
+	}
 	if r.OnFailure > client.FailClosed {
 		errs = append(errs, fmt.Sprintf("on failure %v: want open or closed", r.OnFailure))
 	}
@@ -249,22 +264,28 @@ func (r *Rule) Validate() error {
 func (l *Limiter) Rules() []Rule { return l.cfg.Rules }
 
 // Wrap returns next limited by l: the middleware form,
-// func(http.Handler) http.Handler, that routers take.
+// func(http.Handler) http.Handler, that routers take. The costs of rules
+// with a ResponseCost are reported when next returns (ServeNext).
 func (l *Limiter) Wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if l.Serve(w, r) {
-			next.ServeHTTP(w, r)
-		}
+		l.ServeNext(w, r, next)
 	})
 }
 
 // Serve decides r: it sets the RateLimit headers on w and, if r is denied,
 // writes the 429 and returns false; if r is allowed, it returns true and
-// the caller serves it.
+// the caller serves it. It does not report response costs: use ServeNext,
+// or Decide and Report.
 func (l *Limiter) Serve(w http.ResponseWriter, r *http.Request) bool {
 	res := l.Decide(r)
+	return l.respond(w, r, &res)
+}
+
+// respond sets the headers of res on w, writes the denial if it is one,
+// and reports whether r goes through.
+func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, res *Result) bool {
 	h := w.Header()
-	l.setHeaders(h, &res)
+	l.setHeaders(h, res)
 	if !res.Allowed {
 		secs := strconv.FormatInt(int64(res.RetryAfter/time.Second), 10)
 		h.Set("Retry-After", secs)
@@ -387,6 +408,9 @@ func (l *Limiter) check(rule *Rule, key string) client.Check {
 		Algorithm: rule.Algorithm,
 		Cost:      rule.Cost,
 		OnFailure: policy,
+		// A budget spent after the fact: is it below its limit?
+		Peek:  !rule.ResponseCost.IsZero(),
+		Usage: !rule.ResponseCost.IsZero(),
 	}
 }
 

@@ -27,12 +27,14 @@ type edgeOptions struct {
 	trustedProxies string
 	sluiceTLSCA    string
 	// One rule from flags, when there is no rules file.
-	key     string
-	name    string
-	limit   int64
-	window  time.Duration
-	onError string
-	shadow  bool
+	key string
+	// responseCost is --response-cost.
+	responseCost string
+	name         string
+	limit        int64
+	window       time.Duration
+	onError      string
+	shadow       bool
 
 	logFormat string
 	logLevel  string
@@ -95,6 +97,7 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.Var(newDurationValue(&o.window, 0), "window", "one rule: the sliding window (90s, 15m, 1h, 7d)")
 	fs.Var(newEnumValue(&o.onError, "open", "open", "closed"), "on-error", "one rule: when Sluice does not decide, open forwards the request, closed refuses it")
 	fs.BoolVar(&o.shadow, "shadow", false, "one rule: count and log the requests it would deny, deny nothing")
+	fs.StringVar(&o.responseCost, "response-cost", "", "one rule: a budget spent after the fact (LLM tokens): response-header:NAME or response-trailer:NAME, recorded when the response is done, even over the limit; a request goes through while the budget is below its limit")
 	fs.StringVar(&o.trustedProxies, "trusted-proxies", "", "comma-separated addresses or CIDR prefixes of the proxies in front of the edge whose X-Forwarded-For and Forwarded headers the ip key believes (default none: the headers are ignored)")
 	fs.Var(newDurationValue(&cfg.Client.Timeout, cfg.Client.Timeout), "decision-timeout", "longest wait for Sluice's decision; past it the failure policy decides")
 	fs.IntVar(&cfg.Client.CacheSize, "cache-size", cfg.Client.CacheSize, "keys in the local denial cache (negative disables it)")
@@ -115,7 +118,7 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 func (o *edgeOptions) config(cmd *cobra.Command) (edge.Config, error) {
 	cfg := o.cfg
 	fs := cmd.Flags()
-	ruleFlags := fs.Changed("key") || fs.Changed("limit") || fs.Changed("window") || fs.Changed("shadow") || fs.Changed("name")
+	ruleFlags := fs.Changed("key") || fs.Changed("limit") || fs.Changed("window") || fs.Changed("shadow") || fs.Changed("name") || fs.Changed("response-cost")
 	switch {
 	case cfg.RulesFile != "" && ruleFlags:
 		return cfg, errors.New("--rules and --key, --limit, --window: give a rules file or one rule, not both")
@@ -128,7 +131,7 @@ func (o *edgeOptions) config(cmd *cobra.Command) (edge.Config, error) {
 			PathPrefix: "/",
 			OnError:    o.onError,
 			Rules: []edge.RuleSpec{{
-				Name: o.name, Key: o.key, Limit: o.limit, Window: o.window.String(), Shadow: o.shadow,
+				Name: o.name, Key: o.key, Limit: o.limit, Window: o.window.String(), Shadow: o.shadow, ResponseCost: o.responseCost,
 			}},
 		}}}
 	case fs.Changed("on-error"):

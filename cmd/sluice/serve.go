@@ -111,6 +111,7 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.BoolVar(&cfg.ResponseDynamicMetadata, "response-dynamic-metadata", false, "Envoy responses carry dynamic metadata: the request, and the metadata of the limits file's rules that allowed it (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA)")
 	fs.IntVar(&cfg.RuleMetricsMaxKeys, "rule-metrics-max-keys", api.DefaultRuleMetricsMaxKeys, "most per-rule statistics keys that hold request values (detailed_metric, value_to_metric, inline limits); the rest are counted under key \"other\"")
 	fs.Float64Var(&cfg.NearLimitRatio, "near-limit-ratio", api.DefaultNearLimitRatio, "share of a limit above which allowed hits count as near the limit in the per-rule statistics (envoyproxy/ratelimit's NEAR_LIMIT_RATIO)")
+	fs.StringSliceVar(&cfg.UsageDomains, "usage-domain", nil, "Envoy domain whose every descriptor reports usage already spent (token budgets: hits_addend of apply_on_stream_done), recorded even over the limit; repeatable, or comma-separated; \"*\" for every domain")
 	fs.BoolVar(&cfg.ShadowMode, "shadow", false, "every limit of Envoy requests in shadow mode: counted and reported, never OVER_LIMIT (envoyproxy/ratelimit's SHADOW_MODE)")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles on --http-addr under /debug/pprof/ (for profiling; off by default)")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest gRPC request, in bytes")
@@ -360,6 +361,7 @@ func (o *serveOptions) attrs() []any {
 		"limit_remaining_header", cfg.RateLimitHeaderNames.Remaining,
 		"limit_reset_header", cfg.RateLimitHeaderNames.Reset,
 		"shadow", cfg.ShadowMode,
+		"usage_domains", cfg.UsageDomains,
 		"response_dynamic_metadata", cfg.ResponseDynamicMetadata,
 		"rule_metrics_max_keys", cfg.RuleMetricsMaxKeys,
 		"near_limit_ratio", cfg.NearLimitRatio,

@@ -246,9 +246,7 @@ func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		e.proxy.ServeHTTP(w, r)
 		return
 	}
-	if rt.limiter.Serve(w, r) {
-		e.proxy.ServeHTTP(w, r)
-	}
+	rt.limiter.ServeNext(w, r, e.proxy)
 }
 
 // originError answers 502 when the origin cannot be reached.

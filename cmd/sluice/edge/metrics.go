@@ -19,6 +19,9 @@ type metrics struct {
 	reloads     *prometheus.CounterVec
 	originError prometheus.Counter
 	unlimited   prometheus.Counter
+	// usage counts the costs responses reported (rules with a
+	// response_cost), usageHits their sum.
+	usage, usageHits *prometheus.CounterVec
 }
 
 // decisionResults and decisionSources are the labels of
@@ -56,8 +59,16 @@ func newMetrics(reg prometheus.Registerer, c *client.Client) *metrics {
 			Help: "Requests the origin could not answer (the edge answered 502).",
 		}),
 	}
+	m.usage = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_edge_usage_reports_total",
+		Help: "Costs read from responses (rules with a response_cost), by route, rule and result: recorded (within the limit), over_limit (recorded; the budget is now over it), none (the response carried no cost), error (unreadable, or Sluice did not record it).",
+	}, []string{"route", "rule", "result"})
+	m.usageHits = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sluice_edge_usage_reported_hits_total",
+		Help: "Hits (tokens) responses reported and Sluice recorded, by route and rule.",
+	}, []string{"route", "rule"})
 	m.unlimited = m.requests.WithLabelValues("", "unlimited")
-	reg.MustRegister(m.requests, m.decisions, m.failures, m.latency, m.reloads, m.originError)
+	reg.MustRegister(m.requests, m.decisions, m.failures, m.latency, m.reloads, m.originError, m.usage, m.usageHits)
 	stat := func(name, help string, f func(client.Stats) uint64) {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 {
 			return float64(f(c.Stats()))
@@ -134,6 +145,23 @@ func (rm *routeMetrics) observe(_ *http.Request, res *httplimit.Result) {
 		if d.Source == client.SourceFailure {
 			rm.m.failures.WithLabelValues(rm.name, rr.Rule.Name, d.Failure.String(), d.Policy.String()).Inc()
 		}
+	}
+}
+
+// observeUsage counts a cost a response of the route reported.
+func (rm *routeMetrics) observeUsage(rep *httplimit.UsageReport) {
+	result := "recorded"
+	switch {
+	case rep.Err != nil || rep.Cost > 0 && rep.Decision.Source == client.SourceFailure:
+		result = "error"
+	case rep.Cost == 0:
+		result = "none"
+	case !rep.Decision.Allowed:
+		result = "over_limit"
+	}
+	rm.m.usage.WithLabelValues(rm.name, rep.Rule.Name, result).Inc()
+	if result == "recorded" || result == "over_limit" {
+		rm.m.usageHits.WithLabelValues(rm.name, rep.Rule.Name).Add(float64(rep.Cost))
 	}
 }
 

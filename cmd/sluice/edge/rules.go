@@ -71,8 +71,15 @@ type RuleSpec struct {
 	// Algorithm is sliding_log (the default: exact), sliding_window or
 	// token_bucket.
 	Algorithm string `yaml:"algorithm"`
-	// Cost is what one request costs; default 1.
+	// Cost is what one request costs; default 1. With response_cost it
+	// must be left out.
 	Cost int64 `yaml:"cost"`
+	// ResponseCost makes the rule a budget spent after the fact (LLM
+	// tokens): "response-header:NAME" or "response-trailer:NAME", a whole
+	// number the origin's response carries. A request goes through while
+	// the budget is below its limit; the cost its response reports is
+	// recorded once the response is done, even over the limit.
+	ResponseCost string `yaml:"response_cost"`
 	// OnError is the rule's failure policy, "open" or "closed"; default the
 	// route's.
 	OnError string `yaml:"on_error"`
@@ -157,6 +164,11 @@ func (s *RuleSpec) rule(route string, routePolicy client.Policy) (httplimit.Rule
 	var errs []string
 	r := httplimit.Rule{Name: s.Name, Limit: s.Limit, Cost: s.Cost, Shadow: s.Shadow}
 	var err error
+	if s.ResponseCost != "" {
+		if r.ResponseCost, err = httplimit.ParseResponseCost(s.ResponseCost); err != nil {
+			errs = append(errs, strings.TrimPrefix(err.Error(), "httplimit: "))
+		}
+	}
 	if r.Key, err = ParseKey(s.Key, route); err != nil {
 		errs = append(errs, err.Error())
 	}
@@ -326,6 +338,7 @@ func build(f *RulesFile, base httplimit.Config, m *metrics) (*table, error) {
 		}
 		rt.metrics = m.route(spec.Name, cfg.Rules)
 		cfg.Observe = rt.metrics.observe
+		cfg.ObserveUsage = rt.metrics.observeUsage
 		if rt.limiter, err = httplimit.New(cfg); err != nil {
 			return nil, fmt.Errorf("edge: rules: route %q: %w", spec.Name, err)
 		}

@@ -104,6 +104,11 @@ type Config struct {
 	// counted and reported, never OVER_LIMIT (envoyproxy/ratelimit's
 	// SHADOW_MODE). Default off.
 	ShadowMode bool
+	// UsageDomains lists the Envoy domains whose every descriptor reports
+	// usage already spent (token budgets): recorded even when it does not
+	// fit, as a limits file rule with usage: true is; "*" marks every
+	// domain. Default none. See docs/envoy.md, "Token budgets".
+	UsageDomains []string
 	// ResponseDynamicMetadata makes Envoy responses carry dynamic metadata:
 	// the request, and the metadata of the limits file's rules that allowed
 	// it (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA). Default off.

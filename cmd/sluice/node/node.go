@@ -194,6 +194,7 @@ func New(cfg Config) (n *Node, err error) {
 		HeaderFormat:            api.HeaderFormat(cfg.RateLimitHeadersFormat),
 		HeaderNames:             cfg.RateLimitHeaderNames,
 		ShadowMode:              cfg.ShadowMode,
+		UsageDomains:            cfg.UsageDomains,
 		ResponseDynamicMetadata: cfg.ResponseDynamicMetadata,
 		RuleMetricsMaxKeys:      cfg.RuleMetricsMaxKeys,
 		NearLimitRatio:          cfg.NearLimitRatio,

@@ -219,7 +219,35 @@ type Check struct {
 	// a client that keeps knocking on a closed door extends its own wait.
 	// When false (the default), denied hits are not recorded. Ignored for
 	// refunds.
-	Penalty       bool `protobuf:"varint,7,opt,name=penalty,proto3" json:"penalty,omitempty"`
+	Penalty bool `protobuf:"varint,7,opt,name=penalty,proto3" json:"penalty,omitempty"`
+	// When true, cost is usage already spent (the tokens a response used,
+	// reported once it is done): the hits are recorded even if they do not
+	// fit, so the key may go above its limit, and later checks wait until
+	// the window has room. allowed says whether they fitted; when not,
+	// retry_after is the wait until the key is below its limit again. A
+	// cost above the limit is valid. With cost 0 the check records nothing
+	// and is allowed only while the key is below its limit (a plain cost-0
+	// check is allowed at the limit too). Not with refund, penalty or
+	// reserve_for, nor, with a cost above 0, in an all_or_nothing batch
+	// (INVALID_ARGUMENT).
+	Usage bool `protobuf:"varint,9,opt,name=usage,proto3" json:"usage,omitempty"`
+	// When set, the check reserves cost (an estimate, for example a
+	// request's max_tokens) for this long: it is decided as usual and, if
+	// allowed, its hits are recorded at once (so that concurrent requests
+	// cannot spend the same budget) and the decision carries a reservation
+	// handle for Settle. A reservation never settled is settled at its
+	// estimate when it expires. From 1ms to 3650 days by default (the
+	// window's range); cost must be at least 1. A key holds at most 1024
+	// open reservations; a reservation past that is denied until the first
+	// expires.
+	ReserveFor *durationpb.Duration `protobuf:"bytes,10,opt,name=reserve_for,json=reserveFor,proto3" json:"reserve_for,omitempty"`
+	// PeerService only (set by the node that received a reserve or a
+	// settle): the reservation's 16-byte ID. Clients leave it empty
+	// (INVALID_ARGUMENT otherwise).
+	ReservationId []byte `protobuf:"bytes,11,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
+	// PeerService only: the check settles reservation_id at cost. Clients
+	// leave it false (INVALID_ARGUMENT otherwise) and call Settle.
+	Settle        bool `protobuf:"varint,12,opt,name=settle,proto3" json:"settle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -310,6 +338,34 @@ func (x *Check) GetPenalty() bool {
 	return false
 }
 
+func (x *Check) GetUsage() bool {
+	if x != nil {
+		return x.Usage
+	}
+	return false
+}
+
+func (x *Check) GetReserveFor() *durationpb.Duration {
+	if x != nil {
+		return x.ReserveFor
+	}
+	return nil
+}
+
+func (x *Check) GetReservationId() []byte {
+	if x != nil {
+		return x.ReservationId
+	}
+	return nil
+}
+
+func (x *Check) GetSettle() bool {
+	if x != nil {
+		return x.Settle
+	}
+	return false
+}
+
 // CheckResponse holds the answer to each check of a CheckRequest.
 type CheckResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -381,7 +437,11 @@ type Decision struct {
 	ResetAfter *durationpb.Duration `protobuf:"bytes,5,opt,name=reset_after,json=resetAfter,proto3" json:"reset_after,omitempty"`
 	// Name of the node that owns the key and made this decision (its
 	// --node-name).
-	Node          string `protobuf:"bytes,6,opt,name=node,proto3" json:"node,omitempty"`
+	Node string `protobuf:"bytes,6,opt,name=node,proto3" json:"node,omitempty"`
+	// For an allowed check with reserve_for: the reservation's handle, to
+	// pass to Settle. Opaque bytes; keep it secret, as anyone holding it can
+	// settle the reservation. Empty otherwise.
+	Reservation   []byte `protobuf:"bytes,7,opt,name=reservation,proto3" json:"reservation,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -458,6 +518,276 @@ func (x *Decision) GetNode() string {
 	return ""
 }
 
+func (x *Decision) GetReservation() []byte {
+	if x != nil {
+		return x.Reservation
+	}
+	return nil
+}
+
+// SettleRequest is a batch of settlements, each decided on its own.
+type SettleRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The settlements: at least 1, at most 1000 by default (a server
+	// setting, the same as for checks).
+	Settlements   []*Settlement `protobuf:"bytes,1,rep,name=settlements,proto3" json:"settlements,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleRequest) Reset() {
+	*x = SettleRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleRequest) ProtoMessage() {}
+
+func (x *SettleRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleRequest.ProtoReflect.Descriptor instead.
+func (*SettleRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *SettleRequest) GetSettlements() []*Settlement {
+	if x != nil {
+		return x.Settlements
+	}
+	return nil
+}
+
+// Settlement settles one reservation.
+type Settlement struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The handle of the reservation (Decision.reservation). Required.
+	Reservation []byte `protobuf:"bytes,1,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	// The actual cost of the reserved work, in hits: 0 or more. It may be
+	// above the limit (the excess is recorded as usage).
+	Cost          int64 `protobuf:"varint,2,opt,name=cost,proto3" json:"cost,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Settlement) Reset() {
+	*x = Settlement{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Settlement) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Settlement) ProtoMessage() {}
+
+func (x *Settlement) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Settlement.ProtoReflect.Descriptor instead.
+func (*Settlement) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *Settlement) GetReservation() []byte {
+	if x != nil {
+		return x.Reservation
+	}
+	return nil
+}
+
+func (x *Settlement) GetCost() int64 {
+	if x != nil {
+		return x.Cost
+	}
+	return 0
+}
+
+// SettleResponse holds one result per settlement, in order.
+type SettleResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// One result per settlement, in the order of SettleRequest.settlements.
+	Results       []*SettleResult `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleResponse) Reset() {
+	*x = SettleResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleResponse) ProtoMessage() {}
+
+func (x *SettleResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleResponse.ProtoReflect.Descriptor instead.
+func (*SettleResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *SettleResponse) GetResults() []*SettleResult {
+	if x != nil {
+		return x.Results
+	}
+	return nil
+}
+
+// SettleResult is the outcome of one settlement.
+type SettleResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Whether the reservation was held and is now settled. False when it
+	// was settled already, has expired (it was then settled at its
+	// estimate), or its key was reset: nothing changed.
+	Settled bool `protobuf:"varint,1,opt,name=settled,proto3" json:"settled,omitempty"`
+	// Hits given back: estimate - cost when the cost was less (0 if the
+	// reserved hits had already left the window). 0 when not settled.
+	Returned int64 `protobuf:"varint,2,opt,name=returned,proto3" json:"returned,omitempty"`
+	// Hits recorded above the estimate: cost - estimate when the cost was
+	// more. 0 when not settled.
+	Overshoot int64 `protobuf:"varint,3,opt,name=overshoot,proto3" json:"overshoot,omitempty"`
+	// The key's limit.
+	Limit int64 `protobuf:"varint,4,opt,name=limit,proto3" json:"limit,omitempty"`
+	// How many cost-1 hits would be allowed now, after the settlement.
+	Remaining int64 `protobuf:"varint,5,opt,name=remaining,proto3" json:"remaining,omitempty"`
+	// Zero when the key is below its limit; otherwise the wait until it is,
+	// if nothing else arrives. Always set.
+	RetryAfter *durationpb.Duration `protobuf:"bytes,6,opt,name=retry_after,json=retryAfter,proto3" json:"retry_after,omitempty"`
+	// Time until the whole limit is available again. Always set.
+	ResetAfter *durationpb.Duration `protobuf:"bytes,7,opt,name=reset_after,json=resetAfter,proto3" json:"reset_after,omitempty"`
+	// Name of the node that owns the key and settled it.
+	Node          string `protobuf:"bytes,8,opt,name=node,proto3" json:"node,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SettleResult) Reset() {
+	*x = SettleResult{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SettleResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SettleResult) ProtoMessage() {}
+
+func (x *SettleResult) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SettleResult.ProtoReflect.Descriptor instead.
+func (*SettleResult) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *SettleResult) GetSettled() bool {
+	if x != nil {
+		return x.Settled
+	}
+	return false
+}
+
+func (x *SettleResult) GetReturned() int64 {
+	if x != nil {
+		return x.Returned
+	}
+	return 0
+}
+
+func (x *SettleResult) GetOvershoot() int64 {
+	if x != nil {
+		return x.Overshoot
+	}
+	return 0
+}
+
+func (x *SettleResult) GetLimit() int64 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+func (x *SettleResult) GetRemaining() int64 {
+	if x != nil {
+		return x.Remaining
+	}
+	return 0
+}
+
+func (x *SettleResult) GetRetryAfter() *durationpb.Duration {
+	if x != nil {
+		return x.RetryAfter
+	}
+	return nil
+}
+
+func (x *SettleResult) GetResetAfter() *durationpb.Duration {
+	if x != nil {
+		return x.ResetAfter
+	}
+	return nil
+}
+
+func (x *SettleResult) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
 // ForgetMemberRequest names the member to forget.
 type ForgetMemberRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -469,7 +799,7 @@ type ForgetMemberRequest struct {
 
 func (x *ForgetMemberRequest) Reset() {
 	*x = ForgetMemberRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -481,7 +811,7 @@ func (x *ForgetMemberRequest) String() string {
 func (*ForgetMemberRequest) ProtoMessage() {}
 
 func (x *ForgetMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[4]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -494,7 +824,7 @@ func (x *ForgetMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetMemberRequest.ProtoReflect.Descriptor instead.
 func (*ForgetMemberRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{4}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ForgetMemberRequest) GetName() string {
@@ -516,7 +846,7 @@ type ForgetMemberResponse struct {
 
 func (x *ForgetMemberResponse) Reset() {
 	*x = ForgetMemberResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -528,7 +858,7 @@ func (x *ForgetMemberResponse) String() string {
 func (*ForgetMemberResponse) ProtoMessage() {}
 
 func (x *ForgetMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[5]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -541,7 +871,7 @@ func (x *ForgetMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetMemberResponse.ProtoReflect.Descriptor instead.
 func (*ForgetMemberResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{5}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ForgetMemberResponse) GetFromCopies() bool {
@@ -560,7 +890,7 @@ type ListMembersRequest struct {
 
 func (x *ListMembersRequest) Reset() {
 	*x = ListMembersRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -572,7 +902,7 @@ func (x *ListMembersRequest) String() string {
 func (*ListMembersRequest) ProtoMessage() {}
 
 func (x *ListMembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[6]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -585,7 +915,7 @@ func (x *ListMembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMembersRequest.ProtoReflect.Descriptor instead.
 func (*ListMembersRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{6}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
 }
 
 // ListMembersResponse is the membership as one node sees it.
@@ -610,7 +940,7 @@ type ListMembersResponse struct {
 
 func (x *ListMembersResponse) Reset() {
 	*x = ListMembersResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -622,7 +952,7 @@ func (x *ListMembersResponse) String() string {
 func (*ListMembersResponse) ProtoMessage() {}
 
 func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[7]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -635,7 +965,7 @@ func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMembersResponse.ProtoReflect.Descriptor instead.
 func (*ListMembersResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{7}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListMembersResponse) GetMembers() []*ClusterMember {
@@ -713,7 +1043,7 @@ type ClusterMember struct {
 
 func (x *ClusterMember) Reset() {
 	*x = ClusterMember{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -725,7 +1055,7 @@ func (x *ClusterMember) String() string {
 func (*ClusterMember) ProtoMessage() {}
 
 func (x *ClusterMember) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -738,7 +1068,7 @@ func (x *ClusterMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterMember.ProtoReflect.Descriptor instead.
 func (*ClusterMember) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ClusterMember) GetName() string {
@@ -849,7 +1179,7 @@ type GetKeyRequest struct {
 
 func (x *GetKeyRequest) Reset() {
 	*x = GetKeyRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -861,7 +1191,7 @@ func (x *GetKeyRequest) String() string {
 func (*GetKeyRequest) ProtoMessage() {}
 
 func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -874,7 +1204,7 @@ func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyRequest.ProtoReflect.Descriptor instead.
 func (*GetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *GetKeyRequest) GetKey() []byte {
@@ -906,7 +1236,7 @@ type GetKeyResponse struct {
 
 func (x *GetKeyResponse) Reset() {
 	*x = GetKeyResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -918,7 +1248,7 @@ func (x *GetKeyResponse) String() string {
 func (*GetKeyResponse) ProtoMessage() {}
 
 func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -931,7 +1261,7 @@ func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyResponse.ProtoReflect.Descriptor instead.
 func (*GetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *GetKeyResponse) GetState() *KeyState {
@@ -997,14 +1327,19 @@ type KeyState struct {
 	ReadAt *timestamppb.Timestamp `protobuf:"bytes,16,opt,name=read_at,json=readAt,proto3" json:"read_at,omitempty"`
 	// The key as text when it is valid UTF-8, else empty: JSON renders key
 	// in base64.
-	KeyText       string `protobuf:"bytes,17,opt,name=key_text,json=keyText,proto3" json:"key_text,omitempty"`
+	KeyText string `protobuf:"bytes,17,opt,name=key_text,json=keyText,proto3" json:"key_text,omitempty"`
+	// Open reservations of the key (see Check.reserve_for), and the hits
+	// they reserved.
+	Reservations int64 `protobuf:"varint,18,opt,name=reservations,proto3" json:"reservations,omitempty"`
+	// The hits the open reservations reserved.
+	Reserved      int64 `protobuf:"varint,19,opt,name=reserved,proto3" json:"reserved,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *KeyState) Reset() {
 	*x = KeyState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1016,7 +1351,7 @@ func (x *KeyState) String() string {
 func (*KeyState) ProtoMessage() {}
 
 func (x *KeyState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1029,7 +1364,7 @@ func (x *KeyState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyState.ProtoReflect.Descriptor instead.
 func (*KeyState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *KeyState) GetKey() []byte {
@@ -1164,6 +1499,20 @@ func (x *KeyState) GetKeyText() string {
 	return ""
 }
 
+func (x *KeyState) GetReservations() int64 {
+	if x != nil {
+		return x.Reservations
+	}
+	return 0
+}
+
+func (x *KeyState) GetReserved() int64 {
+	if x != nil {
+		return x.Reserved
+	}
+	return 0
+}
+
 type isKeyState_Counters interface {
 	isKeyState_Counters()
 }
@@ -1201,7 +1550,7 @@ type SlidingLogState struct {
 
 func (x *SlidingLogState) Reset() {
 	*x = SlidingLogState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1213,7 +1562,7 @@ func (x *SlidingLogState) String() string {
 func (*SlidingLogState) ProtoMessage() {}
 
 func (x *SlidingLogState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1226,7 +1575,7 @@ func (x *SlidingLogState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlidingLogState.ProtoReflect.Descriptor instead.
 func (*SlidingLogState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *SlidingLogState) GetRuns() []*LogRun {
@@ -1249,7 +1598,7 @@ type LogRun struct {
 
 func (x *LogRun) Reset() {
 	*x = LogRun{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1261,7 +1610,7 @@ func (x *LogRun) String() string {
 func (*LogRun) ProtoMessage() {}
 
 func (x *LogRun) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1274,7 +1623,7 @@ func (x *LogRun) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogRun.ProtoReflect.Descriptor instead.
 func (*LogRun) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *LogRun) GetTime() *timestamppb.Timestamp {
@@ -1308,7 +1657,7 @@ type SlidingWindowState struct {
 
 func (x *SlidingWindowState) Reset() {
 	*x = SlidingWindowState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1320,7 +1669,7 @@ func (x *SlidingWindowState) String() string {
 func (*SlidingWindowState) ProtoMessage() {}
 
 func (x *SlidingWindowState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1333,7 +1682,7 @@ func (x *SlidingWindowState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlidingWindowState.ProtoReflect.Descriptor instead.
 func (*SlidingWindowState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *SlidingWindowState) GetBucketStart() *timestamppb.Timestamp {
@@ -1371,7 +1720,7 @@ type TokenBucketState struct {
 
 func (x *TokenBucketState) Reset() {
 	*x = TokenBucketState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1383,7 +1732,7 @@ func (x *TokenBucketState) String() string {
 func (*TokenBucketState) ProtoMessage() {}
 
 func (x *TokenBucketState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1396,7 +1745,7 @@ func (x *TokenBucketState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenBucketState.ProtoReflect.Descriptor instead.
 func (*TokenBucketState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *TokenBucketState) GetTokens() float64 {
@@ -1432,7 +1781,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1444,7 +1793,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1457,7 +1806,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ListKeysRequest) GetPrefix() []byte {
@@ -1494,7 +1843,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +1855,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1868,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeySummary {
@@ -1557,7 +1906,7 @@ type KeySummary struct {
 
 func (x *KeySummary) Reset() {
 	*x = KeySummary{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1569,7 +1918,7 @@ func (x *KeySummary) String() string {
 func (*KeySummary) ProtoMessage() {}
 
 func (x *KeySummary) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1582,7 +1931,7 @@ func (x *KeySummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeySummary.ProtoReflect.Descriptor instead.
 func (*KeySummary) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *KeySummary) GetKey() []byte {
@@ -1631,7 +1980,7 @@ type ResetKeyRequest struct {
 
 func (x *ResetKeyRequest) Reset() {
 	*x = ResetKeyRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1643,7 +1992,7 @@ func (x *ResetKeyRequest) String() string {
 func (*ResetKeyRequest) ProtoMessage() {}
 
 func (x *ResetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1656,7 +2005,7 @@ func (x *ResetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetKeyRequest.ProtoReflect.Descriptor instead.
 func (*ResetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ResetKeyRequest) GetKey() []byte {
@@ -1677,7 +2026,7 @@ type ResetKeyResponse struct {
 
 func (x *ResetKeyResponse) Reset() {
 	*x = ResetKeyResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1689,7 +2038,7 @@ func (x *ResetKeyResponse) String() string {
 func (*ResetKeyResponse) ProtoMessage() {}
 
 func (x *ResetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1702,7 +2051,7 @@ func (x *ResetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetKeyResponse.ProtoReflect.Descriptor instead.
 func (*ResetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ResetKeyResponse) GetExisted() bool {
@@ -1752,7 +2101,7 @@ type Override struct {
 
 func (x *Override) Reset() {
 	*x = Override{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1764,7 +2113,7 @@ func (x *Override) String() string {
 func (*Override) ProtoMessage() {}
 
 func (x *Override) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1777,7 +2126,7 @@ func (x *Override) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Override.ProtoReflect.Descriptor instead.
 func (*Override) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Override) GetKey() []byte {
@@ -1847,7 +2196,7 @@ type SetOverrideRequest struct {
 
 func (x *SetOverrideRequest) Reset() {
 	*x = SetOverrideRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1859,7 +2208,7 @@ func (x *SetOverrideRequest) String() string {
 func (*SetOverrideRequest) ProtoMessage() {}
 
 func (x *SetOverrideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1872,7 +2221,7 @@ func (x *SetOverrideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetOverrideRequest.ProtoReflect.Descriptor instead.
 func (*SetOverrideRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SetOverrideRequest) GetOverride() *Override {
@@ -1893,7 +2242,7 @@ type SetOverrideResponse struct {
 
 func (x *SetOverrideResponse) Reset() {
 	*x = SetOverrideResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1905,7 +2254,7 @@ func (x *SetOverrideResponse) String() string {
 func (*SetOverrideResponse) ProtoMessage() {}
 
 func (x *SetOverrideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1918,7 +2267,7 @@ func (x *SetOverrideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetOverrideResponse.ProtoReflect.Descriptor instead.
 func (*SetOverrideResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SetOverrideResponse) GetOverride() *Override {
@@ -1946,7 +2295,7 @@ type ListOverridesRequest struct {
 
 func (x *ListOverridesRequest) Reset() {
 	*x = ListOverridesRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1958,7 +2307,7 @@ func (x *ListOverridesRequest) String() string {
 func (*ListOverridesRequest) ProtoMessage() {}
 
 func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1971,7 +2320,7 @@ func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesRequest.ProtoReflect.Descriptor instead.
 func (*ListOverridesRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListOverridesRequest) GetPrefix() []byte {
@@ -2009,7 +2358,7 @@ type ListOverridesResponse struct {
 
 func (x *ListOverridesResponse) Reset() {
 	*x = ListOverridesResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2021,7 +2370,7 @@ func (x *ListOverridesResponse) String() string {
 func (*ListOverridesResponse) ProtoMessage() {}
 
 func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2034,7 +2383,7 @@ func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesResponse.ProtoReflect.Descriptor instead.
 func (*ListOverridesResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ListOverridesResponse) GetOverrides() []*Override {
@@ -2065,7 +2414,7 @@ type DeleteOverrideRequest struct {
 
 func (x *DeleteOverrideRequest) Reset() {
 	*x = DeleteOverrideRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2077,7 +2426,7 @@ func (x *DeleteOverrideRequest) String() string {
 func (*DeleteOverrideRequest) ProtoMessage() {}
 
 func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2090,7 +2439,7 @@ func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOverrideRequest.ProtoReflect.Descriptor instead.
 func (*DeleteOverrideRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *DeleteOverrideRequest) GetKey() []byte {
@@ -2118,7 +2467,7 @@ type DeleteOverrideResponse struct {
 
 func (x *DeleteOverrideResponse) Reset() {
 	*x = DeleteOverrideResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2130,7 +2479,7 @@ func (x *DeleteOverrideResponse) String() string {
 func (*DeleteOverrideResponse) ProtoMessage() {}
 
 func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2143,7 +2492,7 @@ func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOverrideResponse.ProtoReflect.Descriptor instead.
 func (*DeleteOverrideResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *DeleteOverrideResponse) GetExisted() bool {
@@ -2167,7 +2516,7 @@ type EnvoyKeyRequest struct {
 
 func (x *EnvoyKeyRequest) Reset() {
 	*x = EnvoyKeyRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2179,7 +2528,7 @@ func (x *EnvoyKeyRequest) String() string {
 func (*EnvoyKeyRequest) ProtoMessage() {}
 
 func (x *EnvoyKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2192,7 +2541,7 @@ func (x *EnvoyKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvoyKeyRequest.ProtoReflect.Descriptor instead.
 func (*EnvoyKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *EnvoyKeyRequest) GetDomain() string {
@@ -2222,7 +2571,7 @@ type DescriptorEntry struct {
 
 func (x *DescriptorEntry) Reset() {
 	*x = DescriptorEntry{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2234,7 +2583,7 @@ func (x *DescriptorEntry) String() string {
 func (*DescriptorEntry) ProtoMessage() {}
 
 func (x *DescriptorEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2247,7 +2596,7 @@ func (x *DescriptorEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescriptorEntry.ProtoReflect.Descriptor instead.
 func (*DescriptorEntry) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DescriptorEntry) GetKey() string {
@@ -2279,7 +2628,7 @@ type EnvoyKeyResponse struct {
 
 func (x *EnvoyKeyResponse) Reset() {
 	*x = EnvoyKeyResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2291,7 +2640,7 @@ func (x *EnvoyKeyResponse) String() string {
 func (*EnvoyKeyResponse) ProtoMessage() {}
 
 func (x *EnvoyKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2304,7 +2653,7 @@ func (x *EnvoyKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvoyKeyResponse.ProtoReflect.Descriptor instead.
 func (*EnvoyKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *EnvoyKeyResponse) GetKey() []byte {
@@ -2350,7 +2699,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2362,7 +2711,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2375,7 +2724,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *ReplicateRequest) GetFromNode() string {
@@ -2451,7 +2800,7 @@ type StoreRecord struct {
 
 func (x *StoreRecord) Reset() {
 	*x = StoreRecord{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2463,7 +2812,7 @@ func (x *StoreRecord) String() string {
 func (*StoreRecord) ProtoMessage() {}
 
 func (x *StoreRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2476,7 +2825,7 @@ func (x *StoreRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreRecord.ProtoReflect.Descriptor instead.
 func (*StoreRecord) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *StoreRecord) GetKey() []byte {
@@ -2518,7 +2867,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2530,7 +2879,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2543,7 +2892,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *ReplicateResponse) GetMissing() [][]byte {
@@ -2572,7 +2921,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2584,7 +2933,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2597,7 +2946,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ForwardRequest) GetChecks() []*Check {
@@ -2641,7 +2990,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2653,7 +3002,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2666,7 +3015,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ForwardResponse) GetDecisions() []*Decision {
@@ -2697,7 +3046,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2709,7 +3058,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2722,7 +3071,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{36}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReleaseRequest) GetChecks() []*Check {
@@ -2748,7 +3097,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2760,7 +3109,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2773,7 +3122,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{37}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{41}
 }
 
 // HandoffRequest is one part of a handoff from one node to another.
@@ -2807,7 +3156,7 @@ type HandoffRequest struct {
 
 func (x *HandoffRequest) Reset() {
 	*x = HandoffRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2819,7 +3168,7 @@ func (x *HandoffRequest) String() string {
 func (*HandoffRequest) ProtoMessage() {}
 
 func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2832,7 +3181,7 @@ func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffRequest.ProtoReflect.Descriptor instead.
 func (*HandoffRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{38}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *HandoffRequest) GetKeys() []*KeyRecord {
@@ -2911,7 +3260,7 @@ type KeyRecord struct {
 
 func (x *KeyRecord) Reset() {
 	*x = KeyRecord{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2923,7 +3272,7 @@ func (x *KeyRecord) String() string {
 func (*KeyRecord) ProtoMessage() {}
 
 func (x *KeyRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2936,7 +3285,7 @@ func (x *KeyRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRecord.ProtoReflect.Descriptor instead.
 func (*KeyRecord) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{39}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *KeyRecord) GetKey() []byte {
@@ -2964,7 +3313,7 @@ type HandoffResponse struct {
 
 func (x *HandoffResponse) Reset() {
 	*x = HandoffResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2976,7 +3325,7 @@ func (x *HandoffResponse) String() string {
 func (*HandoffResponse) ProtoMessage() {}
 
 func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2989,7 +3338,7 @@ func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffResponse.ProtoReflect.Descriptor instead.
 func (*HandoffResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{40}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *HandoffResponse) GetMerged() int64 {
@@ -3012,7 +3361,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3024,7 +3373,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3037,7 +3386,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{41}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *RenewRequest) GetFromNode() string {
@@ -3070,7 +3419,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3082,7 +3431,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3095,7 +3444,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{42}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *RenewResponse) GetGranted() bool {
@@ -3132,7 +3481,7 @@ type ProposeRequest struct {
 
 func (x *ProposeRequest) Reset() {
 	*x = ProposeRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3144,7 +3493,7 @@ func (x *ProposeRequest) String() string {
 func (*ProposeRequest) ProtoMessage() {}
 
 func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3157,7 +3506,7 @@ func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeRequest.ProtoReflect.Descriptor instead.
 func (*ProposeRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{43}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *ProposeRequest) GetFromNode() string {
@@ -3185,7 +3534,7 @@ type ProposeResponse struct {
 
 func (x *ProposeResponse) Reset() {
 	*x = ProposeResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3197,7 +3546,7 @@ func (x *ProposeResponse) String() string {
 func (*ProposeResponse) ProtoMessage() {}
 
 func (x *ProposeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3210,7 +3559,7 @@ func (x *ProposeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeResponse.ProtoReflect.Descriptor instead.
 func (*ProposeResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{44}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *ProposeResponse) GetResult() []byte {
@@ -3227,7 +3576,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"^\n" +
 	"\fCheckRequest\x12(\n" +
 	"\x06checks\x18\x01 \x03(\v2\x10.sluice.v1.CheckR\x06checks\x12$\n" +
-	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\"\x85\x02\n" +
+	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\"\x96\x03\n" +
 	"\x05Check\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x19\n" +
 	"\bkey_text\x18\b \x01(\tR\akeyText\x12\x14\n" +
@@ -3236,10 +3585,16 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\talgorithm\x18\x04 \x01(\x0e2\x14.sluice.v1.AlgorithmR\talgorithm\x12\x17\n" +
 	"\x04cost\x18\x05 \x01(\x03H\x00R\x04cost\x88\x01\x01\x12\x16\n" +
 	"\x06refund\x18\x06 \x01(\bR\x06refund\x12\x18\n" +
-	"\apenalty\x18\a \x01(\bR\apenaltyB\a\n" +
+	"\apenalty\x18\a \x01(\bR\apenalty\x12\x14\n" +
+	"\x05usage\x18\t \x01(\bR\x05usage\x12:\n" +
+	"\vreserve_for\x18\n" +
+	" \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"reserveFor\x12%\n" +
+	"\x0ereservation_id\x18\v \x01(\fR\rreservationId\x12\x16\n" +
+	"\x06settle\x18\f \x01(\bR\x06settleB\a\n" +
 	"\x05_cost\"B\n" +
 	"\rCheckResponse\x121\n" +
-	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"\xe4\x01\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"\x86\x02\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -3248,7 +3603,27 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"retryAfter\x12:\n" +
 	"\vreset_after\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"resetAfter\x12\x12\n" +
-	"\x04node\x18\x06 \x01(\tR\x04node\")\n" +
+	"\x04node\x18\x06 \x01(\tR\x04node\x12 \n" +
+	"\vreservation\x18\a \x01(\fR\vreservation\"H\n" +
+	"\rSettleRequest\x127\n" +
+	"\vsettlements\x18\x01 \x03(\v2\x15.sluice.v1.SettlementR\vsettlements\"B\n" +
+	"\n" +
+	"Settlement\x12 \n" +
+	"\vreservation\x18\x01 \x01(\fR\vreservation\x12\x12\n" +
+	"\x04cost\x18\x02 \x01(\x03R\x04cost\"C\n" +
+	"\x0eSettleResponse\x121\n" +
+	"\aresults\x18\x01 \x03(\v2\x17.sluice.v1.SettleResultR\aresults\"\xa2\x02\n" +
+	"\fSettleResult\x12\x18\n" +
+	"\asettled\x18\x01 \x01(\bR\asettled\x12\x1a\n" +
+	"\breturned\x18\x02 \x01(\x03R\breturned\x12\x1c\n" +
+	"\tovershoot\x18\x03 \x01(\x03R\tovershoot\x12\x14\n" +
+	"\x05limit\x18\x04 \x01(\x03R\x05limit\x12\x1c\n" +
+	"\tremaining\x18\x05 \x01(\x03R\tremaining\x12:\n" +
+	"\vretry_after\x18\x06 \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"retryAfter\x12:\n" +
+	"\vreset_after\x18\a \x01(\v2\x19.google.protobuf.DurationR\n" +
+	"resetAfter\x12\x12\n" +
+	"\x04node\x18\b \x01(\tR\x04node\")\n" +
 	"\x13ForgetMemberRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"=\n" +
 	"\x14ForgetMemberResponse\x12\x1f\n" +
@@ -3286,7 +3661,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05local\x18\x02 \x01(\bR\x05local\"j\n" +
 	"\x0eGetKeyResponse\x12)\n" +
 	"\x05state\x18\x01 \x01(\v2\x13.sluice.v1.KeyStateR\x05state\x12-\n" +
-	"\areplica\x18\x02 \x01(\v2\x13.sluice.v1.KeyStateR\areplica\"\xea\x05\n" +
+	"\areplica\x18\x02 \x01(\v2\x13.sluice.v1.KeyStateR\areplica\"\xaa\x06\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05found\x18\x02 \x01(\bR\x05found\x122\n" +
@@ -3309,7 +3684,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\tin_memory\x18\x0e \x01(\bR\binMemory\x12\x12\n" +
 	"\x04node\x18\x0f \x01(\tR\x04node\x123\n" +
 	"\aread_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\x06readAt\x12\x19\n" +
-	"\bkey_text\x18\x11 \x01(\tR\akeyTextB\n" +
+	"\bkey_text\x18\x11 \x01(\tR\akeyText\x12\"\n" +
+	"\freservations\x18\x12 \x01(\x03R\freservations\x12\x1a\n" +
+	"\breserved\x18\x13 \x01(\x03R\breservedB\n" +
 	"\n" +
 	"\bcounters\"8\n" +
 	"\x0fSlidingLogState\x12%\n" +
@@ -3444,9 +3821,10 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15ALGORITHM_SLIDING_LOG\x10\x01\x12\x1c\n" +
 	"\x18ALGORITHM_SLIDING_WINDOW\x10\x02\x12\x1a\n" +
-	"\x16ALGORITHM_TOKEN_BUCKET\x10\x032N\n" +
+	"\x16ALGORITHM_TOKEN_BUCKET\x10\x032\x8d\x01\n" +
 	"\x10RateLimitService\x12:\n" +
-	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse2\xb4\x05\n" +
+	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12=\n" +
+	"\x06Settle\x12\x18.sluice.v1.SettleRequest\x1a\x19.sluice.v1.SettleResponse2\xb4\x05\n" +
 	"\fAdminService\x12=\n" +
 	"\x06GetKey\x12\x18.sluice.v1.GetKeyRequest\x1a\x19.sluice.v1.GetKeyResponse\x12C\n" +
 	"\bListKeys\x12\x1a.sluice.v1.ListKeysRequest\x1a\x1b.sluice.v1.ListKeysResponse\x12C\n" +
@@ -3478,132 +3856,143 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 45)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),                 // 0: sluice.v1.Algorithm
 	(*CheckRequest)(nil),           // 1: sluice.v1.CheckRequest
 	(*Check)(nil),                  // 2: sluice.v1.Check
 	(*CheckResponse)(nil),          // 3: sluice.v1.CheckResponse
 	(*Decision)(nil),               // 4: sluice.v1.Decision
-	(*ForgetMemberRequest)(nil),    // 5: sluice.v1.ForgetMemberRequest
-	(*ForgetMemberResponse)(nil),   // 6: sluice.v1.ForgetMemberResponse
-	(*ListMembersRequest)(nil),     // 7: sluice.v1.ListMembersRequest
-	(*ListMembersResponse)(nil),    // 8: sluice.v1.ListMembersResponse
-	(*ClusterMember)(nil),          // 9: sluice.v1.ClusterMember
-	(*GetKeyRequest)(nil),          // 10: sluice.v1.GetKeyRequest
-	(*GetKeyResponse)(nil),         // 11: sluice.v1.GetKeyResponse
-	(*KeyState)(nil),               // 12: sluice.v1.KeyState
-	(*SlidingLogState)(nil),        // 13: sluice.v1.SlidingLogState
-	(*LogRun)(nil),                 // 14: sluice.v1.LogRun
-	(*SlidingWindowState)(nil),     // 15: sluice.v1.SlidingWindowState
-	(*TokenBucketState)(nil),       // 16: sluice.v1.TokenBucketState
-	(*ListKeysRequest)(nil),        // 17: sluice.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),       // 18: sluice.v1.ListKeysResponse
-	(*KeySummary)(nil),             // 19: sluice.v1.KeySummary
-	(*ResetKeyRequest)(nil),        // 20: sluice.v1.ResetKeyRequest
-	(*ResetKeyResponse)(nil),       // 21: sluice.v1.ResetKeyResponse
-	(*Override)(nil),               // 22: sluice.v1.Override
-	(*SetOverrideRequest)(nil),     // 23: sluice.v1.SetOverrideRequest
-	(*SetOverrideResponse)(nil),    // 24: sluice.v1.SetOverrideResponse
-	(*ListOverridesRequest)(nil),   // 25: sluice.v1.ListOverridesRequest
-	(*ListOverridesResponse)(nil),  // 26: sluice.v1.ListOverridesResponse
-	(*DeleteOverrideRequest)(nil),  // 27: sluice.v1.DeleteOverrideRequest
-	(*DeleteOverrideResponse)(nil), // 28: sluice.v1.DeleteOverrideResponse
-	(*EnvoyKeyRequest)(nil),        // 29: sluice.v1.EnvoyKeyRequest
-	(*DescriptorEntry)(nil),        // 30: sluice.v1.DescriptorEntry
-	(*EnvoyKeyResponse)(nil),       // 31: sluice.v1.EnvoyKeyResponse
-	(*ReplicateRequest)(nil),       // 32: sluice.v1.ReplicateRequest
-	(*StoreRecord)(nil),            // 33: sluice.v1.StoreRecord
-	(*ReplicateResponse)(nil),      // 34: sluice.v1.ReplicateResponse
-	(*ForwardRequest)(nil),         // 35: sluice.v1.ForwardRequest
-	(*ForwardResponse)(nil),        // 36: sluice.v1.ForwardResponse
-	(*ReleaseRequest)(nil),         // 37: sluice.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),        // 38: sluice.v1.ReleaseResponse
-	(*HandoffRequest)(nil),         // 39: sluice.v1.HandoffRequest
-	(*KeyRecord)(nil),              // 40: sluice.v1.KeyRecord
-	(*HandoffResponse)(nil),        // 41: sluice.v1.HandoffResponse
-	(*RenewRequest)(nil),           // 42: sluice.v1.RenewRequest
-	(*RenewResponse)(nil),          // 43: sluice.v1.RenewResponse
-	(*ProposeRequest)(nil),         // 44: sluice.v1.ProposeRequest
-	(*ProposeResponse)(nil),        // 45: sluice.v1.ProposeResponse
-	(*durationpb.Duration)(nil),    // 46: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 47: google.protobuf.Timestamp
+	(*SettleRequest)(nil),          // 5: sluice.v1.SettleRequest
+	(*Settlement)(nil),             // 6: sluice.v1.Settlement
+	(*SettleResponse)(nil),         // 7: sluice.v1.SettleResponse
+	(*SettleResult)(nil),           // 8: sluice.v1.SettleResult
+	(*ForgetMemberRequest)(nil),    // 9: sluice.v1.ForgetMemberRequest
+	(*ForgetMemberResponse)(nil),   // 10: sluice.v1.ForgetMemberResponse
+	(*ListMembersRequest)(nil),     // 11: sluice.v1.ListMembersRequest
+	(*ListMembersResponse)(nil),    // 12: sluice.v1.ListMembersResponse
+	(*ClusterMember)(nil),          // 13: sluice.v1.ClusterMember
+	(*GetKeyRequest)(nil),          // 14: sluice.v1.GetKeyRequest
+	(*GetKeyResponse)(nil),         // 15: sluice.v1.GetKeyResponse
+	(*KeyState)(nil),               // 16: sluice.v1.KeyState
+	(*SlidingLogState)(nil),        // 17: sluice.v1.SlidingLogState
+	(*LogRun)(nil),                 // 18: sluice.v1.LogRun
+	(*SlidingWindowState)(nil),     // 19: sluice.v1.SlidingWindowState
+	(*TokenBucketState)(nil),       // 20: sluice.v1.TokenBucketState
+	(*ListKeysRequest)(nil),        // 21: sluice.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),       // 22: sluice.v1.ListKeysResponse
+	(*KeySummary)(nil),             // 23: sluice.v1.KeySummary
+	(*ResetKeyRequest)(nil),        // 24: sluice.v1.ResetKeyRequest
+	(*ResetKeyResponse)(nil),       // 25: sluice.v1.ResetKeyResponse
+	(*Override)(nil),               // 26: sluice.v1.Override
+	(*SetOverrideRequest)(nil),     // 27: sluice.v1.SetOverrideRequest
+	(*SetOverrideResponse)(nil),    // 28: sluice.v1.SetOverrideResponse
+	(*ListOverridesRequest)(nil),   // 29: sluice.v1.ListOverridesRequest
+	(*ListOverridesResponse)(nil),  // 30: sluice.v1.ListOverridesResponse
+	(*DeleteOverrideRequest)(nil),  // 31: sluice.v1.DeleteOverrideRequest
+	(*DeleteOverrideResponse)(nil), // 32: sluice.v1.DeleteOverrideResponse
+	(*EnvoyKeyRequest)(nil),        // 33: sluice.v1.EnvoyKeyRequest
+	(*DescriptorEntry)(nil),        // 34: sluice.v1.DescriptorEntry
+	(*EnvoyKeyResponse)(nil),       // 35: sluice.v1.EnvoyKeyResponse
+	(*ReplicateRequest)(nil),       // 36: sluice.v1.ReplicateRequest
+	(*StoreRecord)(nil),            // 37: sluice.v1.StoreRecord
+	(*ReplicateResponse)(nil),      // 38: sluice.v1.ReplicateResponse
+	(*ForwardRequest)(nil),         // 39: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),        // 40: sluice.v1.ForwardResponse
+	(*ReleaseRequest)(nil),         // 41: sluice.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 42: sluice.v1.ReleaseResponse
+	(*HandoffRequest)(nil),         // 43: sluice.v1.HandoffRequest
+	(*KeyRecord)(nil),              // 44: sluice.v1.KeyRecord
+	(*HandoffResponse)(nil),        // 45: sluice.v1.HandoffResponse
+	(*RenewRequest)(nil),           // 46: sluice.v1.RenewRequest
+	(*RenewResponse)(nil),          // 47: sluice.v1.RenewResponse
+	(*ProposeRequest)(nil),         // 48: sluice.v1.ProposeRequest
+	(*ProposeResponse)(nil),        // 49: sluice.v1.ProposeResponse
+	(*durationpb.Duration)(nil),    // 50: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 51: google.protobuf.Timestamp
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	2,  // 0: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.Check
-	46, // 1: sluice.v1.Check.window:type_name -> google.protobuf.Duration
+	50, // 1: sluice.v1.Check.window:type_name -> google.protobuf.Duration
 	0,  // 2: sluice.v1.Check.algorithm:type_name -> sluice.v1.Algorithm
-	4,  // 3: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
-	46, // 4: sluice.v1.Decision.retry_after:type_name -> google.protobuf.Duration
-	46, // 5: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
-	9,  // 6: sluice.v1.ListMembersResponse.members:type_name -> sluice.v1.ClusterMember
-	12, // 7: sluice.v1.GetKeyResponse.state:type_name -> sluice.v1.KeyState
-	12, // 8: sluice.v1.GetKeyResponse.replica:type_name -> sluice.v1.KeyState
-	0,  // 9: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
-	46, // 10: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
-	13, // 11: sluice.v1.KeyState.sliding_log:type_name -> sluice.v1.SlidingLogState
-	15, // 12: sluice.v1.KeyState.sliding_window:type_name -> sluice.v1.SlidingWindowState
-	16, // 13: sluice.v1.KeyState.token_bucket:type_name -> sluice.v1.TokenBucketState
-	46, // 14: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
-	46, // 15: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
-	47, // 16: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
-	47, // 17: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
-	14, // 18: sluice.v1.SlidingLogState.runs:type_name -> sluice.v1.LogRun
-	47, // 19: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
-	47, // 20: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
-	47, // 21: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
-	19, // 22: sluice.v1.ListKeysResponse.keys:type_name -> sluice.v1.KeySummary
-	47, // 23: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
-	46, // 24: sluice.v1.Override.window:type_name -> google.protobuf.Duration
-	0,  // 25: sluice.v1.Override.algorithm:type_name -> sluice.v1.Algorithm
-	47, // 26: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
-	47, // 27: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
-	22, // 28: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
-	22, // 29: sluice.v1.SetOverrideResponse.override:type_name -> sluice.v1.Override
-	22, // 30: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
-	30, // 31: sluice.v1.EnvoyKeyRequest.entries:type_name -> sluice.v1.DescriptorEntry
-	33, // 32: sluice.v1.ReplicateRequest.records:type_name -> sluice.v1.StoreRecord
-	2,  // 33: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.Check
-	4,  // 34: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
-	2,  // 35: sluice.v1.ReleaseRequest.checks:type_name -> sluice.v1.Check
-	40, // 36: sluice.v1.HandoffRequest.keys:type_name -> sluice.v1.KeyRecord
-	1,  // 37: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
-	10, // 38: sluice.v1.AdminService.GetKey:input_type -> sluice.v1.GetKeyRequest
-	17, // 39: sluice.v1.AdminService.ListKeys:input_type -> sluice.v1.ListKeysRequest
-	20, // 40: sluice.v1.AdminService.ResetKey:input_type -> sluice.v1.ResetKeyRequest
-	23, // 41: sluice.v1.AdminService.SetOverride:input_type -> sluice.v1.SetOverrideRequest
-	25, // 42: sluice.v1.AdminService.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
-	27, // 43: sluice.v1.AdminService.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
-	29, // 44: sluice.v1.AdminService.EnvoyKey:input_type -> sluice.v1.EnvoyKeyRequest
-	7,  // 45: sluice.v1.AdminService.ListMembers:input_type -> sluice.v1.ListMembersRequest
-	5,  // 46: sluice.v1.AdminService.ForgetMember:input_type -> sluice.v1.ForgetMemberRequest
-	35, // 47: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
-	37, // 48: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
-	39, // 49: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
-	42, // 50: sluice.v1.PeerService.Renew:input_type -> sluice.v1.RenewRequest
-	44, // 51: sluice.v1.PeerService.Propose:input_type -> sluice.v1.ProposeRequest
-	32, // 52: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
-	3,  // 53: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
-	11, // 54: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
-	18, // 55: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
-	21, // 56: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
-	24, // 57: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
-	26, // 58: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
-	28, // 59: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
-	31, // 60: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
-	8,  // 61: sluice.v1.AdminService.ListMembers:output_type -> sluice.v1.ListMembersResponse
-	6,  // 62: sluice.v1.AdminService.ForgetMember:output_type -> sluice.v1.ForgetMemberResponse
-	36, // 63: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
-	38, // 64: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
-	41, // 65: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
-	43, // 66: sluice.v1.PeerService.Renew:output_type -> sluice.v1.RenewResponse
-	45, // 67: sluice.v1.PeerService.Propose:output_type -> sluice.v1.ProposeResponse
-	34, // 68: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
-	53, // [53:69] is the sub-list for method output_type
-	37, // [37:53] is the sub-list for method input_type
-	37, // [37:37] is the sub-list for extension type_name
-	37, // [37:37] is the sub-list for extension extendee
-	0,  // [0:37] is the sub-list for field type_name
+	50, // 3: sluice.v1.Check.reserve_for:type_name -> google.protobuf.Duration
+	4,  // 4: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
+	50, // 5: sluice.v1.Decision.retry_after:type_name -> google.protobuf.Duration
+	50, // 6: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
+	6,  // 7: sluice.v1.SettleRequest.settlements:type_name -> sluice.v1.Settlement
+	8,  // 8: sluice.v1.SettleResponse.results:type_name -> sluice.v1.SettleResult
+	50, // 9: sluice.v1.SettleResult.retry_after:type_name -> google.protobuf.Duration
+	50, // 10: sluice.v1.SettleResult.reset_after:type_name -> google.protobuf.Duration
+	13, // 11: sluice.v1.ListMembersResponse.members:type_name -> sluice.v1.ClusterMember
+	16, // 12: sluice.v1.GetKeyResponse.state:type_name -> sluice.v1.KeyState
+	16, // 13: sluice.v1.GetKeyResponse.replica:type_name -> sluice.v1.KeyState
+	0,  // 14: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
+	50, // 15: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
+	17, // 16: sluice.v1.KeyState.sliding_log:type_name -> sluice.v1.SlidingLogState
+	19, // 17: sluice.v1.KeyState.sliding_window:type_name -> sluice.v1.SlidingWindowState
+	20, // 18: sluice.v1.KeyState.token_bucket:type_name -> sluice.v1.TokenBucketState
+	50, // 19: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
+	50, // 20: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
+	51, // 21: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
+	51, // 22: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
+	18, // 23: sluice.v1.SlidingLogState.runs:type_name -> sluice.v1.LogRun
+	51, // 24: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
+	51, // 25: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
+	51, // 26: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
+	23, // 27: sluice.v1.ListKeysResponse.keys:type_name -> sluice.v1.KeySummary
+	51, // 28: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
+	50, // 29: sluice.v1.Override.window:type_name -> google.protobuf.Duration
+	0,  // 30: sluice.v1.Override.algorithm:type_name -> sluice.v1.Algorithm
+	51, // 31: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
+	51, // 32: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
+	26, // 33: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
+	26, // 34: sluice.v1.SetOverrideResponse.override:type_name -> sluice.v1.Override
+	26, // 35: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
+	34, // 36: sluice.v1.EnvoyKeyRequest.entries:type_name -> sluice.v1.DescriptorEntry
+	37, // 37: sluice.v1.ReplicateRequest.records:type_name -> sluice.v1.StoreRecord
+	2,  // 38: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.Check
+	4,  // 39: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
+	2,  // 40: sluice.v1.ReleaseRequest.checks:type_name -> sluice.v1.Check
+	44, // 41: sluice.v1.HandoffRequest.keys:type_name -> sluice.v1.KeyRecord
+	1,  // 42: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
+	5,  // 43: sluice.v1.RateLimitService.Settle:input_type -> sluice.v1.SettleRequest
+	14, // 44: sluice.v1.AdminService.GetKey:input_type -> sluice.v1.GetKeyRequest
+	21, // 45: sluice.v1.AdminService.ListKeys:input_type -> sluice.v1.ListKeysRequest
+	24, // 46: sluice.v1.AdminService.ResetKey:input_type -> sluice.v1.ResetKeyRequest
+	27, // 47: sluice.v1.AdminService.SetOverride:input_type -> sluice.v1.SetOverrideRequest
+	29, // 48: sluice.v1.AdminService.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
+	31, // 49: sluice.v1.AdminService.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
+	33, // 50: sluice.v1.AdminService.EnvoyKey:input_type -> sluice.v1.EnvoyKeyRequest
+	11, // 51: sluice.v1.AdminService.ListMembers:input_type -> sluice.v1.ListMembersRequest
+	9,  // 52: sluice.v1.AdminService.ForgetMember:input_type -> sluice.v1.ForgetMemberRequest
+	39, // 53: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
+	41, // 54: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
+	43, // 55: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
+	46, // 56: sluice.v1.PeerService.Renew:input_type -> sluice.v1.RenewRequest
+	48, // 57: sluice.v1.PeerService.Propose:input_type -> sluice.v1.ProposeRequest
+	36, // 58: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
+	3,  // 59: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
+	7,  // 60: sluice.v1.RateLimitService.Settle:output_type -> sluice.v1.SettleResponse
+	15, // 61: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
+	22, // 62: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
+	25, // 63: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
+	28, // 64: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
+	30, // 65: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
+	32, // 66: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
+	35, // 67: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
+	12, // 68: sluice.v1.AdminService.ListMembers:output_type -> sluice.v1.ListMembersResponse
+	10, // 69: sluice.v1.AdminService.ForgetMember:output_type -> sluice.v1.ForgetMemberResponse
+	40, // 70: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
+	42, // 71: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
+	45, // 72: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
+	47, // 73: sluice.v1.PeerService.Renew:output_type -> sluice.v1.RenewResponse
+	49, // 74: sluice.v1.PeerService.Propose:output_type -> sluice.v1.ProposeResponse
+	38, // 75: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
+	59, // [59:76] is the sub-list for method output_type
+	42, // [42:59] is the sub-list for method input_type
+	42, // [42:42] is the sub-list for extension type_name
+	42, // [42:42] is the sub-list for extension extendee
+	0,  // [0:42] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -3612,7 +4001,7 @@ func file_sluice_v1_sluice_proto_init() {
 		return
 	}
 	file_sluice_v1_sluice_proto_msgTypes[1].OneofWrappers = []any{}
-	file_sluice_v1_sluice_proto_msgTypes[11].OneofWrappers = []any{
+	file_sluice_v1_sluice_proto_msgTypes[15].OneofWrappers = []any{
 		(*KeyState_SlidingLog)(nil),
 		(*KeyState_SlidingWindow)(nil),
 		(*KeyState_TokenBucket)(nil),
@@ -3623,7 +4012,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   45,
+			NumMessages:   49,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

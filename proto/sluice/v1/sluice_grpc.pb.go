@@ -43,7 +43,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	RateLimitService_Check_FullMethodName = "/sluice.v1.RateLimitService/Check"
+	RateLimitService_Check_FullMethodName  = "/sluice.v1.RateLimitService/Check"
+	RateLimitService_Settle_FullMethodName = "/sluice.v1.RateLimitService/Settle"
 )
 
 // RateLimitServiceClient is the client API for RateLimitService service.
@@ -71,6 +72,21 @@ type RateLimitServiceClient interface {
 	//   - DEADLINE_EXCEEDED / CANCELED: the caller's deadline or cancellation.
 	//     Hits may or may not have been recorded.
 	Check(ctx context.Context, in *CheckRequest, opts ...grpc.CallOption) (*CheckResponse, error)
+	// Settle settles reservations that checks with reserve_for made, each
+	// with the cost the reserved work actually had: if it is less than the
+	// estimate, the difference is given back (the very hits the
+	// reservation recorded, if they are still in the window); if it is
+	// more, the excess is recorded as usage, even above the limit. A
+	// reservation settles once: a second Settle of it, or one after it
+	// expired (it was then settled at its estimate), changes nothing and
+	// answers settled = false. Only the holder of a handle can settle it:
+	// the handle carries 128 random bits.
+	//
+	// Each settlement is decided by the node that owns its key. Errors (the
+	// call fails whole and nothing is settled): INVALID_ARGUMENT for a
+	// malformed handle, a negative cost, an empty or too large batch; the
+	// others as for Check.
+	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
 }
 
 type rateLimitServiceClient struct {
@@ -85,6 +101,16 @@ func (c *rateLimitServiceClient) Check(ctx context.Context, in *CheckRequest, op
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CheckResponse)
 	err := c.cc.Invoke(ctx, RateLimitService_Check_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *rateLimitServiceClient) Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SettleResponse)
+	err := c.cc.Invoke(ctx, RateLimitService_Settle_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -116,6 +142,21 @@ type RateLimitServiceServer interface {
 	//   - DEADLINE_EXCEEDED / CANCELED: the caller's deadline or cancellation.
 	//     Hits may or may not have been recorded.
 	Check(context.Context, *CheckRequest) (*CheckResponse, error)
+	// Settle settles reservations that checks with reserve_for made, each
+	// with the cost the reserved work actually had: if it is less than the
+	// estimate, the difference is given back (the very hits the
+	// reservation recorded, if they are still in the window); if it is
+	// more, the excess is recorded as usage, even above the limit. A
+	// reservation settles once: a second Settle of it, or one after it
+	// expired (it was then settled at its estimate), changes nothing and
+	// answers settled = false. Only the holder of a handle can settle it:
+	// the handle carries 128 random bits.
+	//
+	// Each settlement is decided by the node that owns its key. Errors (the
+	// call fails whole and nothing is settled): INVALID_ARGUMENT for a
+	// malformed handle, a negative cost, an empty or too large batch; the
+	// others as for Check.
+	Settle(context.Context, *SettleRequest) (*SettleResponse, error)
 	mustEmbedUnimplementedRateLimitServiceServer()
 }
 
@@ -128,6 +169,9 @@ type UnimplementedRateLimitServiceServer struct{}
 
 func (UnimplementedRateLimitServiceServer) Check(context.Context, *CheckRequest) (*CheckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Check not implemented")
+}
+func (UnimplementedRateLimitServiceServer) Settle(context.Context, *SettleRequest) (*SettleResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Settle not implemented")
 }
 func (UnimplementedRateLimitServiceServer) mustEmbedUnimplementedRateLimitServiceServer() {}
 func (UnimplementedRateLimitServiceServer) testEmbeddedByValue()                          {}
@@ -168,6 +212,24 @@ func _RateLimitService_Check_Handler(srv interface{}, ctx context.Context, dec f
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimitService_Settle_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SettleRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimitServiceServer).Settle(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimitService_Settle_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimitServiceServer).Settle(ctx, req.(*SettleRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RateLimitService_ServiceDesc is the grpc.ServiceDesc for RateLimitService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -178,6 +240,10 @@ var RateLimitService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Check",
 			Handler:    _RateLimitService_Check_Handler,
+		},
+		{
+			MethodName: "Settle",
+			Handler:    _RateLimitService_Settle_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
