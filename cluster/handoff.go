@@ -523,10 +523,10 @@ func (r *Router) receiveHandoff(ctx context.Context, req *sluicepb.HandoffReques
 	if err := r.catchUp(ctx, req.MapVersion); err != nil {
 		return 0, err
 	}
-	r.imports.RLock()
-	defer r.imports.RUnlock()
 	r.resyncs.RLock()
 	defer r.resyncs.RUnlock()
+	r.imports.RLock()
+	defer r.imports.RUnlock()
 	own := r.own.Load()
 	if req.ToNode != r.cfg.Self || req.ToEpoch != own.epoch {
 		return 0, fmt.Errorf("%w: meant for %s epoch %d; this is %s epoch %d", errWrongEpoch, req.ToNode, req.ToEpoch, r.cfg.Self, own.epoch)

@@ -155,17 +155,20 @@ func (nopRouterObserver) Replicated(string, int, error)               {}
 // Its parts and their locks, in the order they may be taken (a part never
 // takes an earlier one while holding a later one):
 //
-//  1. ownMu: the ownership (own) and what was applied last (applied).
+//  1. resyncs: read-held by each handoff import, write-held by a handoff
+//     round while it collects states and queues them for the standbys
+//     (see handoffRound), so that no stale state is queued after a newer
+//     one. An import waits for it before it takes imports: a round that
+//     holds it (and waits for standbys) never holds up a new ownership.
 //  2. imports: read-held by each handoff import, write-held while a new
 //     ownership is published (see update) and, for a moment, at the start
 //     of a handoff round, so that no import straddles a change.
-//  3. resyncs: read-held by each handoff import, write-held by a handoff
-//     round while it collects states and queues them for the standbys
-//     (see handoffRound), so that no stale state is queued after a newer
-//     one.
-//  4. copies: read-held by each standby write received, write-held while
+//  3. copies: read-held by each standby write received, write-held while
 //     a new ownership is published and before a promotion, so that no
 //     write from an epoch that ended is taken in after it.
+//  4. ownMu: the ownership (own) and what was applied last (applied);
+//     the applied version is also kept in an atomic, which the senders of
+//     copies and forwarded checks read without it.
 //  5. handoffs.mu: what the handoff rounds delivered (handoff.go).
 //  6. repl.mu and each receiving lane's lock (replica.go).
 //  7. peers.mu: the peer connections (forward.go).
@@ -182,6 +185,10 @@ type Router struct {
 		epoch   uint64
 		seq     uint64 // sequence of the current configuration
 	}
+	// version is applied.version, read without ownMu: the senders of
+	// copies and forwarded checks read it while update may hold ownMu and
+	// wait for a handoff import that waits for them.
+	version atomic.Uint64
 	// tombstones records when this node first saw each tombstone of the
 	// map; under ownMu, read through own.
 	tombstones map[control.Tombstone]time.Time
@@ -343,16 +350,29 @@ func (r *Router) unservedLoop(ctx context.Context) {
 func (r *Router) update() {
 	m := r.ctl.Map()
 	epoch := r.ctl.Epoch()
+	// Nothing new: no lock beyond a glance.
 	r.ownMu.Lock()
-	defer r.ownMu.Unlock()
 	old := r.own.Load()
-	if old != nil && m.Version == r.applied.version && epoch == r.applied.epoch {
+	same := old != nil && (m.Version == r.applied.version && epoch == r.applied.epoch || m.Version < r.applied.version)
+	r.ownMu.Unlock()
+	if same {
 		return
 	}
-	if old != nil && m.Version < r.applied.version {
+	// Handoff imports and standby writes in flight finish first; later
+	// ones see the new ownership. These locks come before ownMu (see
+	// Router): an import that records a complete takes ownMu.
+	r.imports.Lock()
+	r.copies.Lock()
+	r.ownMu.Lock()
+	old = r.own.Load()
+	if old != nil && (m.Version == r.applied.version && epoch == r.applied.epoch || m.Version < r.applied.version) {
+		r.ownMu.Unlock()
+		r.copies.Unlock()
+		r.imports.Unlock()
 		return
 	}
 	r.applied.version, r.applied.epoch = m.Version, epoch
+	r.version.Store(m.Version)
 	now := time.Now()
 	for _, t := range m.Tombstones {
 		if _, ok := r.tombstones[t]; !ok {
@@ -367,13 +387,12 @@ func (r *Router) update() {
 		next = old.next(c, epoch)
 	}
 	moved := old == nil || old.cur.id != c.id || old.epoch != epoch
-	r.imports.Lock()
-	r.copies.Lock()
 	if moved {
 		r.applied.seq = max(r.applied.seq+1, uint64(time.Now().UnixNano()))
 		r.handoffs.rescan()
 	}
 	r.publish(old, next)
+	r.ownMu.Unlock()
 	r.copies.Unlock()
 	r.imports.Unlock()
 	if moved {
@@ -977,9 +996,7 @@ func (r *Router) catchUp(ctx context.Context, v uint64) error {
 	deadline := time.NewTimer(catchUpWait)
 	defer deadline.Stop()
 	for {
-		r.ownMu.Lock()
-		have := r.applied.version
-		r.ownMu.Unlock()
+		have := r.version.Load()
 		if have >= v {
 			return nil
 		}
@@ -1000,11 +1017,7 @@ func (r *Router) catchUp(ctx context.Context, v uint64) error {
 
 // mapVersion is the version of the map the current ownership was built
 // from.
-func (r *Router) mapVersion() uint64 {
-	r.ownMu.Lock()
-	defer r.ownMu.Unlock()
-	return r.applied.version
-}
+func (r *Router) mapVersion() uint64 { return r.version.Load() }
 
 // Owner returns the name of the member that decides key now, and whether
 // it is another node. When nobody may decide it, it names the member the

@@ -124,6 +124,17 @@ func startCluster(t *testing.T, cfg clusterConfig) (*cluster, error) {
 	root := t.TempDir()
 	t.Cleanup(func() {
 		c.stopMonitors()
+		if t.Failed() && os.Getenv("SLUICE_FAULT_LOGS") != "" {
+			// Every goroutine's stack into the node's log (Go's SIGQUIT),
+			// for a node that was stuck.
+			for _, n := range c.running() {
+				n.signal(syscall.SIGCONT)
+				n.signal(syscall.SIGQUIT)
+			}
+			for _, n := range c.running() {
+				n.wait(5 * time.Second)
+			}
+		}
 		for _, n := range c.nodes {
 			n.kill()
 			n.conn.Close()
