@@ -267,6 +267,9 @@ func New(cfg Config) (*Control, error) {
 	return c, nil
 }
 
+// Self returns this node's name.
+func (c *Control) Self() string { return c.cfg.NodeName }
+
 // ID returns this node's Raft server ID.
 func (c *Control) ID() string { return c.store.id }
 

@@ -93,6 +93,7 @@ func (n *Node) startCluster() error {
 		m.Shutdown()
 		return err
 	}
+	n.metrics.registerControl(n.registry, c)
 	n.membership.Store(m)
 	n.control.Store(c)
 	n.router.Store(r)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/cluster"
+	"github.com/sluice-io/sluice/cluster/control"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -324,4 +325,39 @@ func (m *metrics) registerTLS(reg *prometheus.Registry, c *certs) {
 		Name: "sluice_tls_certificate_expiry_timestamp_seconds",
 		Help: "When the TLS certificate in force expires (Unix time): alert well before it, in case rotation stalls.",
 	}, func() float64 { return float64(c.notAfter().Unix()) }))
+}
+
+// registerControl registers the gauges of the control plane c: whether
+// this node leads, the map version it applied, its epoch, the voters and
+// how long its lease still runs.
+func (m *metrics) registerControl(reg *prometheus.Registry, c *control.Control) {
+	gauge := func(name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, f)
+	}
+	reg.MustRegister(
+		gauge("sluice_raft_leader", "1 while this node is the Raft leader of the control plane, else 0.", func() float64 {
+			if c.Leader() != "" && c.Leader() == c.Self() {
+				return 1
+			}
+			return 0
+		}),
+		gauge("sluice_raft_voters", "Voters of the Raft group, as this node's configuration lists them (0 before it joined).", func() float64 {
+			n := 0
+			for _, v := range c.Servers() {
+				if v {
+					n++
+				}
+			}
+			return float64(n)
+		}),
+		gauge("sluice_cluster_map_version", "Version of the cluster map this node applied (the Raft index of its last change): every node reaches the same versions in the same order.", func() float64 {
+			return float64(c.Map().Version)
+		}),
+		gauge("sluice_cluster_epoch", "This node's epoch (a new one at each start, or after the leader ended the last one); 0 while it has none.", func() float64 {
+			return float64(c.Epoch())
+		}),
+		gauge("sluice_lease_remaining_seconds", "How long this node's lease still runs; 0 or less: it holds none and decides nothing.", func() float64 {
+			return c.LeaseRemaining().Seconds()
+		}),
+	)
 }
