@@ -538,23 +538,17 @@ func (r *Router) receiveHandoff(ctx context.Context, req *sluicepb.HandoffReques
 			return 0, fmt.Errorf("%w: %s does not act for key %s in its configuration (%s does); the configurations differ for a moment", errMisrouted, r.cfg.Self, actor.QuoteKey(states[i].Key), a)
 		}
 	}
-	if err := r.cfg.Engine.Import(ctx, states); err != nil {
-		return 0, err
-	}
 	// With standbys, what arrived is on this node's standbys before the
-	// sender forgets it: the merged states, read back.
-	if r.cfg.Replicas >= 2 && len(states) > 0 {
-		keys := make([]string, len(states))
-		for i := range states {
-			keys[i] = states[i].Key
-		}
-		merged, err := r.cfg.Engine.Get(ctx, keys)
-		if err != nil {
-			return 0, err
-		}
-		if err := r.replicateStates(ctx, own, merged); err != nil {
+	// sender forgets it: the import's write goes to them (the Replicator)
+	// in the actors' write order, after the key's earlier writes and
+	// before its later ones, and Import returns once they took it. (A
+	// merged state read back and sent apart could overtake a decision's
+	// copy and roll the standby's copy back past it.)
+	if err := r.cfg.Engine.Import(ctx, states); err != nil {
+		if errors.Is(err, actor.ErrReplication) {
 			return 0, fmt.Errorf("%w: %v", ErrMoving, err)
 		}
+		return 0, err
 	}
 	r.cfg.Observer.HandoffReceived(req.FromNode, len(states))
 	r.log.Debug("handoff received", "from", req.FromNode, "config", req.Config, "complete", req.Complete, "keys", len(states))

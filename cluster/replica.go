@@ -343,12 +343,6 @@ func (l *replicaLane) sendBatch() bool {
 	return more
 }
 
-// sendAndWait sends recs to standby name through its lanes (each key
-// after what is queued for it) and waits for the standby's answers.
-func (r *Router) sendAndWait(ctx context.Context, own *ownership, name string, recs []persist.Record) error {
-	return r.send(ctx, own, name, recs)(ctx)
-}
-
 // send queues recs for standby name through its lanes (each key after what
 // is queued for it) and returns a function that waits for the standby's
 // answers. What is queued keeps its place: a state read before a later
@@ -391,28 +385,6 @@ func (r *Router) send(ctx context.Context, own *ownership, name string, recs []p
 		}
 		return errors.Join(errs...)
 	}
-}
-
-// replicateStates sends full states to the standbys of their keys and
-// waits until each committed them: keys that arrived by handoff, or that
-// this node took over, are on two nodes before anything depends on them.
-func (r *Router) replicateStates(ctx context.Context, own *ownership, states []actor.Exported) error {
-	if r.cfg.Replicas < 2 || len(states) == 0 {
-		return nil
-	}
-	bySb := make(map[string][]persist.Record)
-	for _, x := range states {
-		if sb := own.cur.standby(x.Key); sb != "" {
-			bySb[sb] = append(bySb[sb], persist.Record{Key: x.Key, Deadline: x.Deadline, Value: x.State})
-		}
-	}
-	var errs []error
-	for sb, recs := range bySb {
-		if err := r.sendAndWait(ctx, own, sb, recs); err != nil {
-			errs = append(errs, fmt.Errorf("replicate to %s: %w", sb, err))
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // unsync marks standby name as no longer up to date: keys it keeps wait

@@ -77,7 +77,7 @@
 // (δ = 2 ms, H = 300 ms): b was certainly decided after a1 and before a2,
 // and a1 and a2 less than H apart. The key cannot legitimately have moved
 // from A to B and back in that time: every handover passes either a fence
-// (the old holder's lease must have lapsed: L·(1+ρ) = 1.1 s) or a node's
+// (the old holder's lease must have lapsed: L·(1+ρ) = 2.2 s) or a node's
 // departure and return (a process start, a lease round, the others'
 // completes: above a second in every run). So the check passes every
 // handover, a rolling restart's A to B and back to A included, and slow
@@ -123,18 +123,11 @@
 // cut (nodes 1 and 3 drop what they send to node 2, which still reaches
 // them); a kill -9 of node 2 with its return on the same data dir, and on
 // an empty one; and, with --owner-policy available, the kill and the
-// partition again. Rows that fail on today's code in some of their runs,
-// because the checks above found something wrong, are gated: they run
-// only with SLUICE_FAULT_DOUBLE=1, and say what they found when skipped.
-// The rolling restarts are (about half of their runs leave a standby copy
-// one acknowledged hit behind its acting node, or a state counting a hit
-// no call recorded), and so is the partition (about one run in ten leaves
-// a standby copy one unacknowledged hit behind, for good).
+// partition again.
 //
 // TestDoubleFaults runs the double faults and operator mistakes of issue
-// 19, which fail on the control plane of today (the roster, leases and
-// fencing promises of package cluster) and are the measure of its Raft
-// replacement; it runs only with SLUICE_FAULT_DOUBLE=1. On five nodes
+// 19, which broke the hand-made control plane that came before Raft. On
+// five nodes
 // (--expect 5): the owner and the standby of every key (keys chosen by
 // their rendezvous order) cut off together, reaching each other; the
 // standby of every key paused and its owner killed -9; nodes 4 and 5
@@ -148,10 +141,8 @@
 // is paused; node 2's peer address (--peer-addr on the second address)
 // cut one way, gossip still flowing; the fresh keys first checked at the
 // very moment node 2 is cut off (the partition row lets them in a second
-// before, so that they have copies; new keys at the cut are counted
-// twice today); and the Raft leader paused, and cut off. The leader is
-// the node ListMembersResponse's leader field names, read through
-// protobuf reflection; until the control plane adds that field, node 1.
+// before, so that they have copies); and the Raft leader paused, and cut
+// off. The leader is the node ListMembersResponse's leader field names.
 //
 // Each scenario reports, as one row of the table its test prints at the
 // end (the shape of docs/cluster.md's "What each failure costs"), what it
@@ -168,7 +159,7 @@
 // # Running it
 //
 //	sudo go test ./cluster/faults -v
-//	sudo SLUICE_FAULT_DOUBLE=1 go test ./cluster/faults -run TestDoubleFaults -v
+//	sudo go test ./cluster/faults -run TestDoubleFaults -v
 //
 // The suite needs root (to create network namespaces) and iproute2's ip.
 // It uses only ip netns, veth pairs, a bridge, addresses, link up and
@@ -184,11 +175,9 @@
 // Environment:
 //
 //   - SLUICE_FAULT_SECONDS: how long each fault lasts (default 6, longer
-//     than failure detection, about 2.4 s, and a lease, 1 s, together); a
+//     than failure detection, about 2.4 s, and a lease, 2 s, together); a
 //     killed node stays down 2/3 of it.
 //   - SLUICE_FAULT_PARALLEL: how many scenarios run at once (default 2).
-//   - SLUICE_FAULT_DOUBLE=1: run TestDoubleFaults, and the gated rows of
-//     TestFaults.
 //   - SLUICE_FAULT_FLAGS: extra flags for every node's sluice serve,
 //     separated by spaces (for example "--log-level debug"), after the
 //     harness's own extra flags and before a scenario's flags for one

@@ -5,7 +5,6 @@ package faults
 import (
 	"context"
 	"fmt"
-	"os"
 	"regexp"
 	"strings"
 	"testing"
@@ -61,14 +60,8 @@ func doubleFaults() []scenario {
 }
 
 // TestDoubleFaults runs the double faults and operator mistakes of issue
-// 19 as TestFaults runs the single ones, with the same checks. They fail on
-// the control plane of today (roster, leases, fencing promises of package
-// cluster), which is why it is being rebuilt on Raft; so they run only
-// with SLUICE_FAULT_DOUBLE=1 until it lands.
+// 19 as TestFaults runs the single ones, with the same checks.
 func TestDoubleFaults(t *testing.T) {
-	if os.Getenv("SLUICE_FAULT_DOUBLE") != "1" {
-		t.Skip("faults: double faults run only with SLUICE_FAULT_DOUBLE=1 (they fail until the Raft control plane of issue 19 lands)")
-	}
 	requireNetns(t)
 	runScenarios(t, doubleFaults(), "what each double fault cost")
 }

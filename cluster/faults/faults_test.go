@@ -175,10 +175,6 @@ type scenario struct {
 	freshAtFault bool
 	// inject injects the fault and heals it, then returns.
 	inject func(t *testing.T, c *cluster, tm timing)
-	// gate, if set, says what the scenario found wrong with today's
-	// cluster: it runs only with SLUICE_FAULT_DOUBLE=1, with the double
-	// faults, until the control plane of issue 19 lands.
-	gate string
 }
 
 // copies is the number of copies of a key the scenario keeps.
@@ -209,11 +205,11 @@ func (sc scenario) serveFlags() []string {
 // scenarios returns the single faults of the suite.
 func scenarios() []scenario {
 	return []scenario{
-		{name: "rolling-restart/join-first", inject: rollingRestart, gate: rollingGate,
+		{name: "rolling-restart/join-first", inject: rollingRestart,
 			event: fixed("rolling SIGTERM restart, each node joining through the first")},
-		{name: "rolling-restart/join-all", joinAll: true, inject: rollingRestart, gate: rollingGate,
+		{name: "rolling-restart/join-all", joinAll: true, inject: rollingRestart,
 			event: fixed("rolling SIGTERM restart, every node in every join list")},
-		{name: "partition", inject: partition, gate: partitionGate,
+		{name: "partition", inject: partition,
 			event: func(tm timing) string {
 				return fmt.Sprintf("node 2 cut off %s, its own client still reaching it", secs(tm.fault))
 			}},
@@ -235,19 +231,6 @@ func scenarios() []scenario {
 			event: func(tm timing) string { return fmt.Sprintf("node 2 cut off %s, `available`", secs(tm.fault)) }},
 	}
 }
-
-// rollingGate is what the rolling restarts find wrong with today's
-// cluster, in about half of their runs: after the restart, the standby
-// copy of a key or two lacks one acknowledged hit its acting node holds,
-// for good (a crash of the acting node would lose it), or a key's state
-// holds one hit more than every call that could have recorded one.
-const rollingGate = "a standby copy lacks an acknowledged hit after a rolling restart, or a state counts a hit no call recorded"
-
-// partitionGate is what the partition finds wrong with today's cluster,
-// in about one run of ten: after the partition heals, the nodes are
-// fenced in turn, and a key's standby copy stays one hit (one that was
-// recorded, not acknowledged) behind its acting node's state for good.
-const partitionGate = "after the partition heals, a standby copy stays behind its acting node's state for good"
 
 // fixed is an event that does not depend on the timing.
 func fixed(s string) func(timing) string { return func(timing) string { return s } }
@@ -282,13 +265,10 @@ func runScenarios(t *testing.T, scs []scenario, title string) {
 	})
 	for i, sc := range scs {
 		t.Run(sc.name, func(t *testing.T) {
-			if sc.gate != "" && os.Getenv("SLUICE_FAULT_DOUBLE") != "1" {
-				t.Skipf("faults: runs only with SLUICE_FAULT_DOUBLE=1 until the Raft control plane lands: %s", sc.gate)
-			}
 			t.Parallel()
 			slots.ch <- struct{}{}
 			defer func() { <-slots.ch }()
-			r := report{name: sc.name, event: sc.event(tm), ran: true, gated: sc.gate != ""}
+			r := report{name: sc.name, event: sc.event(tm), ran: true}
 			defer func() {
 				r.failed = t.Failed()
 				mu.Lock()
@@ -296,7 +276,7 @@ func runScenarios(t *testing.T, scs []scenario, title string) {
 				mu.Unlock()
 			}()
 			r = runScenario(t, bin, sc, tm)
-			r.ran, r.gated = true, sc.gate != ""
+			r.ran = true
 		})
 	}
 }

@@ -333,7 +333,6 @@ func median(ds []time.Duration) time.Duration {
 // table.
 type report struct {
 	ran      bool   // whether the scenario ran (-run may leave it out)
-	gated    bool   // whether it runs only with SLUICE_FAULT_DOUBLE=1
 	name     string // the subtest's name
 	event    string // what happened, for the table
 	measured bool   // false if the scenario ended before its ledger
@@ -419,9 +418,6 @@ const tableHeader = "| event | checked | keys over their limit (worst allowed/li
 // row formats the report as a markdown table row.
 func (r report) row() string {
 	event := r.event
-	if r.gated {
-		event += " (gated)"
-	}
 	if r.failed {
 		event += " **(failed)**"
 	}

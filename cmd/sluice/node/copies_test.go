@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -29,6 +30,12 @@ func TestClusterRollingRestartKeepsCopies(t *testing.T) {
 	tc := newTestClusterWith(t, 3, func(c *Config) { c.Router.Replicas = 2 })
 	const keys, limit = 24, 1_000_000
 	var allowed [keys]atomic.Int64
+	// The workers reach the nodes through conns, nil while a node is down:
+	// the restarts below replace the test servers' fields.
+	conns := make([]atomic.Pointer[grpc.ClientConn], len(tc.nodes))
+	for i, ts := range tc.nodes {
+		conns[i].Store(ts.conn)
+	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for w := 0; w < 6; w++ {
@@ -41,15 +48,15 @@ func TestClusterRollingRestartKeepsCopies(t *testing.T) {
 					return
 				default:
 				}
-				i := rand.IntN(len(tc.nodes))
-				ts := tc.nodes[i]
-				if ts.srv == nil {
+				i := rand.IntN(len(conns))
+				conn := conns[i].Load()
+				if conn == nil {
 					time.Sleep(time.Millisecond)
 					continue
 				}
 				k := rand.IntN(keys)
 				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-				resp, err := sluicepb.NewRateLimitServiceClient(ts.conn).Check(ctx, &sluicepb.CheckRequest{
+				resp, err := sluicepb.NewRateLimitServiceClient(conn).Check(ctx, &sluicepb.CheckRequest{
 					Checks: []*sluicepb.Check{nativeCheck(fmt.Sprintf("copy-%02d", k), limit, time.Hour, 1)}})
 				cancel()
 				if err == nil && resp.Decisions[0].Allowed {
@@ -63,9 +70,11 @@ func TestClusterRollingRestartKeepsCopies(t *testing.T) {
 		}()
 	}
 	time.Sleep(500 * time.Millisecond)
-	for i := range tc.nodes {
-		tc.nodes[i].stop()
-		tc.nodes[i].start()
+	for i, ts := range tc.nodes {
+		conns[i].Store(nil)
+		ts.stop()
+		ts.start()
+		conns[i].Store(ts.conn)
 		tc.waitMembers(3)
 		tc.waitReady()
 		time.Sleep(300 * time.Millisecond)
