@@ -62,11 +62,11 @@ type Config struct {
 	GRPCAddr string
 
 	// PeerAddr is the host:port of this node's peer service (forwarded
-	// checks, handoffs, leases, fences, standby copies) when it has a
-	// listener of its own; it travels in the gossip metadata, and peers
-	// dial it for every peer call. An empty or unspecified host is
-	// replaced as for GRPCAddr. Default empty: the peer service is on
-	// GRPCAddr.
+	// checks, handoffs, lease renewals, standby copies) and of Raft when
+	// they have a listener of their own; it travels in the gossip
+	// metadata, and peers dial it for every peer call and Raft connection.
+	// An empty or unspecified host is replaced as for GRPCAddr. Default
+	// empty: both are on GRPCAddr.
 	PeerAddr string
 	// AdminAddr is the host:port of this node's admin service when it has a
 	// listener of its own: the other nodes dial it for the admin calls they

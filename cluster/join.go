@@ -152,8 +152,9 @@ const rejoinUrgent = time.Second
 // members a restarted node knew before (its join list may name only
 // itself), or the other side of a partition that outlived memberlist's
 // gossip to dead nodes. It does so every RejoinInterval, and every second
-// while fewer than Config.Expect members are alive: a node that cannot
-// see a majority decides nothing, so finding the others is urgent.
+// while fewer than Config.Expect members are alive: a new cluster
+// bootstraps only once Expect nodes found one another, and a node cut off
+// from the Raft leader decides nothing, so finding the others is urgent.
 func (m *Membership) rejoinLoop(ctx context.Context, ml *memberlist.Memberlist) {
 	defer m.wg.Done()
 	for {

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # cluster-down.sh: stop the nodes scripts/cluster-up.sh started (SIGTERM:
-# each hands its keys over and exits), waiting up to 30 s for each.
+# each leaves its keys complete on their standbys, ends its epoch and
+# exits), waiting up to 30 s for each. Once a quorum of voters has stopped,
+# the nodes left cannot end their epochs and take their --shutdown-timeout.
 set -euo pipefail
 dir=${SLUICE_CLUSTER_DIR:-$PWD/sluice-cluster}
 for pidfile in "$dir"/node-*/pid; do

@@ -7,9 +7,11 @@
 #
 # Node i (from 1) serves gRPC on 127.0.0.1:(PORT_BASE+i*10+1), HTTP on
 # 127.0.0.1:(PORT_BASE+i*10) and gossips on 127.0.0.1:(GOSSIP_BASE+i); all
-# join node 1, and expect N nodes (a node decides nothing without a lease
-# from a majority of them). A node restarted later rejoins through the
-# members it knew.
+# join node 1 with --expect N: a new cluster is bootstrapped once N nodes
+# are up (later, --expect is ignored, so running it again with a larger N
+# adds nodes to the running cluster). A node restarted later rejoins the
+# Raft group it was in, through the members of the cluster map it kept in
+# its data dir (raft.db).
 #
 # Environment:
 #   SLUICE_CLUSTER_DIR          where nodes keep data, logs, pid files (./sluice-cluster)

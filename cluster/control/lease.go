@@ -11,13 +11,13 @@ import (
 )
 
 // A node decides keys only while it holds a lease, timed by the leader
-// (docs/cluster.md, "Leases"): it sends Renew(name, epoch) at s on its
-// CLOCK_BOOTTIME; the leader commits a Raft barrier after the request
-// arrived, checks the epoch is live and not ending, and grants; the node
-// then decides until s + L. To end an epoch the leader stops granting to it
-// and waits until max(last grant, leadership start) + L·(1+ρ) on its own
-// clock, then applies the end. A new leader commits a barrier before it
-// grants anything.
+// (docs/cluster.md, "Epochs and leases"): it sends Renew(name, epoch) at s
+// on its CLOCK_BOOTTIME; the leader commits a Raft barrier after the
+// request arrived, checks the epoch is live and not ending, and grants;
+// the node then decides until s + L. To end an epoch the leader stops
+// granting to it and waits until max(last grant, leadership start) +
+// L·(1+ρ) on its own clock, then applies the end. A new leader commits a
+// barrier before it grants anything.
 
 // holder is this node's lease: until is the end of the lease on the boot
 // clock, for epoch.

@@ -5,7 +5,7 @@
 //	sluice check KEY                 ask for one decision
 //	sluice key get|list|reset|envoy  look at and reset live key state
 //	sluice override set|list|rm      change a key's limit without a deploy
-//	sluice members                   list the cluster's members and their share of keys
+//	sluice members                   list the cluster's members (epochs, Raft roles, share of keys); forget one
 //	sluice top                       watch the busiest and most denied keys and each node's rates
 //	sluice bench                     load a node and report decisions/s and latency
 //	sluice edge                      a rate-limiting reverse proxy in front of an origin

@@ -78,7 +78,7 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	cfg := &o.cfg
 	fs.StringVar(&cfg.NodeName, "node-name", cfg.NodeName, "name of this node in decisions, logs and the cluster")
 	fs.StringVar(&cfg.GRPCAddr, "grpc-addr", cfg.GRPCAddr, "address of the gRPC API: decisions (native, Envoy RLS v3) and health; also admin and peer unless --admin-addr, --peer-addr; port 0 picks a free port")
-	fs.StringVar(&cfg.PeerAddr, "peer-addr", "", "cluster: serve the peer service (forwarded checks, handoffs, leases, standby copies) only on this address, which the other nodes dial; empty: on --grpc-addr")
+	fs.StringVar(&cfg.PeerAddr, "peer-addr", "", "cluster: serve the peer service (forwarded checks, handoffs, lease renewals, standby copies) and Raft only on this address, which the other nodes dial; empty: on --grpc-addr")
 	fs.StringVar(&cfg.AdminAddr, "admin-addr", "", "serve the admin API and server reflection only on this address (the other nodes of a cluster dial it for admin calls); empty: on --grpc-addr")
 	fs.StringVar(&cfg.HTTPAddr, "http-addr", cfg.HTTPAddr, "address of /metrics, /healthz, /readyz, the web UI (/ui/) and envoyproxy/ratelimit's /json and /rlconfig; empty disables them")
 	fs.StringVar(&cfg.HealthAddr, "health-addr", "", "address of /healthz and /readyz alone, in plain HTTP even with --tls-cert and without client certificates: for probes that cannot speak TLS (the kubelet's); empty: none")
@@ -135,8 +135,8 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.StringVar(&cfg.Control.Zone, "zone", "", "cluster: this node's failure domain (a Kubernetes zone): the Raft leader spreads voters across zones")
 	fs.Var(newDurationValue(&cfg.Control.Settings.Lease, 2*time.Second), "lease", "cluster: how long a node may decide after its last lease renewal was sent (L); a node down is replaced after about L·1.1 plus failure detection. Every node of a cluster needs the same")
 	fs.Var(newEnumValue(&o.ownerPolicy, "exact", "exact", "available"), "owner-policy",
-		"cluster: who decides the keys of a node that is down and that no standby holds: exact (nobody until it is back: UNAVAILABLE, never a wrong answer) or available (the next node, from no state once the down node is fenced: up to one extra limit per key)")
-	fs.BoolVar(&o.insecure, "insecure", false, "cluster: serve the peer service on a non-loopback --grpc-addr without --admin-token or --tls-client-ca (anyone who reaches the port can then forge handoffs, forwarded checks and refunds)")
+		"cluster: who decides the keys of a node that is down and that no standby holds: exact (nobody until it is back: UNAVAILABLE, never a wrong answer) or available (the next node, from what it holds, once the Raft leader ended the down node's epoch: up to one extra limit per key). Every node of a cluster needs the same")
+	fs.BoolVar(&o.insecure, "insecure", false, "cluster: serve the peer service on a non-loopback --grpc-addr without --admin-token or --tls-client-ca (anyone who reaches the port can then forge handoffs, forwarded checks and refunds, and vote in Raft)")
 	fs.IntVar(&o.replicas, "replicas", 0, "cluster: nodes that keep each key's state: 2 gives every key a standby that has every acknowledged hit and takes over when its owner is down; 1 keeps it on the owner only (0: 2 with a data file, 1 with --durability memory)")
 	fs.Var(newEnumValue(&o.logFormat, "text", "text", "json"), "log-format", "log format")
 	fs.Var(newEnumValue(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "least severe level logged")

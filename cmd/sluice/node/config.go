@@ -31,9 +31,9 @@ type Config struct {
 	// 127.0.0.1:8081.
 	GRPCAddr string
 	// PeerAddr, when set, is the only listener of the peer service
-	// (sluice.v1.PeerService: forwarded checks, handoffs, leases, fences,
-	// standby copies), and the address the other members dial for it. Only
-	// in a cluster. Default empty: the peer service is on GRPCAddr.
+	// (sluice.v1.PeerService: forwarded checks, handoffs, lease renewals,
+	// standby copies) and of Raft, and the address the other members dial
+	// for them. Only in a cluster. Default empty: both are on GRPCAddr.
 	PeerAddr string
 	// AdminAddr, when set, is the only listener of the admin service
 	// (sluice.v1.AdminService) and of server reflection; the other members

@@ -302,9 +302,10 @@ type AdminServiceClient interface {
 	// descriptor, so an operator can look it up with GetKey or override it.
 	// It reads and records nothing.
 	EnvoyKey(ctx context.Context, in *EnvoyKeyRequest, opts ...grpc.CallOption) (*EnvoyKeyResponse, error)
-	// ListMembers lists the cluster's members as the node asked sees them:
-	// name, addresses, state, share of keys and the node's view epoch. A
-	// single node lists itself.
+	// ListMembers lists the members of the cluster map as the node asked
+	// applied it: name, addresses, state, share of keys, epoch, Raft role,
+	// with the map version, the leader and the cluster ID. A single node
+	// lists itself.
 	ListMembers(ctx context.Context, in *ListMembersRequest, opts ...grpc.CallOption) (*ListMembersResponse, error)
 	// ForgetMember removes a member that is down for good (its machine and
 	// disk are gone) from the cluster map, through the Raft leader: its epoch
@@ -455,9 +456,10 @@ type AdminServiceServer interface {
 	// descriptor, so an operator can look it up with GetKey or override it.
 	// It reads and records nothing.
 	EnvoyKey(context.Context, *EnvoyKeyRequest) (*EnvoyKeyResponse, error)
-	// ListMembers lists the cluster's members as the node asked sees them:
-	// name, addresses, state, share of keys and the node's view epoch. A
-	// single node lists itself.
+	// ListMembers lists the members of the cluster map as the node asked
+	// applied it: name, addresses, state, share of keys, epoch, Raft role,
+	// with the map version, the leader and the cluster ID. A single node
+	// lists itself.
 	ListMembers(context.Context, *ListMembersRequest) (*ListMembersResponse, error)
 	// ForgetMember removes a member that is down for good (its machine and
 	// disk are gone) from the cluster map, through the Raft leader: its epoch
@@ -761,7 +763,7 @@ const (
 // Status codes a peer answers, and what the caller does with them:
 //
 //   - ABORTED: the receiver does not act for a forwarded key in its
-//     configuration (views differ for a moment). The sender routes the check
+//     configuration (maps differ for a moment). The sender routes the check
 //     again once its own configuration changed, never through the receiver.
 //   - UNAVAILABLE: the receiver acts for the key but may not decide it now:
 //     no lease ("no quorum"), a handoff not yet arrived, the owner down. The
@@ -786,8 +788,8 @@ type PeerServiceClient interface {
 	// committed to its storage; only then does the sender delete them.
 	Handoff(ctx context.Context, in *HandoffRequest, opts ...grpc.CallOption) (*HandoffResponse, error)
 	// Renew asks the Raft leader to renew the sender's lease for its epoch
-	// (see docs/cluster.md, "Leases"). A node that is not the leader answers
-	// not granted, naming the leader it knows.
+	// (see docs/cluster.md, "Epochs and leases"). A node that is not the
+	// leader answers not granted, naming the leader it knows.
 	Renew(ctx context.Context, in *RenewRequest, opts ...grpc.CallOption) (*RenewResponse, error)
 	// Propose asks the Raft leader to apply a change of the cluster map (an
 	// epoch started or ended, standbys brought up to date, a member
@@ -885,7 +887,7 @@ func (c *peerServiceClient) Replicate(ctx context.Context, in *ReplicateRequest,
 // Status codes a peer answers, and what the caller does with them:
 //
 //   - ABORTED: the receiver does not act for a forwarded key in its
-//     configuration (views differ for a moment). The sender routes the check
+//     configuration (maps differ for a moment). The sender routes the check
 //     again once its own configuration changed, never through the receiver.
 //   - UNAVAILABLE: the receiver acts for the key but may not decide it now:
 //     no lease ("no quorum"), a handoff not yet arrived, the owner down. The
@@ -910,8 +912,8 @@ type PeerServiceServer interface {
 	// committed to its storage; only then does the sender delete them.
 	Handoff(context.Context, *HandoffRequest) (*HandoffResponse, error)
 	// Renew asks the Raft leader to renew the sender's lease for its epoch
-	// (see docs/cluster.md, "Leases"). A node that is not the leader answers
-	// not granted, naming the leader it knows.
+	// (see docs/cluster.md, "Epochs and leases"). A node that is not the
+	// leader answers not granted, naming the leader it knows.
 	Renew(context.Context, *RenewRequest) (*RenewResponse, error)
 	// Propose asks the Raft leader to apply a change of the cluster map (an
 	// epoch started or ended, standbys brought up to date, a member
