@@ -444,7 +444,7 @@ func (a *adminService) ListMembers(ctx context.Context, req *sluicepb.ListMember
 			Phase:      x.Phase.String(),
 			Id:         x.ID,
 			Gossip:     gs,
-			Releasable: x.Releasable,
+			Releasable: x.Releasable && !x.Live,
 		})
 	}
 	// Nodes gossip sees that the map does not list (yet): joining, or of

@@ -43,7 +43,7 @@ func (p peerServer) started(ctx context.Context) (*Router, error) {
 		return nil, errStarting
 	}
 	if r.ctl != nil {
-		if err := r.checkCluster(ctx); err != nil {
+		if err := checkClusterID(ctx, r.ctl.ClusterID()); err != nil {
 			return nil, Status(err)
 		}
 	}
@@ -193,10 +193,17 @@ func FromProtoChecks(in []*sluicepb.Check) ([]actor.Check, error) {
 var errWrongEpoch = errors.New("cluster: wrong epoch")
 
 // checkClusterID refuses a call whose sender names another cluster than
-// own (see clusterHeader).
+// own, or none once this node has one (see control.ClusterHeader): every peer
+// call of a member comes from a node that holds the map, and so the ID.
 func checkClusterID(ctx context.Context, own string) error {
+	if own == "" {
+		return nil
+	}
 	md, _ := metadata.FromIncomingContext(ctx)
-	if ids := md.Get(clusterHeader); own != "" && len(ids) > 0 && ids[0] != own {
+	switch ids := md.Get(control.ClusterHeader); {
+	case len(ids) == 0:
+		return fmt.Errorf("%w: the caller names no cluster; this node belongs to %s", errWrongEpoch, own)
+	case ids[0] != own:
 		return fmt.Errorf("%w: the caller belongs to cluster %s; this node to %s", errWrongEpoch, ids[0], own)
 	}
 	return nil

@@ -243,7 +243,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	r := &Router{cfg: cfg, log: cfg.Logger.With("component", "router"), clk: cfg.Clock, ctl: cfg.Control,
 		tombstones: make(map[control.Tombstone]time.Time)}
 	if r.ctl != nil {
-		// Every peer call names this node's cluster (see checkCluster).
+		// Every peer call names this node's cluster (see checkClusterID).
 		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(r.clusterInterceptor))
 		r.cfg.DialOptions = cfg.DialOptions
 	}
@@ -256,24 +256,11 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	return r, nil
 }
 
-// clusterHeader carries the sender's cluster ID on every peer call.
-const clusterHeader = "sluice-cluster"
-
 func (r *Router) clusterInterceptor(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	if id := r.ctl.ClusterID(); id != "" {
-		ctx = metadata.AppendToOutgoingContext(ctx, clusterHeader, id)
+		ctx = metadata.AppendToOutgoingContext(ctx, control.ClusterHeader, id)
 	}
 	return invoker(ctx, method, req, reply, cc, opts...)
-}
-
-// checkCluster refuses a peer call from another cluster.
-func (r *Router) checkCluster(ctx context.Context) error {
-	own := r.ctl.ClusterID()
-	md, _ := metadata.FromIncomingContext(ctx)
-	if ids := md.Get(clusterHeader); own != "" && len(ids) > 0 && ids[0] != own {
-		return fmt.Errorf("%w: the caller belongs to cluster %s; this node to %s", errWrongEpoch, ids[0], own)
-	}
-	return nil
 }
 
 // Run follows the cluster map until ctx ends: it keeps the ownership

@@ -473,9 +473,10 @@ func (c *Control) tryBootstrap(loud func(string, ...any)) {
 	c.log.Info("bootstrapped the cluster", "voters", names, "expect", c.cfg.Expect)
 }
 
-// voterTarget is how many of n servers vote: all of 1 or 2 (a second
-// voter would only add a way to lose the quorum), 3 below five, 5 from
-// five.
+// voterTarget is how many of n servers vote: one of 1 or 2 (a second
+// voter would only add a way to lose the quorum: two voters need both),
+// 3 below five, 5 from five. An even count never gains a failure it
+// survives over the odd one below it.
 func voterTarget(n int) int {
 	switch {
 	case n <= 2:

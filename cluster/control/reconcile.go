@@ -162,4 +162,40 @@ func (c *Control) placeVoters(servers map[string]raft.Server) {
 		c.log.Warn("demoted a voter that is down", "member", x.Name, "down_for", now.Sub(since).Round(time.Second))
 		return
 	}
+	// More voters than the target (members were forgotten, or the cluster
+	// bootstrapped with more than it keeps): each extra voter is one more
+	// way to lose the quorum. Demote one, never the leader: one down
+	// first, then one whose zone another voter covers.
+	if len(voters) <= target {
+		return
+	}
+	slices.Sort(voters)
+	perZone := make(map[string]int)
+	for _, id := range voters {
+		x, _ := m.MemberByID(id)
+		perZone[x.Zone]++
+	}
+	self, pick := c.ID(), ""
+	for _, id := range voters {
+		x, _ := m.MemberByID(id)
+		if id == self {
+			continue
+		}
+		if !healthy(id) {
+			pick = id
+			break
+		}
+		if pick == "" && perZone[x.Zone] > 1 || pick == "" && id == voters[len(voters)-1] {
+			pick = id
+		}
+	}
+	if pick == "" { // the leader is the last voter and the only one of its zone
+		pick = voters[len(voters)-2]
+	}
+	x, _ := m.MemberByID(pick)
+	if err := c.raft.DemoteVoter(raftID(pick), 0, time.Second).Error(); err != nil {
+		c.log.Warn("demote a voter beyond the target", "member", x.Name, "err", err)
+		return
+	}
+	c.log.Info("demoted a voter beyond the target", "member", x.Name, "voters", len(voters)-1, "target", target)
 }

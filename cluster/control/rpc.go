@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
@@ -14,9 +15,23 @@ import (
 // leases and PeerService.Propose for changes of the map. The peer service
 // (package cluster) passes those calls to HandleRenew and HandlePropose.
 
+// ClusterHeader is the gRPC metadata that carries the sender's cluster ID
+// on every peer call; a node refuses a call that names another cluster,
+// or none once it has one.
+const ClusterHeader = "sluice-cluster"
+
 // leaderClient calls the leader's peer service.
 type leaderClient struct {
-	client sluicepb.PeerServiceClient
+	client  sluicepb.PeerServiceClient
+	cluster string // this node's cluster ID, for ClusterHeader
+}
+
+// outgoing adds this node's cluster ID to ctx, once it has one.
+func (l leaderClient) outgoing(ctx context.Context) context.Context {
+	if l.cluster == "" {
+		return ctx
+	}
+	return metadata.AppendToOutgoingContext(ctx, ClusterHeader, l.cluster)
 }
 
 // leaderClient returns a client of the current leader, dialling it when
@@ -41,11 +56,11 @@ func (c *Control) leaderClient() (leaderClient, error) {
 		}
 		c.leaderConn, c.leaderAddr = conn, string(addr)
 	}
-	return leaderClient{sluicepb.NewPeerServiceClient(c.leaderConn)}, nil
+	return leaderClient{sluicepb.NewPeerServiceClient(c.leaderConn), c.ClusterID()}, nil
 }
 
 func (l leaderClient) renew(ctx context.Context, name string, e uint64) (bool, string, error) {
-	resp, err := l.client.Renew(ctx, &sluicepb.RenewRequest{FromNode: name, Epoch: e})
+	resp, err := l.client.Renew(l.outgoing(ctx), &sluicepb.RenewRequest{FromNode: name, Epoch: e})
 	if err != nil {
 		return false, "", err
 	}
@@ -53,7 +68,7 @@ func (l leaderClient) renew(ctx context.Context, name string, e uint64) (bool, s
 }
 
 func (l leaderClient) propose(ctx context.Context, from string, cmd command) (Result, error) {
-	resp, err := l.client.Propose(ctx, &sluicepb.ProposeRequest{FromNode: from, Command: cmd.encode()})
+	resp, err := l.client.Propose(l.outgoing(ctx), &sluicepb.ProposeRequest{FromNode: from, Command: cmd.encode()})
 	if err != nil {
 		return Result{}, err
 	}

@@ -13,6 +13,7 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-io/sluice/actor/clock"
@@ -625,6 +626,21 @@ func TestClusterPeerServiceNeedsToken(t *testing.T) {
 			t.Errorf("%s without the token = %v; want Unauthenticated", name, err)
 		}
 	}
+	// With the token, a caller that names another cluster, or none, is
+	// refused all the same, and nothing is applied.
+	for _, id := range []string{"", "another-cluster"} {
+		ctx := metadata.AppendToOutgoingContext(tc.nodes[1].ctx(), "authorization", "Bearer s3cret")
+		if id != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, "sluice-cluster", id)
+		}
+		_, err := peer.Propose(ctx, &sluicepb.ProposeRequest{FromNode: "node-0", Command: []byte(`{"op":"forget","name":"node-1"}`)})
+		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "cluster") {
+			t.Errorf("Propose from cluster %q = %v; want FailedPrecondition naming the cluster", id, err)
+		}
+	}
+	if x, ok := tc.nodes[0].srv.Router().Map().Member("node-1"); !ok || !x.Live {
+		t.Errorf("after the refused proposals, node-0's map holds node-1 as %+v (found %v); want live", x, ok)
+	}
 }
 
 // keyOwnedBy returns a key with the given prefix that node name owns.
@@ -760,6 +776,22 @@ func TestClusterForgetMember(t *testing.T) {
 	for _, m := range tc.nodes[1].listMembers().Members {
 		if m.Name == "node-2" && (m.State != "left" || m.Share != 0) {
 			t.Errorf("node-1 lists the forgotten node as %v; want left, no share", m)
+		}
+	}
+	// Two servers are left, and two voters would need both: the leader
+	// demotes the other one.
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		var voters []string
+		for _, m := range tc.nodes[1].listMembers().Members {
+			if m.Voter {
+				voters = append(voters, m.Name)
+			}
+		}
+		if len(voters) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("voters after forgetting node-2 of three: %v; want one", voters)
 		}
 	}
 }
