@@ -167,8 +167,8 @@
 // in the root namespace. Without root or ip, or where ip netns add fails
 // (a container without CAP_SYS_ADMIN), and under -short, the tests skip
 // with one line saying why. Scenarios run two at a time, each in its own
-// namespaces. On two cores TestFaults takes about a minute and a half
-// after the build, TestDoubleFaults about two and a half minutes; every
+// namespaces. On two cores TestFaults takes about a minute after the
+// build, TestDoubleFaults about a minute and a half; every
 // wait is polled against a deadline, so a busy machine makes them slower,
 // not wrong.
 //
