@@ -19,6 +19,7 @@ import (
 	"github.com/sluice-io/sluice/actor/clock"
 	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/cluster/clustertest"
+	"github.com/sluice-io/sluice/cluster/control"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 	"github.com/sluice-io/sluice/shard"
 )
@@ -627,19 +628,25 @@ func TestClusterPeerServiceNeedsToken(t *testing.T) {
 		}
 	}
 	// With the token, a caller that names another cluster, or none, is
-	// refused all the same, and nothing is applied.
+	// refused all the same, even by the leader, and nothing is applied.
+	leader := tc.nodes[0]
+	for _, ts := range tc.nodes {
+		if ts.cfg.NodeName == ts.srv.Router().Leader() {
+			leader = ts
+		}
+	}
 	for _, id := range []string{"", "another-cluster"} {
-		ctx := metadata.AppendToOutgoingContext(tc.nodes[1].ctx(), "authorization", "Bearer s3cret")
+		ctx := metadata.AppendToOutgoingContext(leader.ctx(), "authorization", "Bearer s3cret")
 		if id != "" {
 			ctx = metadata.AppendToOutgoingContext(ctx, "sluice-cluster", id)
 		}
-		_, err := peer.Propose(ctx, &sluicepb.ProposeRequest{FromNode: "node-0", Command: []byte(`{"op":"forget","name":"node-1"}`)})
+		_, err := sluicepb.NewPeerServiceClient(leader.conn).Propose(ctx, &sluicepb.ProposeRequest{FromNode: "node-1", Command: []byte(`{"op":"leaving","name":"node-1"}`)})
 		if status.Code(err) != codes.FailedPrecondition || !strings.Contains(err.Error(), "cluster") {
 			t.Errorf("Propose from cluster %q = %v; want FailedPrecondition naming the cluster", id, err)
 		}
 	}
-	if x, ok := tc.nodes[0].srv.Router().Map().Member("node-1"); !ok || !x.Live {
-		t.Errorf("after the refused proposals, node-0's map holds node-1 as %+v (found %v); want live", x, ok)
+	if x, ok := tc.nodes[0].srv.Router().Map().Member("node-1"); !ok || !x.Live || x.Phase != control.PhaseJoined {
+		t.Errorf("after the refused proposals, node-0's map holds node-1 as %+v (found %v); want live and joined", x, ok)
 	}
 }
 
