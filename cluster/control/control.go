@@ -707,6 +707,10 @@ func (c *Control) Shutdown() error {
 		c.wg.Wait()
 		err := c.raft.Shutdown().Error()
 		c.trans.Close()
+		// Close drops only the listener: the pooled connections to the
+		// other nodes stay open (and their handlers with them) unless
+		// released.
+		c.trans.CloseStreams()
 		c.stream.wait()
 		c.leaderMu.Lock()
 		if c.leaderConn != nil {

@@ -19,6 +19,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluice-io/sluice/cluster/control"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -38,13 +39,13 @@ func dialTest(t *testing.T, addr string) *grpc.ClientConn {
 }
 
 // serviceCodes calls one method of each gRPC service a node may serve on
-// conn, with the admin token, and returns each call's status code by
-// service name.
-func serviceCodes(t *testing.T, conn *grpc.ClientConn) map[string]codes.Code {
+// conn, with the admin token and the cluster's ID (as the peers send it),
+// and returns each call's status code by service name.
+func serviceCodes(t *testing.T, conn *grpc.ClientConn, clusterID string) map[string]codes.Code {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+testToken)
+	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+testToken, control.ClusterHeader, clusterID)
 	got := map[string]codes.Code{}
 	_, err := sluicepb.NewRateLimitServiceClient(conn).Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck("listeners:probe", 1000, time.Minute, 0)}})
 	got["native"] = status.Code(err)
@@ -98,7 +99,7 @@ func TestSeparateListeners(t *testing.T) {
 		{"admin-addr", ts.srv.AdminAddr(), []string{"admin", "reflection", "health"}},
 		{"node-2's grpc-addr", tc.nodes[2].srv.GRPCAddr(), []string{"native", "envoy", "health", "admin", "peer", "reflection"}},
 	} {
-		got := serviceCodes(t, dialTest(t, tt.addr))
+		got := serviceCodes(t, dialTest(t, tt.addr), ts.srv.Router().Map().ClusterID)
 		for svc, code := range got {
 			switch served := slices.Contains(tt.served, svc); {
 			case served && code != codes.OK:
