@@ -53,6 +53,22 @@ type actor struct {
 	// were acknowledged, so they stay in memory until a write of their
 	// whole state succeeds (see pin).
 	pinned []*entry
+	// receipts remembers, for keys in memory that an import added up with
+	// a state of another lineage and that have not changed since, what is
+	// needed to take a later version of that state without counting it
+	// twice (see importStates). Nil until the first one.
+	receipts map[string]*receipt
+}
+
+// receipt is what importStates remembers of a key after adding up an
+// imported state of another lineage with the key's: the key's state
+// before (prev), the imported state's lineage, and the key's state after
+// the last import of that lineage (after, encoded), by which a later
+// import knows the key has not changed since.
+type receipt struct {
+	prev    state
+	lineage uint64
+	after   []byte
 }
 
 // pendingWrite is a storage write of the actor that settle has not seen
@@ -268,6 +284,7 @@ func (a *actor) decideCall(c *call, now int64, checks *int) (wrote bool) {
 		if changed {
 			wrote = true
 			a.markDirty(ent)
+			a.dropReceipt(ent.key)
 		} else if !ent.dirty && ent.st.deadline() == 0 {
 			a.remove(ent) // a peek at a key nobody wrote: keep nothing
 		}
@@ -325,6 +342,7 @@ func (a *actor) reset(c *call, now int64) bool {
 	c.existed = !ent.st.isEmpty(now)
 	ent.st = state{}
 	a.markDirty(ent)
+	a.dropReceipt(ent.key)
 	return true
 }
 
@@ -344,25 +362,81 @@ func (a *actor) list(c *call) {
 }
 
 // importStates merges the handed-over states of c into its keys.
+//
+// The same state may arrive twice: a sender retries a handoff whose
+// answer it did not get (a timeout, a cancelled round, or this node's
+// standby failing to confirm the import's copy after the import had
+// committed here), and a sender whose state of a key changed after it was
+// read sends the newer version later. Versions of one state share its
+// lineage. Merged with a key of the same lineage they join (each hit
+// once); merged with a key of another lineage they add up, and a second
+// version would add up again, counting the first version's hits twice.
+// So when an import adds up (the key holds hits of another lineage, or
+// of none), the key keeps a receipt: its state before the import (prev)
+// and the imported lineage. A later import of that lineage, while the key
+// holds exactly what the imports made of it, is taken as what the first
+// import would have made of the newer version: the key becomes
+// join(key, prev ⊕ in), both sides copies of the key's own history
+// (reimport). Per instant (a log's timestamp, a window's bucket, a
+// bucket's tokens at now) that is prev + max(old, in): each hit of the
+// imported history once, prev's hits once, and never less than the key
+// counted before.
+//
+// Anything else that changes the key (a decision recorded, a release, a
+// reset, a Forget, an import of another lineage, leaving memory, a
+// rollback) ends its receipt: a join with prev ⊕ in could then lose what
+// the change added in the same instant. Without a receipt (ended, or lost
+// with the process) a newer version adds up again: over-counting, which
+// only denies more. Receipts are in memory only, at most one per key in
+// memory.
 func (a *actor) importStates(c *call, now int64) (wrote bool) {
+	maxRuns := a.e.cfg.MaxLogRuns
 	for i := range c.checks {
 		if c.shards[i] != a.id {
 			continue
 		}
+		key := c.checks[i].Key
 		var in state
 		if err := in.decode(c.states[i]); err != nil {
-			c.fail(fmt.Errorf("actor: import %s: %w", QuoteKey(c.checks[i].Key), err))
+			c.fail(fmt.Errorf("actor: import %s: %w", QuoteKey(key), err))
 			continue
 		}
-		ent := a.keys[c.checks[i].Key]
+		ent := a.keys[key]
 		if ent == nil {
-			ent = a.insert(c.checks[i].Key)
+			ent = a.insert(key)
 		}
-		ent.st.merge(now, &in, a.e.cfg.MaxLogRuns)
-		a.markDirty(ent)
+		a.markDirty(ent) // written (and copied to the standby) again in any case
 		wrote = true
+		if r := a.receipts[key]; r != nil {
+			if in.lineage == r.lineage && sameState(&ent.st, r.after, now, maxRuns) {
+				ent.st.reimport(now, &r.prev, &in, maxRuns)
+				r.after = ent.st.appendBinary(r.after[:0])
+				continue
+			}
+			a.dropReceipt(key)
+		}
+		var prev state
+		adds := in.lineage != 0 && in.lineage != ent.st.lineage && in.valid() && !in.isEmpty(now) &&
+			ent.st.valid() && !ent.st.isEmpty(now)
+		if adds {
+			prev = ent.st.clone()
+		}
+		ent.st.merge(now, &in, maxRuns)
+		if adds {
+			if a.receipts == nil {
+				a.receipts = make(map[string]*receipt)
+			}
+			a.receipts[ent.key] = &receipt{prev: prev, lineage: in.lineage, after: ent.st.appendBinary(nil)}
+		}
 	}
 	return wrote
+}
+
+// dropReceipt ends the receipt of key, if it has one (see importStates).
+func (a *actor) dropReceipt(key string) {
+	if len(a.receipts) > 0 {
+		delete(a.receipts, key)
+	}
 }
 
 // persist hands the batch's dirty keys to the store as one write and
@@ -795,6 +869,7 @@ func (a *actor) insert(key string) *entry {
 
 func (a *actor) remove(ent *entry) {
 	ent.pinned = false
+	a.dropReceipt(ent.key)
 	delete(a.keys, ent.key)
 	ent.prev.next, ent.next.prev = ent.next, ent.prev
 	ent.prev, ent.next = nil, nil

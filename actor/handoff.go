@@ -209,6 +209,7 @@ func (a *actor) forget(c *call, now int64) (wrote bool) {
 		if ent != nil {
 			ent.st = state{}
 			a.markDirty(ent)
+			a.dropReceipt(ent.key)
 			wrote = true
 		}
 	}

@@ -170,6 +170,27 @@ func (s *state) merge(now int64, o *state, maxRuns int) {
 	}
 }
 
+// reimport takes o, a newer version of a state of another lineage that
+// was added up with prev (s.merge(now, old) with s holding prev then), into
+// s, which holds what that merge made, perhaps joined with earlier
+// versions in this way since, and nothing else: s becomes join(s, prev ⊕
+// o), both sides of s's lineage (see importStates). With t any time from
+// now on and both sides on s's parameters, that counts prev(t) +
+// max(old(t), o(t)) per timestamp (log), per bucket (window), or in used
+// tokens (bucket): each hit of o's history once, as merging prev with the
+// join of old and o would. It counts at least what s counts, and at least
+// what prev ⊕ o counts: never less than either.
+func (s *state) reimport(now int64, prev, o *state, maxRuns int) {
+	t := prev.clone()
+	t.merge(now, o, maxRuns)
+	if t.valid() {
+		// prev ⊕ o is s's history: if prev holds nothing by now, t is a
+		// copy of o, under o's lineage; joined all the same.
+		t.lineage = s.lineage
+	}
+	s.merge(now, &t, maxRuns)
+}
+
 // converted returns s's hits as a state of another algorithm, limit and
 // window (convert's rule, as merge applies it): the hits s counts at now,
 // recorded at now or at s's latest time if that is ahead of now, of s's
