@@ -24,6 +24,12 @@ const (
 	handoffBackoffMax = time.Second
 )
 
+// handoffGrace is how long a handoff part in flight when its round is
+// cancelled (a newer ownership, shutdown) may still take to be answered
+// (within HandoffTimeout): the receiver may have committed it already, and
+// a sender that does not learn so keeps the keys it delivered (see handTo).
+const handoffGrace = time.Second
+
 // handoffs is what the handoff rounds remember. Its lock is taken after
 // the router's ownMu and imports, never before.
 type handoffs struct {
@@ -470,6 +476,15 @@ func (r *Router) collectCopies(ctx context.Context, own *ownership, box func(str
 // handTo delivers b's tokens to member m (epoch toEpoch) in chunks,
 // forgetting each chunk here once m committed it, then b's copies (kept
 // here), then sends m the complete for configuration id.
+//
+// A part whose answer does not come leaves its keys here, though m may
+// have committed them: they are counted on both (which only denies more)
+// until they are sent again, and m, which keeps a receipt of each state
+// it added up with its own (see actor.Engine.Import), counts a state sent
+// again once. A key this node acts for again before it sent it again stays
+// counted twice: so a part in flight when ctx ends (a newer ownership
+// cancels the round) is still waited for, up to handoffGrace, and its keys
+// forgotten if it was delivered; the next part is not sent.
 func (r *Router) handTo(ctx context.Context, m control.Member, toEpoch, fromEpoch, id, seq, version uint64, b *outbox) error {
 	p, err := r.peers.get(m.Name)
 	if err != nil {
@@ -478,6 +493,9 @@ func (r *Router) handTo(ctx context.Context, m control.Member, toEpoch, fromEpoc
 	keys := append(slices.Clip(b.tokens), b.copies...)
 	tokens := len(b.tokens)
 	for start := 0; start < len(keys) || start == 0; start += handoffChunk {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
 		part := keys[start:min(start+handoffChunk, len(keys))]
 		last := start+handoffChunk >= len(keys)
 		req := &sluicepb.HandoffRequest{
@@ -488,9 +506,17 @@ func (r *Router) handTo(ctx context.Context, m control.Member, toEpoch, fromEpoc
 		for i, x := range part {
 			req.Keys[i] = &sluicepb.KeyRecord{Key: []byte(x.Key), State: x.State}
 		}
-		cctx, cancel := context.WithTimeout(ctx, r.cfg.HandoffTimeout)
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.HandoffTimeout)
+		stop := context.AfterFunc(ctx, func() {
+			select {
+			case <-time.After(handoffGrace):
+				cancel()
+			case <-cctx.Done():
+			}
+		})
 		_, err := p.client.Handoff(cctx, req)
 		r.log.Debug("handoff part", "to", m.Name, "to_epoch", toEpoch, "config", id, "complete", last, "keys", len(part), "err", err)
+		stop()
 		cancel()
 		r.cfg.Observer.HandedOff(m.Name, len(part), err)
 		if err != nil {
