@@ -98,25 +98,75 @@ func (e *Engine) DeleteReplicas(ctx context.Context, keys []string) error {
 
 // writeReplicas is PutReplicas and DeleteReplicas.
 func (e *Engine) writeReplicas(ctx context.Context, what string, recs []persist.Record) error {
+	w, err := e.submitReplicas(ctx, what, recs)
+	if err != nil {
+		return err
+	}
+	return w.Wait(ctx)
+}
+
+// SubmitReplicas is PutReplicas without the wait: the records are checked
+// and submitted to the store, in the order of the calls (a later call's
+// tails see this call's puts), and the returned ReplicaWrite waits for
+// their commit. A standby that applies a stream of writes submits each as
+// it arrives and answers each once it is committed, so that several are
+// in flight. An error means nothing was submitted.
+func (e *Engine) SubmitReplicas(ctx context.Context, recs []persist.Record) (*ReplicaWrite, error) {
+	return e.submitReplicas(ctx, "put replicas", recs)
+}
+
+// ReplicaWrite is a replica write submitted to the store.
+type ReplicaWrite struct {
+	e       *Engine
+	what    string
+	commit  *persist.Commit // nil: nothing to write
+	written map[string]bool
+	missing []string
+}
+
+// Wait returns once the write is committed (at once in async mode), with
+// PutReplicas' errors: the store's, or a *MissingBaseError for the tails
+// that were not written. It may be called once.
+func (w *ReplicaWrite) Wait(ctx context.Context) error {
+	e := w.e
+	if w.commit != nil && e.store.Mode() != persist.ModeAsync {
+		select {
+		case <-w.commit.Done():
+		case <-ctx.Done():
+			return fmt.Errorf("actor: %s: %w", w.what, ctx.Err())
+		}
+		if err := w.commit.Err(); err != nil {
+			return fmt.Errorf("actor: %s: store: %w", w.what, err)
+		}
+		e.replicas.forget(w.written, w.commit)
+	}
+	if len(w.missing) > 0 {
+		return &MissingBaseError{Keys: w.missing}
+	}
+	return nil
+}
+
+// submitReplicas checks recs and submits them (see SubmitReplicas).
+func (e *Engine) submitReplicas(ctx context.Context, what string, recs []persist.Record) (*ReplicaWrite, error) {
 	if e.store == nil {
-		return ErrNoStore
+		return nil, ErrNoStore
 	}
 	if e.closing.Load() {
-		return ErrClosed
+		return nil, ErrClosed
 	}
+	rw := &ReplicaWrite{e: e, what: what}
 	if len(recs) == 0 {
-		return nil
+		return rw, nil
 	}
 	if err := ctx.Err(); err != nil {
-		return fmt.Errorf("actor: %s: %w", what, err)
+		return nil, fmt.Errorf("actor: %s: %w", what, err)
 	}
 	// Check every record, and copy the values: the store reads them until
-	// the commit, which may come after this returns (async mode, a
-	// cancelled context).
+	// the commit, which may come after this returns.
 	size := 0
 	for i := range recs {
 		if err := e.checkReplica(i, &recs[i]); err != nil {
-			return fmt.Errorf("actor: %s: %w (nothing was written)", what, err)
+			return nil, fmt.Errorf("actor: %s: %w (nothing was written)", what, err)
 		}
 		size += len(recs[i].Value)
 	}
@@ -126,17 +176,16 @@ func (e *Engine) writeReplicas(ctx context.Context, what string, recs []persist.
 
 	w := &e.replicas
 	w.mu.Lock()
+	defer w.mu.Unlock()
 	bases, err := e.replicaBases(recs, now)
 	if err != nil {
-		w.mu.Unlock()
-		return fmt.Errorf("actor: %s: %w", what, err)
+		return nil, fmt.Errorf("actor: %s: %w", what, err)
 	}
 	// live: whether each key holds a copy after the records so far (bases
 	// for a key whose first record is an append); written: the same, for
 	// the keys written.
 	live := bases
-	written := make(map[string]bool, len(recs))
-	var missing []string
+	rw.written = make(map[string]bool, len(recs))
 	refused := make(map[string]bool)
 	for _, r := range recs {
 		switch {
@@ -147,11 +196,11 @@ func (e *Engine) writeReplicas(ctx context.Context, what string, recs []persist.
 		case !live[r.Key]:
 			if !refused[r.Key] {
 				refused[r.Key] = true
-				missing = append(missing, r.Key)
+				rw.missing = append(rw.missing, r.Key)
 			}
 			continue
 		}
-		written[r.Key] = live[r.Key]
+		rw.written[r.Key] = live[r.Key]
 		rec := persist.Record{Key: ReplicaPrefix + r.Key, Deadline: r.Deadline, Append: r.Append}
 		if r.Value != nil {
 			start := len(buf)
@@ -160,28 +209,11 @@ func (e *Engine) writeReplicas(ctx context.Context, what string, recs []persist.
 		}
 		out = append(out, rec)
 	}
-	var commit *persist.Commit
 	if len(out) > 0 {
-		commit = e.store.Submit(out, nil)
-		w.remember(written, commit)
+		rw.commit = e.store.Submit(out, nil)
+		w.remember(rw.written, rw.commit)
 	}
-	w.mu.Unlock()
-
-	if commit != nil && e.store.Mode() != persist.ModeAsync {
-		select {
-		case <-commit.Done():
-		case <-ctx.Done():
-			return fmt.Errorf("actor: %s: %w", what, ctx.Err())
-		}
-		if err := commit.Err(); err != nil {
-			return fmt.Errorf("actor: %s: store: %w", what, err)
-		}
-		w.forget(written, commit)
-	}
-	if len(missing) > 0 {
-		return &MissingBaseError{Keys: missing}
-	}
-	return nil
+	return rw, nil
 }
 
 // checkReplica checks record i of a replica write.

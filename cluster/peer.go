@@ -145,16 +145,15 @@ func (p peerServer) Propose(ctx context.Context, req *sluicepb.ProposeRequest) (
 }
 
 // Replicate stores the sender's writes of keys this node is the standby of.
-func (p peerServer) Replicate(ctx context.Context, req *sluicepb.ReplicateRequest) (*sluicepb.ReplicateResponse, error) {
-	r, err := p.started(ctx)
+func (p peerServer) Replicate(stream sluicepb.PeerService_ReplicateServer) error {
+	r, err := p.started(stream.Context())
 	if err != nil {
-		return nil, err
+		return err
 	}
-	resp, err := r.receiveReplicas(ctx, req)
-	if err != nil {
-		return nil, Status(err)
+	if err := r.receiveReplicas(stream); err != nil {
+		return Status(err)
 	}
-	return resp, nil
+	return nil
 }
 
 // FromProtoChecks converts forwarded checks, which arrive resolved.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 	"github.com/sluice-io/sluice/shard"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 )
 
 // This file keeps every key's state on its standby too (RouterConfig.Replicas
@@ -185,14 +188,35 @@ type standbySender struct {
 	once  sync.Once
 }
 
-// replicaLane sends the copies of its keys one call at a time, so that a
-// key's writes reach the standby in the order they were made.
+// replicaLane sends the copies of its keys on one Replicate stream: its
+// calls leave in sequence, up to maxReplicaInflight of them unanswered, so
+// that a key's writes reach the standby in the order they were made and
+// none waits for the answer to the call ahead of it.
 type replicaLane struct {
 	s     *standbySender
 	index int
+	wake  chan struct{}
+
 	mu    sync.Mutex
 	queue []*replItem
-	wake  chan struct{}
+	st    *laneStream // nil before the first call, and after a failure
+}
+
+// laneStream is one Replicate stream of a lane and its calls not yet
+// answered, oldest first (under the lane's mu).
+type laneStream struct {
+	stream   sluicepb.PeerService_ReplicateClient
+	cancel   context.CancelFunc
+	inflight []*laneCall
+	broken   bool
+}
+
+// laneCall is a call sent on a lane's stream and not yet answered.
+type laneCall struct {
+	seq      uint64
+	batch    []*replItem
+	n        int // records
+	deadline time.Time
 }
 
 // standbySender returns the sender to the live member name, for its
@@ -253,9 +277,14 @@ func (l *replicaLane) run() {
 			l.mu.Lock()
 			left := l.queue
 			l.queue = nil
+			st := l.st
 			l.mu.Unlock()
+			err := fmt.Errorf("%w: %s: sender closed", errStandby, l.s.name)
+			if st != nil {
+				l.broke(st, err)
+			}
 			for _, it := range left {
-				it.finish(fmt.Errorf("%w: %s: sender closed", errStandby, l.s.name))
+				it.finish(err)
 			}
 			return
 		case <-l.wake:
@@ -266,11 +295,16 @@ func (l *replicaLane) run() {
 }
 
 // sendBatch sends one batch of what is queued, and reports whether more
-// is queued.
+// is queued and may be sent now (not when maxReplicaInflight calls wait
+// for their answers: an answer wakes the lane).
 func (l *replicaLane) sendBatch() bool {
 	s := l.s
 	now := time.Now()
 	l.mu.Lock()
+	if l.st != nil && len(l.st.inflight) >= maxReplicaInflight {
+		l.mu.Unlock()
+		return false
+	}
 	var batch []*replItem
 	n, deadline := 0, time.Time{}
 	for len(l.queue) > 0 && (n == 0 || n+len(l.queue[0].recs) <= maxReplicateBatch) {
@@ -302,22 +336,107 @@ func (l *replicaLane) sendBatch() bool {
 			req.Records = append(req.Records, &sluicepb.StoreRecord{Key: []byte(rec.Key), Deadline: rec.Deadline, Value: rec.Value, Append: rec.Append})
 		}
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	resp, err := s.p.client.Replicate(ctx, req)
-	cancel()
-	s.r.cfg.Observer.Replicated(s.name, n, err)
-	if err != nil {
-		// The standby may still apply this call, after later ones of the
-		// lane (a timeout): its copies are in doubt until it is brought up
-		// to date again.
-		s.r.unsync(s.name)
-		err = fmt.Errorf("%w: %s: %v", errStandby, s.name, err)
-		for _, it := range batch {
-			it.finish(err)
+	call := &laneCall{seq: req.Sequence, batch: batch, n: n, deadline: deadline}
+	for attempt := 0; ; attempt++ {
+		st, err := l.stream()
+		if err == nil {
+			l.mu.Lock()
+			if !st.broken {
+				st.inflight = append(st.inflight, call)
+			}
+			l.mu.Unlock()
+			if st.broken { // it failed since: nothing of this call was sent
+				err = errors.New("stream ended")
+			} else {
+				if err := st.stream.Send(req); err != nil {
+					l.broke(st, err) // fails the call, now in flight
+				}
+				return more
+			}
 		}
-		return more
+		if attempt == 1 {
+			s.r.cfg.Observer.Replicated(s.name, n, err)
+			err = fmt.Errorf("%w: %s: %v", errStandby, s.name, err)
+			for _, it := range batch {
+				it.finish(err)
+			}
+			return more
+		}
 	}
-	if len(resp.Missing) > 0 {
+}
+
+// stream returns the lane's stream, opened if it has none, with the
+// goroutines that read its answers and watch its deadlines.
+func (l *replicaLane) stream() (*laneStream, error) {
+	l.mu.Lock()
+	st := l.st
+	l.mu.Unlock()
+	if st != nil {
+		return st, nil
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	stream, err := l.s.p.client.Replicate(ctx)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	st = &laneStream{stream: stream, cancel: cancel}
+	l.mu.Lock()
+	l.st = st
+	l.mu.Unlock()
+	r := l.s.r
+	r.wg.Add(2)
+	go func() {
+		defer r.wg.Done()
+		l.answers(st)
+	}()
+	go func() {
+		defer r.wg.Done()
+		l.watch(ctx, st)
+	}()
+	return st, nil
+}
+
+// answers reads st's answers, each the oldest call in flight's, until the
+// stream fails.
+func (l *replicaLane) answers(st *laneStream) {
+	s := l.s
+	for {
+		resp, err := st.stream.Recv()
+		if err != nil {
+			l.broke(st, err)
+			return
+		}
+		l.mu.Lock()
+		var call *laneCall
+		if !st.broken && len(st.inflight) > 0 && st.inflight[0].seq == resp.Sequence {
+			call = st.inflight[0]
+			st.inflight = st.inflight[1:]
+		}
+		l.mu.Unlock()
+		if call == nil {
+			l.broke(st, fmt.Errorf("answer to call %d, which is not the oldest in flight", resp.Sequence))
+			return
+		}
+		kick(l.wake)
+		if resp.Code != 0 {
+			// Refused, nothing of it applied: its copies are in doubt
+			// (the calls after it were applied without them).
+			s.r.unsync(s.name)
+			err := fmt.Errorf("%w: %s: %v", errStandby, s.name, status.Error(codes.Code(resp.Code), resp.Message))
+			s.r.cfg.Observer.Replicated(s.name, call.n, err)
+			for _, it := range call.batch {
+				it.finish(err)
+			}
+			continue
+		}
+		s.r.cfg.Observer.Replicated(s.name, call.n, nil)
+		if len(resp.Missing) == 0 {
+			for _, it := range call.batch {
+				it.finish(nil)
+			}
+			continue
+		}
 		// The standby lost a copy this node counted on: bring it up to
 		// date again before anything depends on it.
 		missing := make(map[string]bool, len(resp.Missing))
@@ -325,7 +444,7 @@ func (l *replicaLane) sendBatch() bool {
 			missing[string(k)] = true
 		}
 		s.r.unsync(s.name)
-		for _, it := range batch {
+		for _, it := range call.batch {
 			var bad error
 			for _, rec := range it.recs {
 				if missing[rec.Key] {
@@ -335,12 +454,64 @@ func (l *replicaLane) sendBatch() bool {
 			}
 			it.finish(bad)
 		}
-		return more
 	}
-	for _, it := range batch {
-		it.finish(nil)
+}
+
+// watch ends st when its oldest call in flight is past its deadline, until
+// st ends.
+func (l *replicaLane) watch(ctx context.Context, st *laneStream) {
+	tick := time.NewTicker(max(time.Millisecond, min(20*time.Millisecond, l.s.r.cfg.ReplicaTimeout/10)))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			l.mu.Lock()
+			var late uint64
+			if len(st.inflight) > 0 && now.After(st.inflight[0].deadline) {
+				late = st.inflight[0].seq
+			}
+			l.mu.Unlock()
+			if late != 0 {
+				l.broke(st, fmt.Errorf("call %d not answered within the replica timeout", late))
+				return
+			}
+		}
 	}
-	return more
+}
+
+// broke ends st after err, once: its calls not yet answered fail. The
+// standby may still apply them, after a later stream's: its copies are in
+// doubt until it is brought up to date again. The next call opens a new
+// stream.
+func (l *replicaLane) broke(st *laneStream, err error) {
+	s := l.s
+	l.mu.Lock()
+	if st.broken {
+		l.mu.Unlock()
+		return
+	}
+	st.broken = true
+	if l.st == st {
+		l.st = nil
+	}
+	calls := st.inflight
+	st.inflight = nil
+	l.mu.Unlock()
+	st.cancel()
+	if len(calls) == 0 {
+		return
+	}
+	s.r.unsync(s.name)
+	err = fmt.Errorf("%w: %s: %v", errStandby, s.name, err)
+	for _, call := range calls {
+		s.r.cfg.Observer.Replicated(s.name, call.n, err)
+		for _, it := range call.batch {
+			it.finish(err)
+		}
+	}
+	kick(l.wake)
 }
 
 // send queues recs for standby name through its lanes (each key after what
@@ -409,52 +580,148 @@ func (r *Router) unsync(name string) {
 	}
 }
 
-// receiveReplicas stores copies another node sends as the standby of its
-// keys. It first applies at least the map version the sender acted under,
-// then refuses a sender whose epoch its map has ended (a standby that
-// applied the end of an owner's epoch takes no late write from it before
-// it takes its keys over), copies meant for another epoch of this node,
-// and a call older than one already applied on its lane (a late retry:
-// a copy never goes back).
-func (r *Router) receiveReplicas(ctx context.Context, req *sluicepb.ReplicateRequest) (*sluicepb.ReplicateResponse, error) {
+// receiveReplicas applies one Replicate stream: each call is checked and
+// submitted to the store as it arrives, in order, and answered, in the
+// same order, once it is committed (or with the status that refused it),
+// so that several calls of the lane are in flight at once. The stream
+// ends when either side fails to send or receive.
+func (r *Router) receiveReplicas(stream sluicepb.PeerService_ReplicateServer) error {
+	ctx := stream.Context()
 	if r.ctl == nil {
-		return nil, fmt.Errorf("%w: this node is not in a cluster", errWrongEpoch)
+		return fmt.Errorf("%w: this node is not in a cluster", errWrongEpoch)
 	}
+	// Calls arrive on reqs (or the stream's end on ended); acks carries
+	// the submitted ones to the goroutine that answers them, in order, the
+	// only one that sends on the stream, and that says on failed why it
+	// stopped answering.
+	done := make(chan struct{})
+	defer close(done)
+	reqs, ended := make(chan *sluicepb.ReplicateRequest), make(chan error, 1)
+	go func() {
+		for {
+			req, err := stream.Recv()
+			if err != nil {
+				ended <- err
+				return
+			}
+			select {
+			case reqs <- req:
+			case <-done:
+				return
+			}
+		}
+	}()
+	acks, failed, answered := make(chan *replicaAck, maxReplicaInflight), make(chan error, 1), make(chan struct{})
+	go func() {
+		defer close(answered)
+		var err error
+		for a := range acks {
+			werr := a.err
+			if a.w != nil {
+				werr = a.w.Wait(context.Background()) // the commit, even if the stream ended: then release
+				a.release()
+			}
+			if err != nil {
+				continue // answering stopped: let the rest commit
+			}
+			resp := &sluicepb.ReplicateResponse{Sequence: a.seq}
+			var mb *actor.MissingBaseError
+			switch {
+			case errors.As(werr, &mb):
+				for _, k := range mb.Keys {
+					resp.Missing = append(resp.Missing, []byte(k))
+				}
+			case werr != nil:
+				st := status.Convert(Status(werr))
+				resp.Code, resp.Message = uint32(st.Code()), st.Message()
+			}
+			if err = stream.Send(resp); err != nil {
+				failed <- err
+			}
+		}
+	}()
+	var err error
+loop:
+	for {
+		select {
+		case req := <-reqs:
+			a, serr := r.submitReplicas(ctx, req)
+			if serr != nil {
+				a = &replicaAck{seq: req.Sequence, err: serr}
+			}
+			acks <- a
+		case err = <-ended:
+			if errors.Is(err, io.EOF) {
+				err = nil
+			}
+			break loop
+		case err = <-failed:
+			break loop
+		}
+	}
+	close(acks)
+	<-answered
+	if err == nil && len(failed) > 0 {
+		err = <-failed
+	}
+	return err
+}
+
+// maxReplicaInflight bounds the calls of one lane in flight, on both
+// sides.
+const maxReplicaInflight = 16
+
+// replicaAck is a call of a Replicate stream submitted to the store (its
+// answer waits for w, then release lets the ownership change again), or
+// refused with err.
+type replicaAck struct {
+	seq     uint64
+	w       *actor.ReplicaWrite
+	release func()
+	err     error
+}
+
+// submitReplicas checks one call of a Replicate stream and submits its
+// copies. It first applies at least the map version the sender acted
+// under, then refuses a sender whose epoch its map has ended (a standby
+// that applied the end of an owner's epoch takes no late write from it
+// before it takes its keys over), copies meant for another epoch of this
+// node, and a call older than one already applied on its lane (a late
+// retry: a copy never goes back). Until the copies are committed (the
+// ack's release), no change of ownership is published: promote merges
+// every copy written under the older one.
+func (r *Router) submitReplicas(ctx context.Context, req *sluicepb.ReplicateRequest) (*replicaAck, error) {
 	if err := r.catchUp(ctx, req.MapVersion); err != nil {
 		return nil, err
 	}
 	r.copies.RLock()
-	defer r.copies.RUnlock()
 	own := r.own.Load()
 	switch {
 	case req.ToNode != r.cfg.Self || req.ToEpoch != own.epoch:
+		r.copies.RUnlock()
 		return nil, fmt.Errorf("%w: meant for %s epoch %d; this is %s epoch %d", errWrongEpoch, req.ToNode, req.ToEpoch, r.cfg.Self, own.epoch)
 	case own.cur.epochs[req.FromNode] != req.FromEpoch:
+		r.copies.RUnlock()
 		return nil, fmt.Errorf("%w: %s epoch %d is not live in %s's map (version %d)", errWrongEpoch, req.FromNode, req.FromEpoch, r.cfg.Self, own.cur.m.Version)
 	}
 	lane := r.repl.lane(laneKey{req.FromNode, req.FromEpoch, req.Lane})
 	lane.mu.Lock()
 	defer lane.mu.Unlock()
 	if req.Sequence <= lane.last {
+		r.copies.RUnlock()
 		return nil, fmt.Errorf("%w: call %d of lane %d from %s arrived after call %d", errLate, req.Sequence, req.Lane, req.FromNode, lane.last)
 	}
 	recs := make([]persist.Record, len(req.Records))
 	for i, pr := range req.Records {
 		recs[i] = persist.Record{Key: string(pr.Key), Deadline: pr.Deadline, Value: pr.Value, Append: pr.Append}
 	}
-	err := r.cfg.Engine.PutReplicas(ctx, recs)
-	var mb *actor.MissingBaseError
-	if err != nil && !errors.As(err, &mb) {
+	w, err := r.cfg.Engine.SubmitReplicas(ctx, recs)
+	if err != nil {
+		r.copies.RUnlock()
 		return nil, err
 	}
 	lane.last = req.Sequence
-	resp := &sluicepb.ReplicateResponse{}
-	if mb != nil {
-		for _, k := range mb.Keys {
-			resp.Missing = append(resp.Missing, []byte(k))
-		}
-	}
-	return resp, nil
+	return &replicaAck{seq: req.Sequence, w: w, release: r.copies.RUnlock}, nil
 }
 
 // errLate is a standby write that arrived after a later one of its lane.

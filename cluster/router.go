@@ -244,7 +244,8 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 		tombstones: make(map[control.Tombstone]time.Time)}
 	if r.ctl != nil {
 		// Every peer call names this node's cluster (see checkClusterID).
-		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(r.clusterInterceptor))
+		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(r.clusterInterceptor),
+			grpc.WithChainStreamInterceptor(r.clusterStreamInterceptor))
 		r.cfg.DialOptions = cfg.DialOptions
 	}
 	r.handoffs.init()
@@ -254,6 +255,15 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 		r.update()
 	}
 	return r, nil
+}
+
+// clusterStreamInterceptor and clusterInterceptor name this node's cluster
+// on every peer call it makes, once it has one (see checkClusterID).
+func (r *Router) clusterStreamInterceptor(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
+	if id := r.ctl.ClusterID(); id != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, control.ClusterHeader, id)
+	}
+	return streamer(ctx, desc, cc, method, opts...)
 }
 
 func (r *Router) clusterInterceptor(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {

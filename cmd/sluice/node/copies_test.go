@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -11,8 +12,11 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluice-io/sluice/actor"
+	"github.com/sluice-io/sluice/cluster/control"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -124,4 +128,100 @@ func (tc *testCluster) local(name, key string) (*sluicepb.GetKeyResponse, error)
 		}
 	}
 	return nil, fmt.Errorf("no running node %q", name)
+}
+
+// TestClusterReplicateStream: a standby answers the calls of a Replicate
+// stream one by one, in order, by sequence: a refused call (meant for
+// another epoch, or late on its lane) applies nothing and is answered with
+// its status, and the calls after it on the same stream are applied. A
+// caller without the token, or from another cluster, gets no stream.
+func TestClusterReplicateStream(t *testing.T) {
+	tc := newTestClusterWith(t, 2, func(c *Config) { c.AdminToken, c.Router.Replicas = "s3cret", 2 })
+	from, to := tc.nodes[0], tc.nodes[1]
+	key := tc.keyOwnedBy("rs-", "node-0")
+	if resp, err := tc.client(0).Check(from.ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, 5, time.Minute, 1)}}); err != nil || !resp.Decisions[0].Allowed {
+		t.Fatalf("check %s = %v, %v; want allowed", key, resp, err)
+	}
+	copyOf := func(k string) (x actor.Exported) {
+		_, err := to.srv.Engine().CollectReplicas(to.ctx(), func(c string) bool { return c == k }, func(e actor.Exported) error {
+			x = e
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x
+	}
+	// A valid state to send: node-1's copy of the key node-0 decides.
+	state := copyOf(key)
+	for deadline := time.Now().Add(10 * time.Second); state.State == nil; state = copyOf(key) {
+		if time.Now().After(deadline) {
+			t.Fatalf("node-1 holds no copy of %s", key)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	m := to.srv.Router().Map()
+	fm, _ := m.Member("node-0")
+	tm, _ := m.Member("node-1")
+	peer := sluicepb.NewPeerServiceClient(to.conn)
+	open := func(ctx context.Context) sluicepb.PeerService_ReplicateClient {
+		stream, err := peer.Replicate(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return stream
+	}
+	call := func(seq uint64, k string, toEpoch uint64) *sluicepb.ReplicateRequest {
+		return &sluicepb.ReplicateRequest{FromNode: "node-0", FromEpoch: fm.Epoch, ToNode: "node-1", ToEpoch: toEpoch,
+			MapVersion: m.Version, Lane: 99, Sequence: seq,
+			Records: []*sluicepb.StoreRecord{{Key: []byte(k), Deadline: state.Deadline, Value: state.State}}}
+	}
+	authed := metadata.AppendToOutgoingContext(to.ctx(), "authorization", "Bearer s3cret")
+	for _, c := range []struct {
+		name string
+		ctx  context.Context
+		code codes.Code
+	}{
+		{"no token", to.ctx(), codes.Unauthenticated},
+		{"another cluster", metadata.AppendToOutgoingContext(authed, control.ClusterHeader, "another-cluster"), codes.FailedPrecondition},
+	} {
+		stream := open(c.ctx)
+		stream.Send(call(1, "rs-intruder", tm.Epoch))
+		if _, err := stream.Recv(); status.Code(err) != c.code {
+			t.Errorf("Replicate with %s = %v; want %v", c.name, err, c.code)
+		}
+	}
+	stream := open(metadata.AppendToOutgoingContext(authed, control.ClusterHeader, m.ClusterID))
+	calls := []struct {
+		req  *sluicepb.ReplicateRequest
+		code codes.Code
+	}{
+		{call(1000, "rs-other-epoch", tm.Epoch+7), codes.FailedPrecondition},
+		{call(1001, "rs-a", tm.Epoch), codes.OK},
+		{call(1001, "rs-late", tm.Epoch), codes.FailedPrecondition},
+		{call(1002, "rs-b", tm.Epoch), codes.OK},
+	}
+	for _, c := range calls {
+		if err := stream.Send(c.req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stream.CloseSend()
+	for _, c := range calls {
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("answer to call %d: %v", c.req.Sequence, err)
+		}
+		if resp.Sequence != c.req.Sequence || codes.Code(resp.Code) != c.code {
+			t.Errorf("answer %d %v %q; want the answer to call %d (%s), %v", resp.Sequence, codes.Code(resp.Code), resp.Message, c.req.Sequence, c.req.Records[0].Key, c.code)
+		}
+	}
+	if _, err := stream.Recv(); err != io.EOF {
+		t.Errorf("after the last answer: %v; want the stream's end", err)
+	}
+	for k, want := range map[string]bool{"rs-a": true, "rs-b": true, "rs-other-epoch": false, "rs-late": false, "rs-intruder": false} {
+		if got := copyOf(k).State != nil; got != want {
+			t.Errorf("node-1 holds a copy of %s: %v; want %v", k, got, want)
+		}
+	}
 }

@@ -2670,7 +2670,8 @@ func (x *EnvoyKeyResponse) GetPrintable() string {
 	return ""
 }
 
-// ReplicateRequest carries copies of writes to a standby.
+// ReplicateRequest carries copies of writes to a standby: one call of a
+// Replicate stream.
 type ReplicateRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Name of the node sending its writes.
@@ -2856,11 +2857,20 @@ func (x *StoreRecord) GetAppend() bool {
 	return false
 }
 
-// ReplicateResponse confirms the copies are committed.
+// ReplicateResponse confirms the copies of one call are committed.
 type ReplicateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Keys whose tail found no copy to append to: send their whole state.
-	Missing       [][]byte `protobuf:"bytes,1,rep,name=missing,proto3" json:"missing,omitempty"`
+	Missing [][]byte `protobuf:"bytes,1,rep,name=missing,proto3" json:"missing,omitempty"`
+	// The sequence of the call answered.
+	Sequence uint64 `protobuf:"varint,2,opt,name=sequence,proto3" json:"sequence,omitempty"`
+	// Not OK (0) when the call was refused and nothing of it was applied: a
+	// gRPC status code (FAILED_PRECONDITION: an ended sender, another epoch,
+	// a late call). The calls after it on the stream are still applied and
+	// answered, as separate unary calls would be.
+	Code uint32 `protobuf:"varint,3,opt,name=code,proto3" json:"code,omitempty"`
+	// What refused the call, when code is not OK.
+	Message       string `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2900,6 +2910,27 @@ func (x *ReplicateResponse) GetMissing() [][]byte {
 		return x.Missing
 	}
 	return nil
+}
+
+func (x *ReplicateResponse) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+func (x *ReplicateResponse) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *ReplicateResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
 }
 
 // ForwardRequest carries checks to their owner.
@@ -3772,9 +3803,12 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1a\n" +
 	"\bdeadline\x18\x02 \x01(\x03R\bdeadline\x12\x14\n" +
 	"\x05value\x18\x03 \x01(\fR\x05value\x12\x16\n" +
-	"\x06append\x18\x04 \x01(\bR\x06append\"-\n" +
+	"\x06append\x18\x04 \x01(\bR\x06append\"w\n" +
 	"\x11ReplicateResponse\x12\x18\n" +
-	"\amissing\x18\x01 \x03(\fR\amissing\"\x98\x01\n" +
+	"\amissing\x18\x01 \x03(\fR\amissing\x12\x1a\n" +
+	"\bsequence\x18\x02 \x01(\x04R\bsequence\x12\x12\n" +
+	"\x04code\x18\x03 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\"\x98\x01\n" +
 	"\x0eForwardRequest\x12(\n" +
 	"\x06checks\x18\x01 \x03(\v2\x10.sluice.v1.CheckR\x06checks\x12\x18\n" +
 	"\areserve\x18\x02 \x01(\bR\areserve\x12\x1b\n" +
@@ -3834,14 +3868,14 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0eDeleteOverride\x12 .sluice.v1.DeleteOverrideRequest\x1a!.sluice.v1.DeleteOverrideResponse\x12C\n" +
 	"\bEnvoyKey\x12\x1a.sluice.v1.EnvoyKeyRequest\x1a\x1b.sluice.v1.EnvoyKeyResponse\x12L\n" +
 	"\vListMembers\x12\x1d.sluice.v1.ListMembersRequest\x1a\x1e.sluice.v1.ListMembersResponse\x12O\n" +
-	"\fForgetMember\x12\x1e.sluice.v1.ForgetMemberRequest\x1a\x1f.sluice.v1.ForgetMemberResponse2\x99\x03\n" +
+	"\fForgetMember\x12\x1e.sluice.v1.ForgetMemberRequest\x1a\x1f.sluice.v1.ForgetMemberResponse2\x9d\x03\n" +
 	"\vPeerService\x12@\n" +
 	"\aForward\x12\x19.sluice.v1.ForwardRequest\x1a\x1a.sluice.v1.ForwardResponse\x12@\n" +
 	"\aRelease\x12\x19.sluice.v1.ReleaseRequest\x1a\x1a.sluice.v1.ReleaseResponse\x12@\n" +
 	"\aHandoff\x12\x19.sluice.v1.HandoffRequest\x1a\x1a.sluice.v1.HandoffResponse\x12:\n" +
 	"\x05Renew\x12\x17.sluice.v1.RenewRequest\x1a\x18.sluice.v1.RenewResponse\x12@\n" +
-	"\aPropose\x12\x19.sluice.v1.ProposeRequest\x1a\x1a.sluice.v1.ProposeResponse\x12F\n" +
-	"\tReplicate\x12\x1b.sluice.v1.ReplicateRequest\x1a\x1c.sluice.v1.ReplicateResponseB6Z4github.com/sluice-io/sluice/proto/sluice/v1;sluicepbb\x06proto3"
+	"\aPropose\x12\x19.sluice.v1.ProposeRequest\x1a\x1a.sluice.v1.ProposeResponse\x12J\n" +
+	"\tReplicate\x12\x1b.sluice.v1.ReplicateRequest\x1a\x1c.sluice.v1.ReplicateResponse(\x010\x01B6Z4github.com/sluice-io/sluice/proto/sluice/v1;sluicepbb\x06proto3"
 
 var (
 	file_sluice_v1_sluice_proto_rawDescOnce sync.Once

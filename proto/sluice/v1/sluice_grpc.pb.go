@@ -795,12 +795,18 @@ type PeerServiceClient interface {
 	// epoch started or ended, standbys brought up to date, a member
 	// forgotten) and returns its result.
 	Propose(ctx context.Context, in *ProposeRequest, opts ...grpc.CallOption) (*ProposeResponse, error)
-	// Replicate stores copies of the sender's writes on the receiver, the
-	// standby of their keys. The receiver answers once they are committed
-	// (as its own writes are, in its durability mode). A tail whose key has
-	// no copy to append to is not stored: it is listed in missing, and the
-	// sender sends the key's whole state.
-	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error)
+	// Replicate stores copies of the sender's writes on the receiver,
+	// the standby of their keys: one stream per lane of the sender's epoch,
+	// which sends its calls in sequence without waiting for the answers. The
+	// receiver applies them in the order they arrive and answers each, in
+	// the same order, once it is committed (as its own writes are, in its
+	// durability mode). A tail whose key has no copy to append to is not
+	// stored: it is listed in missing, and the sender sends the key's whole
+	// state. A call the receiver refuses is answered with its status (code,
+	// message) and applies nothing; the stream goes on. A failure of the
+	// receiver's own store ends the stream: the calls not yet answered are
+	// then in doubt.
+	Replicate(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReplicateRequest, ReplicateResponse], error)
 }
 
 type peerServiceClient struct {
@@ -861,15 +867,18 @@ func (c *peerServiceClient) Propose(ctx context.Context, in *ProposeRequest, opt
 	return out, nil
 }
 
-func (c *peerServiceClient) Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error) {
+func (c *peerServiceClient) Replicate(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReplicateRequest, ReplicateResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	out := new(ReplicateResponse)
-	err := c.cc.Invoke(ctx, PeerService_Replicate_FullMethodName, in, out, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &PeerService_ServiceDesc.Streams[0], PeerService_Replicate_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
-	return out, nil
+	x := &grpc.GenericClientStream[ReplicateRequest, ReplicateResponse]{ClientStream: stream}
+	return x, nil
 }
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PeerService_ReplicateClient = grpc.BidiStreamingClient[ReplicateRequest, ReplicateResponse]
 
 // PeerServiceServer is the server API for PeerService service.
 // All implementations must embed UnimplementedPeerServiceServer
@@ -919,12 +928,18 @@ type PeerServiceServer interface {
 	// epoch started or ended, standbys brought up to date, a member
 	// forgotten) and returns its result.
 	Propose(context.Context, *ProposeRequest) (*ProposeResponse, error)
-	// Replicate stores copies of the sender's writes on the receiver, the
-	// standby of their keys. The receiver answers once they are committed
-	// (as its own writes are, in its durability mode). A tail whose key has
-	// no copy to append to is not stored: it is listed in missing, and the
-	// sender sends the key's whole state.
-	Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error)
+	// Replicate stores copies of the sender's writes on the receiver,
+	// the standby of their keys: one stream per lane of the sender's epoch,
+	// which sends its calls in sequence without waiting for the answers. The
+	// receiver applies them in the order they arrive and answers each, in
+	// the same order, once it is committed (as its own writes are, in its
+	// durability mode). A tail whose key has no copy to append to is not
+	// stored: it is listed in missing, and the sender sends the key's whole
+	// state. A call the receiver refuses is answered with its status (code,
+	// message) and applies nothing; the stream goes on. A failure of the
+	// receiver's own store ends the stream: the calls not yet answered are
+	// then in doubt.
+	Replicate(grpc.BidiStreamingServer[ReplicateRequest, ReplicateResponse]) error
 	mustEmbedUnimplementedPeerServiceServer()
 }
 
@@ -950,8 +965,8 @@ func (UnimplementedPeerServiceServer) Renew(context.Context, *RenewRequest) (*Re
 func (UnimplementedPeerServiceServer) Propose(context.Context, *ProposeRequest) (*ProposeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Propose not implemented")
 }
-func (UnimplementedPeerServiceServer) Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error) {
-	return nil, status.Error(codes.Unimplemented, "method Replicate not implemented")
+func (UnimplementedPeerServiceServer) Replicate(grpc.BidiStreamingServer[ReplicateRequest, ReplicateResponse]) error {
+	return status.Error(codes.Unimplemented, "method Replicate not implemented")
 }
 func (UnimplementedPeerServiceServer) mustEmbedUnimplementedPeerServiceServer() {}
 func (UnimplementedPeerServiceServer) testEmbeddedByValue()                     {}
@@ -1064,23 +1079,12 @@ func _PeerService_Propose_Handler(srv interface{}, ctx context.Context, dec func
 	return interceptor(ctx, in, info, handler)
 }
 
-func _PeerService_Replicate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
-	in := new(ReplicateRequest)
-	if err := dec(in); err != nil {
-		return nil, err
-	}
-	if interceptor == nil {
-		return srv.(PeerServiceServer).Replicate(ctx, in)
-	}
-	info := &grpc.UnaryServerInfo{
-		Server:     srv,
-		FullMethod: PeerService_Replicate_FullMethodName,
-	}
-	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
-		return srv.(PeerServiceServer).Replicate(ctx, req.(*ReplicateRequest))
-	}
-	return interceptor(ctx, in, info, handler)
+func _PeerService_Replicate_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(PeerServiceServer).Replicate(&grpc.GenericServerStream[ReplicateRequest, ReplicateResponse]{ServerStream: stream})
 }
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type PeerService_ReplicateServer = grpc.BidiStreamingServer[ReplicateRequest, ReplicateResponse]
 
 // PeerService_ServiceDesc is the grpc.ServiceDesc for PeerService service.
 // It's only intended for direct use with grpc.RegisterService,
@@ -1109,11 +1113,14 @@ var PeerService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Propose",
 			Handler:    _PeerService_Propose_Handler,
 		},
+	},
+	Streams: []grpc.StreamDesc{
 		{
-			MethodName: "Replicate",
-			Handler:    _PeerService_Replicate_Handler,
+			StreamName:    "Replicate",
+			Handler:       _PeerService_Replicate_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
 	Metadata: "sluice/v1/sluice.proto",
 }
