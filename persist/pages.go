@@ -82,9 +82,29 @@ type pageWalker struct {
 	high     uint64 // pages at or above it are not in use
 	seen     map[uint64]bool
 	depth    int
+	// With all set, a damaged subtree is noted in problems and the walk
+	// goes on with the next one (Verify); else the first one ends it.
+	all      bool
+	problems []error
+	// record, if set, is called with each key and value of the top-level
+	// bucket named cur (Verify).
+	record func(bucket string, k, v []byte)
+	cur    string
+}
+
+// skip reports whether the walk goes on after err, a damaged subtree,
+// noting it.
+func (w *pageWalker) skip(err error) bool {
+	if w.all {
+		w.problems = append(w.problems, err)
+	}
+	return w.all
 }
 
 func (w *pageWalker) corrupt(format string, args ...any) error {
+	if w.all {
+		return fmt.Errorf(format, args...) // Verify says where
+	}
 	return formatError(w.path, "corrupt: "+format, args...)
 }
 
@@ -279,19 +299,29 @@ func (w *pageWalker) elements(id uint64, b, min, max []byte, ordered bool) ([]by
 				}
 			}
 			if last, err = w.tree(le.Uint64(b[pageHeader+i*elemSize+8:]), k, next); err != nil {
-				return nil, err
+				if !w.skip(err) {
+					return nil, err
+				}
+				last = k
 			}
 			prev = last
 			continue
 		}
 		prev, last = k, k
 		if le.Uint32(b[pageHeader+i*elemSize:])&leafBucket == 0 {
+			if w.record != nil {
+				w.record(w.cur, k, v)
+			}
 			continue
 		}
 		if len(v) < bucketHeader {
 			return nil, w.corrupt("page %d: bucket %d is %d bytes", id, i, len(v))
 		}
-		if err := w.bucket(le.Uint64(v), v[bucketHeader:]); err != nil {
+		cur := w.cur
+		w.cur = string(k)
+		err = w.bucket(le.Uint64(v), v[bucketHeader:])
+		w.cur = cur
+		if err != nil && !w.skip(err) {
 			return nil, err
 		}
 	}
