@@ -80,15 +80,29 @@ func Route() Key {
 		if r.Pattern != "" {
 			return r.Pattern, true
 		}
-		return r.URL.Path, true
+		return cleanPath(r), true
 	}}
 }
 
-// Path counts by the request path.
+// Path counts by the request path, in CleanPath's form (decoded), so that
+// "//login" and "/login" count as one.
 func Path() Key {
 	return Key{name: "path", fn: func(r *http.Request, _ *extract) (string, bool) {
-		return r.URL.Path, true
+		return cleanPath(r), true
 	}}
+}
+
+// cleanPath is r's path in CleanPath's form, decoded, or as it is if
+// CleanPath refuses it (ServeNext answers those 400 before any key).
+func cleanPath(r *http.Request) string {
+	clean, err := CleanPath(r.URL.EscapedPath())
+	if err != nil {
+		return r.URL.Path
+	}
+	if p, err := url.PathUnescape(clean); err == nil {
+		return p
+	}
+	return r.URL.Path
 }
 
 // Method counts by the request method.

@@ -240,6 +240,14 @@ func (e *Edge) trustedPeer(r *http.Request) bool {
 
 // ServeHTTP limits and proxies one request.
 func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Match and forward one form of the path: "//login" and "/x/../login"
+	// are "/login" for the rules and for the origin.
+	r, err := httplimit.CleanRequest(r)
+	if err != nil {
+		e.metrics.badPath.Inc()
+		httplimit.BadPath(w, err)
+		return
+	}
 	rt := e.rules.Load().match(r)
 	if rt == nil {
 		e.metrics.unlimited.Inc()
