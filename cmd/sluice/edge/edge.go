@@ -205,6 +205,13 @@ func New(cfg Config) (*Edge, error) {
 				pr.Out.Header["X-Forwarded-For"] = xff
 			}
 			pr.SetXForwarded()
+			// X-Real-IP follows the same rule: the client as the edge
+			// counts it (httplimit.ClientAddr), never what an untrusted
+			// peer wrote.
+			pr.Out.Header.Del("X-Real-Ip")
+			if a := httplimit.ClientAddr(pr.In, e.cfg.TrustedProxies); a.IsValid() {
+				pr.Out.Header.Set("X-Real-Ip", a.String())
+			}
 		},
 		Transport:    transport,
 		ErrorHandler: e.originError,

@@ -72,6 +72,11 @@ type RuleSpec struct {
 	Name string `yaml:"name"`
 	// Key is what requests are counted by (see ParseKey). Required.
 	Key string `yaml:"key"`
+	// Secret hashes the key's values before they are sent to Sluice or
+	// logged (httplimit.Secret), for a credential whose name does not say
+	// so; a header, query parameter or form field named like a credential
+	// ("X-API-Key", "Authorization", "token") is hashed without it.
+	Secret bool `yaml:"secret"`
 	// Limit is the number of requests allowed per window; positive.
 	Limit int64 `yaml:"limit"`
 	// Window is the sliding window: a Go duration ("90s", "15m", "1h") or
@@ -182,6 +187,8 @@ func (s *RuleSpec) rule(route string, routePolicy client.Policy) (httplimit.Rule
 	}
 	if r.Key, err = ParseKey(s.Key, route); err != nil {
 		errs = append(errs, err.Error())
+	} else if s.Secret {
+		r.Key = httplimit.Secret(r.Key)
 	}
 	if s.Window == "" {
 		errs = append(errs, "window is missing")
