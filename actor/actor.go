@@ -58,6 +58,11 @@ type actor struct {
 	// needed to take a later version of that state without counting it
 	// twice (see importStates). Nil until the first one.
 	receipts map[string]*receipt
+	// damaged holds the keys not in memory whose stored state cannot be
+	// decoded, each logged and counted once, until a write replaces the
+	// record (insert removes the key). Bounded by the damaged records of
+	// the data file.
+	damaged map[string]*DamagedError
 }
 
 // receipt is what importStates remembers of a key after adding up an
@@ -262,6 +267,13 @@ func (a *actor) decideCall(c *call, now int64, checks *int) (wrote bool) {
 		*checks++
 		ch := &c.checks[i]
 		ent := a.keys[ch.Key]
+		if d := a.damaged[ch.Key]; ent == nil && d != nil {
+			// Costs this check only (nothing to release for opRelease).
+			if c.op == opCheck {
+				c.out[i] = Decision{Err: d}
+			}
+			continue
+		}
 		if ent == nil {
 			ent = a.insert(ch.Key)
 		} else {
@@ -314,6 +326,10 @@ func (a *actor) inspect(c *call, now int64) {
 	if a.e.store == nil {
 		return
 	}
+	if d := a.damaged[v.Key]; d != nil {
+		c.fail(d)
+		return
+	}
 	var st state
 	var derr error
 	found := false
@@ -326,7 +342,7 @@ func (a *actor) inspect(c *call, now int64) {
 	case err != nil:
 		c.fail(fmt.Errorf("actor: inspect %s: %w", QuoteKey(v.Key), err))
 	case derr != nil:
-		c.fail(fmt.Errorf("actor: inspect %s: %w", QuoteKey(v.Key), derr))
+		c.fail(a.markDamaged(v.Key, derr))
 	case found && !st.isEmpty(now):
 		st.view(now, a.e.cfg.MaxLogRuns, v)
 	}
@@ -335,7 +351,15 @@ func (a *actor) inspect(c *call, now int64) {
 // reset forgets the key of c. load has brought it into memory if it was
 // on disk; its empty state is written as a delete.
 func (a *actor) reset(c *call, now int64) bool {
-	ent := a.keys[c.checks[0].Key]
+	key := c.checks[0].Key
+	ent := a.keys[key]
+	if ent == nil && a.damaged[key] != nil {
+		// A damaged record: the write of the empty state deletes it.
+		ent = a.insert(key)
+		c.existed = true
+		a.markDirty(ent)
+		return true
+	}
 	if ent == nil {
 		return false
 	}
@@ -662,8 +686,8 @@ func (a *actor) load(now int64) error {
 		}
 		for i := range c.checks {
 			if c.shards[i] == a.id {
-				if _, ok := a.keys[c.checks[i].Key]; !ok {
-					a.misses = append(a.misses, c.checks[i].Key)
+				if k := c.checks[i].Key; a.keys[k] == nil && a.damaged[k] == nil {
+					a.misses = append(a.misses, k)
 				}
 			}
 		}
@@ -671,16 +695,15 @@ func (a *actor) load(now int64) error {
 	if len(a.misses) == 0 {
 		return nil
 	}
-	var derr error
 	err := a.e.store.Get(a.misses, func(i int, deadline int64, value []byte) {
 		key := a.misses[i]
-		if deadline <= now || a.keys[key] != nil || derr != nil {
+		if deadline <= now || a.keys[key] != nil || a.damaged[key] != nil {
 			return
 		}
 		ent := a.insert(key)
 		if err := ent.st.decode(value); err != nil {
 			a.remove(ent)
-			derr = fmt.Errorf("actor: load key %s: %w", QuoteKey(key), err)
+			a.markDamaged(key, err)
 			return
 		}
 		if ent.st.algo == SlidingLog {
@@ -693,7 +716,23 @@ func (a *actor) load(now int64) error {
 	if err != nil {
 		return fmt.Errorf("actor: load keys: %w", err)
 	}
-	return derr
+	return nil
+}
+
+// markDamaged notes that key's stored state cannot be decoded, and logs
+// and counts it the first time, and returns the error its calls get.
+func (a *actor) markDamaged(key string, err error) *DamagedError {
+	if d := a.damaged[key]; d != nil {
+		return d
+	}
+	d := &DamagedError{Key: strings.Clone(key), Err: err}
+	if a.damaged == nil {
+		a.damaged = make(map[string]*DamagedError)
+	}
+	a.damaged[d.Key] = d
+	a.e.cfg.Observer.Damaged()
+	a.e.cfg.Logger.Error("damaged record: the key's stored state cannot be decoded; its checks answer DATA_LOSS until it is reset", "key", QuoteKey(key), "err", err)
+	return d
 }
 
 // makeRoom, in memory mode, fails the calls that would take the actor past
@@ -861,6 +900,7 @@ func (a *actor) rearm() {
 
 func (a *actor) insert(key string) *entry {
 	ent := &entry{key: strings.Clone(key), heapIdx: -1}
+	delete(a.damaged, key) // the key's record is replaced
 	a.keys[ent.key] = ent
 	a.pushFront(ent)
 	a.e.cfg.Observer.Keys(1)

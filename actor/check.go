@@ -143,6 +143,10 @@ type Decision struct {
 	RetryAfter time.Duration
 	// ResetAfter is the time until the whole limit is available again.
 	ResetAfter time.Duration
+	// Err is set when the check could not be decided, and the other fields
+	// are zero then (not allowed): a *DamagedError for a key whose stored
+	// state is damaged. The other checks of the call were decided.
+	Err error
 }
 
 // ReservedPrefix starts keys that clients may not use: checks (and

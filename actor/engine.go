@@ -53,7 +53,26 @@ var (
 	// memory mode (Config.Store nil): PutReplicas keeps its copies in the
 	// store.
 	ErrNoStore = errors.New("actor: replica copies need a data file; this engine runs in memory mode")
+	// ErrDamaged means that a key's stored state cannot be decoded: the
+	// data file holds a damaged record. A *DamagedError matches it and
+	// names the key. It costs that key only: in a call, the key's check is
+	// not decided (Decision.Err) and the others are. Resetting the key
+	// clears it.
+	ErrDamaged = errors.New("actor: stored state damaged")
 )
+
+// DamagedError is a key whose stored state cannot be decoded (ErrDamaged).
+type DamagedError struct {
+	Key string
+	Err error // why it cannot be decoded
+}
+
+func (e *DamagedError) Error() string {
+	return fmt.Sprintf("actor: key %s: its stored state is damaged and cannot be decoded (%v); its hits are lost: reset the key to use it again (sluice key reset), and check the data file offline (sluice data verify)", QuoteKey(e.Key), e.Err)
+}
+
+// Is makes a *DamagedError match ErrDamaged.
+func (e *DamagedError) Is(target error) bool { return target == ErrDamaged }
 
 // errPartlySent is ErrOverloaded after some actors already took their part.
 var errPartlySent = fmt.Errorf("%w (after part of the call was sent)", ErrOverloaded)
@@ -139,6 +158,9 @@ type Observer interface {
 	Evicted(n int)
 	// Expired is called when n empty keys left memory on their alarm.
 	Expired(n int)
+	// Damaged is called once per key whose stored state an actor found
+	// damaged (see ErrDamaged), the first time it is read.
+	Damaged()
 }
 
 type nopObserver struct{}
@@ -147,6 +169,7 @@ func (nopObserver) Batch(int, int, int) {}
 func (nopObserver) Keys(int)            {}
 func (nopObserver) Evicted(int)         {}
 func (nopObserver) Expired(int)         {}
+func (nopObserver) Damaged()            {}
 
 func (c Config) withDefaults() Config {
 	if c.Actors <= 0 {

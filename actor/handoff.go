@@ -169,14 +169,15 @@ func (a *actor) collect(c *call, now int64) {
 	if len(disk) == 0 || a.e.store == nil {
 		return
 	}
-	var derr error
 	err := a.e.store.Get(disk, func(i int, deadline int64, value []byte) {
-		if deadline <= now || derr != nil {
+		if deadline <= now || a.damaged[disk[i]] != nil {
 			return
 		}
 		var st state
 		if err := st.decode(value); err != nil {
-			derr = fmt.Errorf("actor: collect key %s: %w", QuoteKey(disk[i]), err)
+			// Its hits are lost already: it costs this key only, logged
+			// and counted, and is not handed over.
+			a.markDamaged(disk[i], err)
 			return
 		}
 		if st.algo == SlidingLog {
@@ -184,11 +185,8 @@ func (a *actor) collect(c *call, now int64) {
 		}
 		add(disk[i], &st)
 	})
-	switch {
-	case err != nil:
+	if err != nil {
 		c.fail(fmt.Errorf("actor: collect keys: %w", err))
-	case derr != nil:
-		c.fail(derr)
 	}
 }
 

@@ -1289,3 +1289,11 @@ func mulDivFloor(a, b, c int64) int64 {
 	q, _ := bits.Div64(hi, lo, uint64(c))
 	return int64(min(q, math.MaxInt64))
 }
+
+// CheckStored returns why value, a key's state as the store holds it,
+// cannot be decoded, or nil: what a load would find. sluice data verify
+// checks every record of a data file with it.
+func CheckStored(value []byte) error {
+	var st state
+	return st.decode(value)
+}

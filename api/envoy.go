@@ -239,6 +239,14 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			}
 			return nil, err
 		}
+		// Envoy has no per-descriptor error: a check that could not be
+		// decided (a damaged record) fails the request, with its status
+		// (the others were decided), and Envoy applies its failure mode.
+		for i := range out {
+			if out[i].Err != nil {
+				return nil, out[i].Err
+			}
+		}
 	}
 	resp := s.envoyResponse(req.Domain, descs, out)
 	if s.cfg.ResponseDynamicMetadata {

@@ -81,6 +81,9 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest, t
 		if checks[i].Reservation != nil && d.Allowed {
 			pd.Reservation = appendHandle(nil, &checks[i])
 		}
+		if d.Err != nil {
+			pd.ErrorCode, pd.ErrorMessage = checkStatus(d.Err)
+		}
 		resp.Decisions[i] = pd
 		usage = usage || checks[i].Usage || checks[i].Reservation != nil
 	}

@@ -64,3 +64,11 @@ func toStatus(err error) error {
 	// Engine and cluster errors: the mapping the peer protocol shares.
 	return cluster.Status(err)
 }
+
+// checkStatus is toStatus for one check of a batch that could not be
+// decided (actor.Decision.Err): its code and message, for the fields
+// error_code and error_message of its decision.
+func checkStatus(err error) (code uint32, msg string) {
+	st := status.Convert(toStatus(err))
+	return uint32(st.Code()), st.Message()
+}

@@ -371,6 +371,9 @@ func (c *Client) Check(ctx context.Context, ch Check, opts ...Option) (Decision,
 			resp, info, err := c.direct(ctx, []Check{ch}, s.deadline, false)
 			<-c.slots
 			if err == nil {
+				err = undecided(resp.Decisions[0])
+			}
+			if err == nil {
 				return c.decided(&ch, resp.Decisions[0], &info), nil
 			}
 			return c.failed(&ch, s.policy, err), fmt.Errorf("client: check %s: %w", quoteKey(ch.Key), err)
@@ -386,6 +389,9 @@ func (c *Client) Check(ctx context.Context, ch Check, opts ...Option) (Decision,
 	case c.queue <- cl:
 		select {
 		case r := <-cl.reply:
+			if r.err == nil {
+				r.err = undecided(r.dec)
+			}
 			if r.err == nil {
 				return c.decided(&ch, r.dec, &r.info), nil
 			}
@@ -448,9 +454,22 @@ func (c *Client) CheckAll(ctx context.Context, checks []Check, opts ...Option) (
 		return c.failedAll(checks, out, s.policy, err)
 	}
 	for i := range checks {
+		if err := undecided(resp.Decisions[i]); err != nil {
+			out[i] = c.failed(&checks[i], s.policy, err)
+			continue
+		}
 		out[i] = c.decided(&checks[i], resp.Decisions[i], &info)
 	}
 	return out, nil
+}
+
+// undecided returns the status of a check the node could not decide while
+// it decided the others of its call (a damaged record: DATA_LOSS), or nil.
+func undecided(pd *sluicepb.Decision) error {
+	if pd.ErrorCode == 0 {
+		return nil
+	}
+	return status.Error(codes.Code(pd.ErrorCode), pd.ErrorMessage)
 }
 
 // direct sends checks in a call of their own, on the caller's goroutine,
@@ -541,6 +560,8 @@ func classify(err error) Failure {
 		return FailureCanceled
 	case codes.ResourceExhausted:
 		return FailureOverloaded
+	case codes.DataLoss:
+		return FailureDamaged
 	case codes.Unavailable:
 		if fromNode(st) {
 			return FailureUnavailable

@@ -206,6 +206,10 @@ const (
 	FailureCanceled
 	// FailureClosed: the Client was closed.
 	FailureClosed
+	// FailureDamaged: the node answered DATA_LOSS for this check: the
+	// key's stored state is damaged (the other checks of the call were
+	// decided). An operator clears it with sluice key reset.
+	FailureDamaged
 )
 
 func (f Failure) String() string {
@@ -226,6 +230,8 @@ func (f Failure) String() string {
 		return "canceled"
 	case FailureClosed:
 		return "closed"
+	case FailureDamaged:
+		return "damaged"
 	}
 	return fmt.Sprintf("Failure(%d)", uint8(f))
 }

@@ -114,6 +114,11 @@ func (c *Client) Reserve(ctx context.Context, ttl time.Duration, checks []Check,
 	r.Allowed = true
 	r.handles = make([][]byte, len(checks))
 	for i, pd := range resp.Decisions {
+		if err := undecided(pd); err != nil {
+			r.Decisions[i] = c.failed(&r.checks[i], s.policy, err)
+			r.Allowed = r.Allowed && r.Decisions[i].Allowed
+			continue
+		}
 		r.Decisions[i] = c.decided(&r.checks[i], pd, &info)
 		r.Allowed = r.Allowed && pd.Allowed && len(pd.Reservation) > 0
 		r.handles[i] = pd.Reservation

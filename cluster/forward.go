@@ -360,6 +360,11 @@ func (p *peer) call(ctx context.Context, checks []actor.Check, out []actor.Decis
 			RetryAfter: d.RetryAfter.AsDuration(),
 			ResetAfter: d.ResetAfter.AsDuration(),
 		}
+		if d.ErrorCode != 0 {
+			// Not decided (a damaged record on the owner): the status the
+			// owner gave it, passed on as it is.
+			out[i] = actor.Decision{Err: status.Error(codes.Code(d.ErrorCode), d.ErrorMessage)}
+		}
 	}
 	copy(marks, resp.Marks)
 	return nil

@@ -80,6 +80,10 @@ func (p peerServer) Forward(ctx context.Context, req *sluicepb.ForwardRequest) (
 			RetryAfter: durationpb.New(d.RetryAfter), ResetAfter: durationpb.New(d.ResetAfter),
 			Node: r.cfg.Self,
 		}
+		if d.Err != nil {
+			st := status.Convert(Status(d.Err))
+			resp.Decisions[i].ErrorCode, resp.Decisions[i].ErrorMessage = uint32(st.Code()), st.Message()
+		}
 	}
 	return resp, nil
 }
@@ -330,6 +334,8 @@ func Status(err error) error {
 		return status.Errorf(codes.InvalidArgument, "check %d: %s: %s", ice.Index, ice.Field, ice.Reason)
 	case errors.Is(err, actor.ErrBatchTooLarge):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, actor.ErrDamaged):
+		return status.Error(codes.DataLoss, err.Error())
 	case errors.Is(err, actor.ErrOverloaded), errors.Is(err, actor.ErrTooManyKeys):
 		return status.Error(codes.ResourceExhausted, err.Error())
 	case errors.Is(err, actor.ErrClosed), errors.Is(err, persist.ErrClosed), errors.Is(err, control.ErrClosed):

@@ -219,6 +219,9 @@ func (c *checkpointer) runSweep(j sweepJob) {
 			empty = isEmpty(keys)
 			return nil
 		})
+		if err == nil && deleted > 0 {
+			err = seal(s.db) // see seal.go
+		}
 		if err != nil {
 			err = fmt.Errorf("persist: sweep %s: %v (nothing of this transaction was written; check the disk)", s.opts.Path, err)
 			s.log.Error("sweep failed", "err", err)
@@ -345,6 +348,9 @@ func (w *bboltWriter) writeOverlay(db *bolt.DB, ov *overlay, whole bool, hook fu
 		ents := w.ents[start:min(start+step, len(w.ents))]
 		last := start+step >= len(w.ents)
 		next, empty, err = w.writeTx(db, ov, ents, last, hook)
+		if err == nil && last {
+			err = seal(db) // see seal.go
+		}
 		if err != nil || last {
 			return next, empty, err
 		}

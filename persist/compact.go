@@ -97,6 +97,9 @@ func (c *checkpointer) compact(before int64) error {
 	if err := bolt.Compact(dst, s.db, compactTxBytes); err != nil {
 		return abandon(err)
 	}
+	if err := seal(dst); err != nil { // see seal.go
+		return abandon(err)
+	}
 	if err := dst.Sync(); err != nil {
 		return abandon(err)
 	}

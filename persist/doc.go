@@ -207,6 +207,8 @@
 //	                    the WAL up to that generation, cut short after it
 //	                    wrote every key up to this one (in byte order); the
 //	                    replay skips their records in those files
+//	        "seal"    → uint64 big-endian: the ID of the last seal
+//	                    transaction (below)
 //	keys    key → [8-byte big-endian deadline, unix ns][value]
 //	expiry  [8-byte big-endian deadline][key] → empty
 //
@@ -241,6 +243,36 @@
 //
 // An older build ignores "partial": after a crash in the middle of a
 // checkpoint, open the file with this build (or a later one) first.
+//
+// # Meta pages and seals
+//
+// bbolt keeps two meta pages and writes transaction t's at page t%2; on
+// open it takes the newer valid one. A damaged newest meta page would make
+// it start on the transaction before, silently: whatever the newest one
+// wrote would be gone, acknowledged records included, once the WAL files a
+// checkpoint replaced are removed. So every write whose loss would matter
+// is followed, before it is acknowledged and before any WAL file it
+// replaces is removed, by a seal: a transaction that only writes its own ID
+// under "seal". These writes are the last transaction of a checkpoint or a
+// replay, a Sweep transaction that deleted something, a meta record, and a
+// compacted copy (sealed before its rename); Open seals the file too. The
+// newest transaction of a file is then never an acknowledged write, and the
+// one before it holds every acknowledged write.
+//
+// The page walk at open checks both meta pages (magic, version, checksum,
+// page size). If one is damaged, the file is accepted only when the valid
+// one proves that nothing acknowledged is lost: its tree holds "seal" equal
+// to its own transaction ID (it is a seal) or to the ID before (it is the
+// write right after a seal, so the damaged page is that write's seal, an
+// older page, or a write not yet acknowledged). The open then logs one
+// warning naming the damaged page, and its seal rewrites it. Otherwise
+// (say, a file last written by a build without seals) Open refuses the file
+// with ErrFormat naming the page and its bytes, without modifying it.
+// TestMetaPageDamageLosesNothing flips every 4-byte window of both meta
+// pages of a file written in three sessions: each copy opens with every
+// acknowledged record. A file downgraded to a build without seals and
+// upgraded again after it wrote, then damaged, is beyond this proof: the
+// older build's writes look like writes after a seal.
 //
 // # Compaction
 //

@@ -130,6 +130,9 @@ func (s *Store) updateMeta(op, bucket string, fn func(*bolt.Tx) (changed bool, e
 		changed, err = fn(tx)
 		return err
 	})
+	if err == nil && changed {
+		err = seal(s.db) // see seal.go
+	}
 	if err == nil && changed && s.db.NoSync {
 		// In ModeCommit and ModeAsync the commit was write(2) only; a meta
 		// record is rare and written by a person, so make it durable now.

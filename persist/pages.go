@@ -19,25 +19,39 @@ import (
 // The layout read here is bbolt's on-disk format (version 2), in the
 // machine's byte order as bbolt writes it (little-endian on every platform
 // Sluice is built for).
-func checkPages(path string) error {
+func checkPages(path string) (metaDamage, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return fmt.Errorf("persist: open %s: %v", path, err)
+		return metaDamage{}, fmt.Errorf("persist: open %s: %v", path, err)
 	}
 	defer f.Close()
 	w := &pageWalker{f: f, path: path}
-	m, err := w.meta()
+	m, damage, err := w.meta()
 	if err != nil {
-		return err
+		return damage, err
 	}
 	w.pageSize, w.high = m.pageSize, m.pgid
 	w.seen = make(map[uint64]bool)
 	if m.freelist != noFreelist {
 		if err := w.freelistPage(m.freelist); err != nil {
-			return err
+			return damage, err
 		}
 	}
-	return w.bucket(m.root, nil)
+	return damage, w.bucket(m.root, nil)
+}
+
+// metaDamage describes a meta page that fails its checks while the other
+// one is valid (bbolt then opens the file on the valid one, silently).
+// page is -1 when both are valid.
+type metaDamage struct {
+	page     int
+	offset   int64
+	pageSize uint32
+	reason   string
+}
+
+func (d metaDamage) String() string {
+	return fmt.Sprintf("bbolt meta page %d (bytes %d to %d) is damaged (%s)", d.page, d.offset, d.offset+int64(d.pageSize)-1, d.reason)
 }
 
 // bbolt's on-disk constants.
@@ -68,57 +82,97 @@ type pageWalker struct {
 	high     uint64 // pages at or above it are not in use
 	seen     map[uint64]bool
 	depth    int
+	// With all set, a damaged subtree is noted in problems and the walk
+	// goes on with the next one (Verify); else the first one ends it.
+	all      bool
+	problems []error
+	// record, if set, is called with each key and value of the top-level
+	// bucket named cur (Verify).
+	record func(bucket string, k, v []byte)
+	cur    string
+}
+
+// skip reports whether the walk goes on after err, a damaged subtree,
+// noting it.
+func (w *pageWalker) skip(err error) bool {
+	if w.all {
+		w.problems = append(w.problems, err)
+	}
+	return w.all
 }
 
 func (w *pageWalker) corrupt(format string, args ...any) error {
+	if w.all {
+		return fmt.Errorf(format, args...) // Verify says where
+	}
 	return formatError(w.path, "corrupt: "+format, args...)
 }
 
-// meta returns the newest of the two meta pages that is valid.
-func (w *pageWalker) meta() (boltMeta, error) {
-	var best boltMeta
-	found := false
+// meta returns the newest of the two meta pages that is valid and, if
+// only one is, what is wrong with the other.
+func (w *pageWalker) meta() (boltMeta, metaDamage, error) {
+	none := metaDamage{page: -1}
 	buf := make([]byte, pageHeader+64)
-	// The first meta page is at offset 0; the second one page further, and
-	// the page size is in the first (or, if it is damaged, one of the
-	// usual sizes).
-	offsets := []int64{0}
-	if _, err := w.f.ReadAt(buf, 0); err == nil {
-		if ps := binary.LittleEndian.Uint32(buf[pageHeader+8:]); ps >= 512 && ps <= 1<<16 {
-			offsets = append(offsets, int64(ps))
-		}
-	}
-	for _, ps := range []int64{4096, 16384, 65536} {
-		offsets = append(offsets, ps)
-	}
-	for _, off := range offsets {
+	read := func(off int64) (boltMeta, string) {
 		if _, err := w.f.ReadAt(buf, off); err != nil && err != io.EOF {
-			continue
+			return boltMeta{}, fmt.Sprintf("cannot be read: %v", err)
+		} else if err == io.EOF {
+			return boltMeta{}, "cut short"
 		}
-		m, ok := parseMeta(buf[pageHeader:])
-		if ok && (!found || m.txid > best.txid) {
-			best, found = m, true
+		return parseMeta(buf[pageHeader:])
+	}
+	// The first meta page is at offset 0; the second one page further, and
+	// the page size is in the first (or, if it is damaged, in the second,
+	// found at one of the usual sizes).
+	m0, bad0 := read(0)
+	pageSize := m0.pageSize
+	if bad0 != "" {
+		pageSize = 0
+		for _, ps := range []int64{4096, 16384, 65536, int64(os.Getpagesize())} {
+			if m, bad := read(ps); bad == "" && int64(m.pageSize) == ps {
+				pageSize = m.pageSize
+				break
+			}
+		}
+		if pageSize == 0 {
+			return boltMeta{}, none, w.corrupt("no valid meta page (the first one: %s)", bad0)
 		}
 	}
-	if !found {
-		return best, w.corrupt("no valid meta page")
+	m1, bad1 := read(int64(pageSize))
+	switch {
+	case bad0 == "" && bad1 == "":
+		if m1.txid > m0.txid {
+			return m1, none, nil
+		}
+		return m0, none, nil
+	case bad0 != "" && bad1 != "":
+		return boltMeta{}, none, w.corrupt("no valid meta page (the first one: %s; the second one: %s)", bad0, bad1)
+	case bad0 != "":
+		return m1, metaDamage{page: 0, offset: 0, pageSize: pageSize, reason: bad0}, nil
 	}
-	return best, nil
+	return m0, metaDamage{page: 1, offset: int64(pageSize), pageSize: pageSize, reason: bad1}, nil
 }
 
 // parseMeta reads a meta page's body and checks its magic, version and
-// checksum.
-func parseMeta(b []byte) (boltMeta, bool) {
+// checksum; it returns what is wrong, or "" if nothing is.
+func parseMeta(b []byte) (boltMeta, string) {
 	le := binary.LittleEndian
-	if le.Uint32(b) != boltMagic || le.Uint32(b[4:]) != boltVersion {
-		return boltMeta{}, false
+	switch {
+	case le.Uint32(b) != boltMagic:
+		return boltMeta{}, "bad magic number"
+	case le.Uint32(b[4:]) != boltVersion:
+		return boltMeta{}, fmt.Sprintf("bbolt format version %d; want %d", le.Uint32(b[4:]), boltVersion)
 	}
 	h := fnv.New64a()
 	h.Write(b[:56])
 	if h.Sum64() != le.Uint64(b[56:]) {
-		return boltMeta{}, false
+		return boltMeta{}, "checksum mismatch"
 	}
-	return boltMeta{pageSize: le.Uint32(b[8:]), root: le.Uint64(b[16:]), freelist: le.Uint64(b[32:]), pgid: le.Uint64(b[40:]), txid: le.Uint64(b[48:])}, true
+	m := boltMeta{pageSize: le.Uint32(b[8:]), root: le.Uint64(b[16:]), freelist: le.Uint64(b[32:]), pgid: le.Uint64(b[40:]), txid: le.Uint64(b[48:])}
+	if m.pageSize < 512 || m.pageSize > 1<<16 {
+		return boltMeta{}, fmt.Sprintf("page size %d", m.pageSize)
+	}
+	return m, ""
 }
 
 // read returns page id with its overflow pages, after marking them all
@@ -245,19 +299,29 @@ func (w *pageWalker) elements(id uint64, b, min, max []byte, ordered bool) ([]by
 				}
 			}
 			if last, err = w.tree(le.Uint64(b[pageHeader+i*elemSize+8:]), k, next); err != nil {
-				return nil, err
+				if !w.skip(err) {
+					return nil, err
+				}
+				last = k
 			}
 			prev = last
 			continue
 		}
 		prev, last = k, k
 		if le.Uint32(b[pageHeader+i*elemSize:])&leafBucket == 0 {
+			if w.record != nil {
+				w.record(w.cur, k, v)
+			}
 			continue
 		}
 		if len(v) < bucketHeader {
 			return nil, w.corrupt("page %d: bucket %d is %d bytes", id, i, len(v))
 		}
-		if err := w.bucket(le.Uint64(v), v[bucketHeader:]); err != nil {
+		cur := w.cur
+		w.cur = string(k)
+		err = w.bucket(le.Uint64(v), v[bucketHeader:])
+		w.cur = cur
+		if err != nil && !w.skip(err) {
 			return nil, err
 		}
 	}

@@ -187,13 +187,15 @@ func Open(o Options) (*Store, error) {
 		return nil, fmt.Errorf("persist: open %s: create its directory: %v (check the data dir path and its permissions)", path, err)
 	}
 	existed := false
+	var repaired string // a damaged meta page the open rewrites, for the log
 	switch info, err := os.Stat(path); {
 	case err == nil && info.IsDir():
 		return nil, fmt.Errorf("persist: open %s: is a directory (the data file path must name a file)", path)
 	case err == nil:
 		existed = true
 		if info.Size() > 0 {
-			if err := verifyFile(path, info.Size(), o.OpenTimeout); err != nil {
+			var err error
+			if repaired, err = verifyFile(path, info.Size(), o.OpenTimeout); err != nil {
 				return nil, err
 			}
 		}
@@ -229,6 +231,16 @@ func Open(o Options) (*Store, error) {
 	if err := s.replay(pos); err != nil {
 		_ = db.Close()
 		return nil, err
+	}
+	// Seal whatever the file holds, a build without seals may have written
+	// it: from here on a damaged meta page costs nothing. This also
+	// rewrites a damaged meta page that verifyFile accepted.
+	if err := seal(db); err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("persist: open %s: write the data file: %v (check the disk and its free space)", path, err)
+	}
+	if repaired != "" {
+		s.log.Warn("the data file's "+repaired+": started on the other meta page, which holds every acknowledged write (sealed), and rewrote the damaged one", "path", path)
 	}
 	err = db.View(func(tx *bolt.Tx) error {
 		s.dbEmpty.Store(isEmpty(tx.Bucket(bucketKeys)))
@@ -475,7 +487,11 @@ func formatError(path, format string, args ...any) error {
 // panic (or fault on a truncated mapping); here that is caught and reported
 // as ErrFormat, where the read-write open would crash the process (bbolt
 // rebuilds the freelist on a goroutine that panics on corruption).
-func verifyFile(path string, size int64, timeout time.Duration) (err error) {
+//
+// A file with one damaged meta page is ErrFormat unless the other one is
+// sealed (see seal.go); then verifyFile returns what is damaged, for the
+// log.
+func verifyFile(path string, size int64, timeout time.Duration) (repaired string, err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer func() {
 		if p := recover(); p != nil {
@@ -484,15 +500,23 @@ func verifyFile(path string, size int64, timeout time.Duration) (err error) {
 	}()
 	db, err := bolt.Open(path, 0o600, &bolt.Options{ReadOnly: true, Timeout: timeout})
 	if err != nil {
-		return openError(path, timeout, err)
+		return "", openError(path, timeout, err)
 	}
 	defer func() { _ = db.Close() }()
-	return db.View(func(tx *bolt.Tx) error {
+	err = db.View(func(tx *bolt.Tx) error {
 		if tx.Size() > size {
 			return formatError(path, "truncated: %d bytes, bbolt expects %d", size, tx.Size())
 		}
-		if err := checkPages(path); err != nil {
+		damage, err := checkPages(path)
+		if err != nil {
 			return err
+		}
+		if damage.page >= 0 {
+			if !sealed(tx) {
+				return newError(ErrFormat, "persist: open %s: not a readable Sluice data file: %s: bbolt would start on the other meta page (transaction %d), which may lack what the damaged one committed, acknowledged writes included, and nothing in the file proves otherwise (it was last written by a build that does not seal its writes, or in the middle of a checkpoint); refusing rather than rolling back silently (the file was not modified; restore it from a copy, or move it aside to start empty; sluice data verify %s lists the damage)",
+					path, damage, tx.ID(), filepath.Dir(path))
+			}
+			repaired = damage.String()
 		}
 		if err := checkFormat(tx, path); err != nil {
 			if errors.Is(err, errEmpty) {
@@ -502,6 +526,7 @@ func verifyFile(path string, size int64, timeout time.Duration) (err error) {
 		}
 		return walk(tx, path)
 	})
+	return repaired, err
 }
 
 // errEmpty says that a bbolt file has no bucket at all: a file whose creation

@@ -18,8 +18,9 @@ import (
 // form without the field) is not counted by the rule: pair such a rule
 // with one that always applies, such as ClientIP.
 type Key struct {
-	name string
-	fn   func(r *http.Request, x *extract) (string, bool)
+	name   string
+	secret bool // values are hashed (Secret)
+	fn     func(r *http.Request, x *extract) (string, bool)
 }
 
 // String describes the key, as the rules file writes it.
@@ -40,13 +41,55 @@ type extract struct {
 
 // Header counts by the value of a request header, for example an API key
 // ("X-API-Key"). A request without it is not counted by the rule. Values
-// are used as sent; a long one is hashed (see the package doc, Keys).
+// are used as sent; a long one is hashed (see the package doc, Keys), and
+// so is every value of a header whose name says it holds a credential
+// (see Secret).
 func Header(name string) Key {
 	name = http.CanonicalHeaderKey(name)
-	return Key{name: "header:" + name, fn: func(r *http.Request, _ *extract) (string, bool) {
+	return secretIf(name, Key{name: "header:" + name, fn: func(r *http.Request, _ *extract) (string, bool) {
 		v := r.Header.Get(name)
 		return v, v != ""
+	}})
+}
+
+// Secret counts by k's values hashed (SHA-256, "sha256:" and 64 hex
+// digits), so that a credential used as a key (an API key, a token) never
+// reaches Sluice, its data file or any log in clear: the same value still
+// counts under the same key. Header, Query and Form keys whose name holds
+// "key", "token", "auth", "secret", "session", "password", "credential",
+// "cookie" or "signature" (in any case) are secret already; the edge's
+// rules file marks others with secret: true.
+func Secret(k Key) Key {
+	if k.secret {
+		return k
+	}
+	fn := k.fn
+	return Key{name: k.name, secret: true, fn: func(r *http.Request, x *extract) (string, bool) {
+		v, ok := fn(r, x)
+		if !ok {
+			return "", false
+		}
+		return hashValue(v), true
 	}}
+}
+
+// secretIf is Secret(k) if name says it holds a credential.
+func secretIf(name string, k Key) Key {
+	lower := strings.ToLower(name)
+	for _, w := range []string{"key", "token", "auth", "secret", "session", "password", "credential", "cookie", "signature"} {
+		if strings.Contains(lower, w) {
+			return Secret(k)
+		}
+	}
+	return k
+}
+
+// IsSecret reports whether k's values are hashed (see Secret).
+func (k Key) IsSecret() bool { return k.secret }
+
+func hashValue(v string) string {
+	sum := sha256.Sum256([]byte(v))
+	return "sha256:" + hex.EncodeToString(sum[:])
 }
 
 // ClientIP counts by the client's IP address: the connection's peer, or,
@@ -80,15 +123,29 @@ func Route() Key {
 		if r.Pattern != "" {
 			return r.Pattern, true
 		}
-		return r.URL.Path, true
+		return cleanPath(r), true
 	}}
 }
 
-// Path counts by the request path.
+// Path counts by the request path, in CleanPath's form (decoded), so that
+// "//login" and "/login" count as one.
 func Path() Key {
 	return Key{name: "path", fn: func(r *http.Request, _ *extract) (string, bool) {
-		return r.URL.Path, true
+		return cleanPath(r), true
 	}}
+}
+
+// cleanPath is r's path in CleanPath's form, decoded, or as it is if
+// CleanPath refuses it (ServeNext answers those 400 before any key).
+func cleanPath(r *http.Request) string {
+	clean, err := CleanPath(r.URL.EscapedPath())
+	if err != nil {
+		return r.URL.Path
+	}
+	if p, err := url.PathUnescape(clean); err == nil {
+		return p
+	}
+	return r.URL.Path
 }
 
 // Method counts by the request method.
@@ -99,12 +156,13 @@ func Method() Key {
 }
 
 // Query counts by the value of a URL query parameter; a request without it
-// is not counted by the rule.
+// is not counted by the rule. A parameter named like a credential
+// ("api_key", "token") is hashed (see Secret).
 func Query(name string) Key {
-	return Key{name: "query:" + name, fn: func(r *http.Request, _ *extract) (string, bool) {
+	return secretIf(name, Key{name: "query:" + name, fn: func(r *http.Request, _ *extract) (string, bool) {
 		v := r.URL.Query().Get(name)
 		return v, v != ""
-	}}
+	}})
 }
 
 // Form counts by a field of the request body: a form
@@ -113,15 +171,16 @@ func Query(name string) Key {
 // trimmed and lower-cased, so that "Alice " and "alice" are one key. The
 // body is read up to Config.MaxBodyBytes and given back whole to the
 // handler. A request without the field, or with a larger or unreadable
-// body, is not counted by the rule.
+// body, is not counted by the rule. A field named like a credential
+// ("password", "token") is hashed (see Secret).
 func Form(field string) Key {
-	return Key{name: "form:" + field, fn: func(r *http.Request, x *extract) (string, bool) {
+	return secretIf(field, Key{name: "form:" + field, fn: func(r *http.Request, x *extract) (string, bool) {
 		if x.form == nil && !x.noForm {
 			x.form, x.noForm = x.l.readForm(r)
 		}
 		v := strings.ToLower(strings.TrimSpace(x.form[field]))
 		return v, v != ""
-	}}
+	}})
 }
 
 // Const counts every request under one key: a global limit.
@@ -171,8 +230,7 @@ const maxValueLen = 128
 // sluiceKey is the key of rule on value: prefix, rule name, value.
 func sluiceKey(prefix, rule, value string) string {
 	if len(value) > maxValueLen {
-		sum := sha256.Sum256([]byte(value))
-		value = "sha256:" + hex.EncodeToString(sum[:])
+		value = hashValue(value)
 	}
 	return prefix + rule + "|" + value
 }

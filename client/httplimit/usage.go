@@ -149,8 +149,16 @@ func (l *Limiter) Report(ctx context.Context, res *Result, h http.Header) error 
 
 // ServeNext decides r (as Serve), serves it with next if it is allowed,
 // and then reports the costs its response carried (Report). It is what
-// Wrap does.
+// Wrap does. It first puts r's path in CleanPath's form, which next then
+// receives too, so that the rules and next see the same path; a path that
+// CleanPath refuses as ambiguous is answered 400 (BadPath), and reaches
+// neither Sluice nor next.
 func (l *Limiter) ServeNext(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	r, err := CleanRequest(r)
+	if err != nil {
+		BadPath(w, err)
+		return
+	}
 	res := l.Decide(r)
 	if !l.respond(w, r, &res) {
 		return

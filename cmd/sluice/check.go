@@ -8,6 +8,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -111,6 +112,10 @@ file gives them. An override always wins over the values sent.`,
 				return fmt.Errorf("the server sent %d decisions for 1 check", len(resp.Decisions))
 			}
 			d := resp.Decisions[0]
+			if d.ErrorCode != 0 {
+				// Not decided (a damaged record): an error, not a denial.
+				return cl.callError(status.Error(codes.Code(d.ErrorCode), d.ErrorMessage))
+			}
 			if err := printDecision(cmd, &co, key, d); err != nil {
 				return err
 			}

@@ -396,6 +396,9 @@ func TestServeStartErrors(t *testing.T) {
 		{"peer service open on --peer-addr", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--peer-addr", "0.0.0.0:0", "--gossip-addr", "127.0.0.1:0", "--expect", "3"}, "--peer-addr 0.0.0.0:0"},
 		{"peer address without a cluster", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0"}, "only a cluster node"},
 		{"admin port in use", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--admin-addr", n.grpcAddr}, "--admin-addr"},
+		{"admin API open", []string{"--data-dir", t.TempDir(), "--grpc-addr", "0.0.0.0:0"}, "--grpc-addr 0.0.0.0:0: the admin API (key reset, overrides) would be open to the network"},
+		{"admin API open on --admin-addr", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--admin-addr", "0.0.0.0:0", "--refund-token", "r"}, "--admin-addr 0.0.0.0:0: the admin API"},
+		{"refunds open", []string{"--data-dir", t.TempDir(), "--grpc-addr", "0.0.0.0:0", "--admin-addr", "127.0.0.1:0"}, "--grpc-addr 0.0.0.0:0: refunds would be open to the network"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
@@ -410,15 +413,39 @@ func TestServeStartErrors(t *testing.T) {
 	}
 }
 
+// TestServeInsecure: --insecure lets a node serve its admin API and
+// refunds on a non-loopback address without a credential, and says so: a
+// WARN at start-up, and insecure=true in the start-up line (which says
+// insecure=false without it). Before, it was silent and absent.
+func TestServeInsecure(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, nil, "--grpc-addr", "0.0.0.0:0", "--insecure")
+	mustRun(t, exitOK, nil, "key", "reset", "k", "--addr", n.grpcAddr)
+	n.stop()
+	logs := n.logs.String()
+	if !strings.Contains(logs, `msg="starting sluice"`) || !strings.Contains(logs, " insecure=true ") {
+		t.Errorf("start-up line lacks insecure=true:\n%s", logs)
+	}
+	if !strings.Contains(logs, `level=WARN msg="--insecure: listeners on non-loopback addresses may serve resets, overrides, refunds and peer calls without a credential`) {
+		t.Errorf("no WARN about --insecure:\n%s", logs)
+	}
+	n = startNode(t, nil)
+	n.stop()
+	if logs := n.logs.String(); !strings.Contains(logs, " insecure=false ") || strings.Contains(logs, "--insecure:") {
+		t.Errorf("without --insecure: want insecure=false and no warning:\n%s", logs)
+	}
+}
+
 // TestServeSeparateListeners: a cluster node may serve decisions on a
-// public address without a credential when its peer service is on a
-// loopback --peer-addr (the rule follows the peer service); the ready file
+// public address without an admin credential when its peer service and
+// admin API are on loopback addresses (a refund token guards its refunds);
+// the ready file
 // names the peer and admin listeners; admin calls go to --admin-addr only.
 func TestServeSeparateListeners(t *testing.T) {
 	t.Parallel()
 	oneClusterAtATime(t)
 	t.Cleanup(func() { waitMemberlistGone(t) })
-	n := startNode(t, nil, "--grpc-addr", "0.0.0.0:0", "--peer-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0",
+	n := startNode(t, nil, "--grpc-addr", "0.0.0.0:0", "--peer-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--refund-token", "r3fund",
 		"--gossip-addr", "127.0.0.1:0", "--expect", "1", "--node-name", "split")
 	n.waitReadyz()
 	if n.peerAddr == "" || n.adminAddr == "" || n.peerAddr == n.adminAddr {

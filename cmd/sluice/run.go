@@ -103,6 +103,7 @@ Exit codes: 0 success (check: allowed), 1 error, 2 check denied,
 		c.topCommand(),
 		c.benchCommand(),
 		c.limitsCommand(),
+		c.dataCommand(),
 		c.edgeCommand(),
 		c.versionCommand(),
 	)

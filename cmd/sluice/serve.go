@@ -136,7 +136,7 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.Var(newDurationValue(&cfg.Control.Settings.Lease, 2*time.Second), "lease", "cluster: how long a node may decide after its last lease renewal was sent (L); the keys of a node that died go on elsewhere about L·1.1 after its last renewal. Every node of a cluster needs the same")
 	fs.Var(newEnumValue(&o.ownerPolicy, "exact", "exact", "available"), "owner-policy",
 		"cluster: who decides the keys of a node that is down and that no standby holds: exact (nobody until it is back: UNAVAILABLE, never a wrong answer) or available (the next node, from what it holds, once the Raft leader ended the down node's epoch: up to one extra limit per key). Every node of a cluster needs the same")
-	fs.BoolVar(&o.insecure, "insecure", false, "cluster: serve the peer service on a non-loopback --grpc-addr without --admin-token or --tls-client-ca (anyone who reaches the port can then forge handoffs, forwarded checks and refunds, and vote in Raft)")
+	fs.BoolVar(&o.insecure, "insecure", false, "serve the admin API, refunds or (cluster) the peer service on a non-loopback address without --admin-token or --tls-client-ca (anyone who reaches the port can then reset keys, raise limits, give hits back, forge handoffs and forwarded checks, and vote in Raft); logged as a warning at start-up")
 	fs.IntVar(&o.replicas, "replicas", 0, "cluster: nodes that keep each key's state: 2 gives every key a standby that has every acknowledged hit and takes over when its owner is down; 1 keeps it on the owner only (0: 2 with a data file, 1 with --durability memory)")
 	fs.Var(newEnumValue(&o.logFormat, "text", "text", "json"), "log-format", "log format")
 	fs.Var(newEnumValue(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "least severe level logged")
@@ -254,10 +254,18 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 	} else if o.expect > 1 {
 		return fmt.Errorf("--expect %d: a cluster needs --gossip-addr or --join", o.expect)
 	}
+	if !o.insecure {
+		if err := openListener(&cfg); err != nil {
+			return err
+		}
+	}
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
 	log.Info("starting sluice", o.attrs()...)
+	if o.insecure {
+		log.Warn("--insecure: listeners on non-loopback addresses may serve resets, overrides, refunds and peer calls without a credential; anyone who reaches them can use them (see docs/security.md)")
+	}
 	if cfg.AdminToken != "" && cfg.TLSCert == "" && (!isLoopback(cfg.GRPCAddr) || !isLoopback(cmp.Or(cfg.AdminAddr, cfg.GRPCAddr)) ||
 		cfg.Cluster != nil && !isLoopback(cmp.Or(cfg.PeerAddr, cfg.GRPCAddr))) {
 		log.Warn("the admin token travels in clear text: serve with --tls-cert and --tls-key")
@@ -375,6 +383,7 @@ func (o *serveOptions) attrs() []any {
 			"keepalive_min_time", cfg.KeepaliveMinTime,
 		),
 		"pprof", cfg.Pprof,
+		"insecure", o.insecure,
 		"shutdown_timeout", cfg.ShutdownTimeout,
 		slog.Group("engine", engineAttrs(cfg.Engine)...),
 		"log_format", o.logFormat,
@@ -418,6 +427,28 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 }
 
 // isLoopback reports whether addr's host is a loopback address.
+// openListener returns an error naming the first listener of cfg that
+// would serve the admin API (resets, overrides) or refunds to the network
+// without a credential: on an address that is not loopback, with no
+// admin token, no client CA and, for refunds, no refund token. --insecure
+// skips it.
+func openListener(cfg *node.Config) error {
+	if cfg.AdminToken != "" || cfg.TLSClientCA != "" {
+		return nil
+	}
+	adminFlag, adminAddr := "--grpc-addr", cfg.GRPCAddr
+	if cfg.AdminAddr != "" {
+		adminFlag, adminAddr = "--admin-addr", cfg.AdminAddr
+	}
+	if !isLoopback(adminAddr) {
+		return fmt.Errorf("%s %s: the admin API (key reset, overrides) would be open to the network: without --admin-token or --tls-client-ca anyone who reaches that port can reset keys and raise limits; set one (see docs/security.md), listen on a loopback address, or pass --insecure to run without", adminFlag, adminAddr)
+	}
+	if cfg.RefundToken == "" && !isLoopback(cfg.GRPCAddr) {
+		return fmt.Errorf("--grpc-addr %s: refunds would be open to the network: without --refund-token, --admin-token or --tls-client-ca anyone who reaches that port can give counted hits back; set one (see docs/security.md), listen on a loopback address, or pass --insecure to run without", cfg.GRPCAddr)
+	}
+	return nil
+}
+
 func isLoopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {

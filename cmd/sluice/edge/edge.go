@@ -205,6 +205,13 @@ func New(cfg Config) (*Edge, error) {
 				pr.Out.Header["X-Forwarded-For"] = xff
 			}
 			pr.SetXForwarded()
+			// X-Real-IP follows the same rule: the client as the edge
+			// counts it (httplimit.ClientAddr), never what an untrusted
+			// peer wrote.
+			pr.Out.Header.Del("X-Real-Ip")
+			if a := httplimit.ClientAddr(pr.In, e.cfg.TrustedProxies); a.IsValid() {
+				pr.Out.Header.Set("X-Real-Ip", a.String())
+			}
 		},
 		Transport:    transport,
 		ErrorHandler: e.originError,
@@ -240,6 +247,14 @@ func (e *Edge) trustedPeer(r *http.Request) bool {
 
 // ServeHTTP limits and proxies one request.
 func (e *Edge) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Match and forward one form of the path: "//login" and "/x/../login"
+	// are "/login" for the rules and for the origin.
+	r, err := httplimit.CleanRequest(r)
+	if err != nil {
+		e.metrics.badPath.Inc()
+		httplimit.BadPath(w, err)
+		return
+	}
 	rt := e.rules.Load().match(r)
 	if rt == nil {
 		e.metrics.unlimited.Inc()

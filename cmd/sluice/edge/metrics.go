@@ -19,6 +19,7 @@ type metrics struct {
 	reloads     *prometheus.CounterVec
 	originError prometheus.Counter
 	unlimited   prometheus.Counter
+	badPath     prometheus.Counter
 	// usage counts the costs responses reported (rules with a
 	// response_cost), usageHits their sum.
 	usage, usageHits *prometheus.CounterVec
@@ -35,7 +36,7 @@ func newMetrics(reg prometheus.Registerer, c *client.Client) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_edge_requests_total",
-			Help: "Requests by route and result: allowed (proxied to the origin), denied (429), unlimited (no route or no rule applied; proxied).",
+			Help: "Requests by route and result: allowed (proxied to the origin), denied (429), unlimited (no route or no rule applied; proxied), bad_path (400: a path that origins read in different ways, such as an encoded slash).",
 		}, []string{"route", "result"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_edge_decisions_total",
@@ -68,6 +69,7 @@ func newMetrics(reg prometheus.Registerer, c *client.Client) *metrics {
 		Help: "Hits (tokens) responses reported and Sluice recorded, by route and rule.",
 	}, []string{"route", "rule"})
 	m.unlimited = m.requests.WithLabelValues("", "unlimited")
+	m.badPath = m.requests.WithLabelValues("", "bad_path")
 	reg.MustRegister(m.requests, m.decisions, m.failures, m.latency, m.reloads, m.originError, m.usage, m.usageHits)
 	stat := func(name, help string, f func(client.Stats) uint64) {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 {

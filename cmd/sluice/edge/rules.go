@@ -43,8 +43,17 @@ type RulesFile struct {
 type RouteSpec struct {
 	// Name names the route in metrics and logs; unique. Required.
 	Name string `yaml:"name"`
-	// PathPrefix is the start of the paths the route takes. Default "/".
+	// PathPrefix is the start of the paths the route takes, in normal form
+	// (httplimit.CleanPath: no "//", no dot segments, no needless
+	// percent-encoding). Default "/". Requests match on their path in that
+	// form, which the origin receives too.
 	PathPrefix string `yaml:"path_prefix"`
+	// PathCaseInsensitive matches PathPrefix whatever the case of the
+	// request's path (for an origin that folds case, such as IIS): then
+	// "/LOGIN" takes a route of "/login". Paths are case-sensitive by
+	// default, as for nginx and most origins, which serve "/LOGIN" as
+	// another resource.
+	PathCaseInsensitive bool `yaml:"path_case_insensitive"`
 	// Methods are the methods the route takes; empty takes every method.
 	Methods []string `yaml:"methods"`
 	// OnError is the failure policy of the route's rules that set none:
@@ -63,6 +72,11 @@ type RuleSpec struct {
 	Name string `yaml:"name"`
 	// Key is what requests are counted by (see ParseKey). Required.
 	Key string `yaml:"key"`
+	// Secret hashes the key's values before they are sent to Sluice or
+	// logged (httplimit.Secret), for a credential whose name does not say
+	// so; a header, query parameter or form field named like a credential
+	// ("X-API-Key", "Authorization", "token") is hashed without it.
+	Secret bool `yaml:"secret"`
 	// Limit is the number of requests allowed per window; positive.
 	Limit int64 `yaml:"limit"`
 	// Window is the sliding window: a Go duration ("90s", "15m", "1h") or
@@ -125,6 +139,8 @@ func (f *RulesFile) Validate() error {
 		routes[rt.Name] = true
 		if rt.PathPrefix != "" && !strings.HasPrefix(rt.PathPrefix, "/") {
 			errs = append(errs, fmt.Errorf("%s: path_prefix %q: want a path starting with /", where, rt.PathPrefix))
+		} else if clean, err := httplimit.CleanPath(rt.PathPrefix); rt.PathPrefix != "" && (err != nil || clean != rt.PathPrefix) {
+			errs = append(errs, fmt.Errorf("%s: path_prefix %q: want it in normal form (%q), as requests are matched in it", where, rt.PathPrefix, clean))
 		}
 		for _, m := range rt.Methods {
 			if !isToken(m) {
@@ -171,6 +187,8 @@ func (s *RuleSpec) rule(route string, routePolicy client.Policy) (httplimit.Rule
 	}
 	if r.Key, err = ParseKey(s.Key, route); err != nil {
 		errs = append(errs, err.Error())
+	} else if s.Secret {
+		r.Key = httplimit.Secret(r.Key)
 	}
 	if s.Window == "" {
 		errs = append(errs, "window is missing")
@@ -282,6 +300,7 @@ func parseDuration(s string) (time.Duration, error) {
 type route struct {
 	name    string
 	prefix  string
+	fold    bool     // match prefix whatever the case
 	methods []string // nil: any
 	limiter *httplimit.Limiter
 	metrics *routeMetrics
@@ -295,7 +314,7 @@ type table struct {
 // match returns the route of r, nil if none.
 func (t *table) match(r *http.Request) *route {
 	for _, rt := range t.routes {
-		if !strings.HasPrefix(r.URL.Path, rt.prefix) {
+		if rt.fold && !hasPrefixFold(r.URL.Path, rt.prefix) || !rt.fold && !strings.HasPrefix(r.URL.Path, rt.prefix) {
 			continue
 		}
 		if rt.methods == nil {
@@ -320,7 +339,7 @@ func build(f *RulesFile, base httplimit.Config, m *metrics) (*table, error) {
 		if err != nil {
 			return nil, err
 		}
-		rt := &route{name: spec.Name, prefix: spec.PathPrefix}
+		rt := &route{name: spec.Name, prefix: spec.PathPrefix, fold: spec.PathCaseInsensitive}
 		if rt.prefix == "" {
 			rt.prefix = "/"
 		}
@@ -346,4 +365,9 @@ func build(f *RulesFile, base httplimit.Config, m *metrics) (*table, error) {
 	}
 	sort.SliceStable(t.routes, func(i, j int) bool { return len(t.routes[i].prefix) > len(t.routes[j].prefix) })
 	return t, nil
+}
+
+// hasPrefixFold is strings.HasPrefix under Unicode case folding.
+func hasPrefixFold(s, prefix string) bool {
+	return len(s) >= len(prefix) && strings.EqualFold(s[:len(prefix)], prefix)
 }

@@ -25,6 +25,7 @@ type metrics struct {
 	keys          prometheus.Gauge
 	evictions     prometheus.Counter
 	expired       prometheus.Counter
+	damaged       prometheus.Counter
 	queueDepth    prometheus.Histogram
 	batchChecks   prometheus.Histogram
 	commitLatency prometheus.Histogram
@@ -58,6 +59,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		evictions: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_evictions_total",
 			Help: "Keys that left memory for the memory bound (their state stays on disk).",
+		}),
+		damaged: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_damaged_records_total",
+			Help: "Keys whose stored state was found damaged (it cannot be decoded), each counted once per process, the first time it is read; such a key answers DATA_LOSS until it is reset.",
 		}),
 		expired: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_expired_keys_total",
@@ -149,7 +154,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Name: "sluice_data_file_compactions_total",
 		Help: "Compactions of the data file (a copy of its records into a new file that replaces it, once its free pages outnumber the used ones).",
 	})
-	reg.MustRegister(m.keys, m.evictions, m.expired, m.queueDepth,
+	reg.MustRegister(m.keys, m.evictions, m.expired, m.damaged, m.queueDepth,
 		m.batchChecks, m.commitLatency, m.commitRecords, m.limitsReloads, m.compactions)
 	for _, c := range []struct {
 		vec    *prometheus.CounterVec
@@ -232,6 +237,9 @@ func (m *metrics) Evicted(n int) { m.evictions.Add(float64(n)) }
 
 // Expired implements actor.Observer.
 func (m *metrics) Expired(n int) { m.expired.Add(float64(n)) }
+
+// Damaged counts a damaged record (actor.Observer).
+func (m *metrics) Damaged() { m.damaged.Inc() }
 
 // commit is the store's OnCommit hook.
 func (m *metrics) commit(records int, d time.Duration) {

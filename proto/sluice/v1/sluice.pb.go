@@ -441,7 +441,16 @@ type Decision struct {
 	// For an allowed check with reserve_for: the reservation's handle, to
 	// pass to Settle. Opaque bytes; keep it secret, as anyone holding it can
 	// settle the reservation. Empty otherwise.
-	Reservation   []byte `protobuf:"bytes,7,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	Reservation []byte `protobuf:"bytes,7,opt,name=reservation,proto3" json:"reservation,omitempty"`
+	// Set when this check could not be decided, while the other checks of
+	// the call were: the gRPC status code (google.rpc.Code) it would have
+	// failed with alone, and error_message says why. DATA_LOSS (15): the
+	// key's stored state is damaged (an operator resets the key to clear
+	// it). allowed is false and the other fields are zero then. 0 (OK)
+	// otherwise.
+	ErrorCode uint32 `protobuf:"varint,8,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
+	// Why the check could not be decided, when error_code is set.
+	ErrorMessage  string `protobuf:"bytes,9,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -523,6 +532,20 @@ func (x *Decision) GetReservation() []byte {
 		return x.Reservation
 	}
 	return nil
+}
+
+func (x *Decision) GetErrorCode() uint32 {
+	if x != nil {
+		return x.ErrorCode
+	}
+	return 0
+}
+
+func (x *Decision) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
 }
 
 // SettleRequest is a batch of settlements, each decided on its own.
@@ -3625,7 +3648,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x06settle\x18\f \x01(\bR\x06settleB\a\n" +
 	"\x05_cost\"B\n" +
 	"\rCheckResponse\x121\n" +
-	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"\x86\x02\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"\xca\x02\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -3635,7 +3658,10 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\vreset_after\x18\x05 \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"resetAfter\x12\x12\n" +
 	"\x04node\x18\x06 \x01(\tR\x04node\x12 \n" +
-	"\vreservation\x18\a \x01(\fR\vreservation\"H\n" +
+	"\vreservation\x18\a \x01(\fR\vreservation\x12\x1d\n" +
+	"\n" +
+	"error_code\x18\b \x01(\rR\terrorCode\x12#\n" +
+	"\rerror_message\x18\t \x01(\tR\ferrorMessage\"H\n" +
 	"\rSettleRequest\x127\n" +
 	"\vsettlements\x18\x01 \x03(\v2\x15.sluice.v1.SettlementR\vsettlements\"B\n" +
 	"\n" +
