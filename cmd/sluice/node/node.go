@@ -244,9 +244,11 @@ func New(cfg Config) (n *Node, err error) {
 		grpc.MaxHeaderListSize(maxHeaderListBytes),
 		grpc.ConnectionTimeout(handshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
-			MaxConnectionIdle: cfg.MaxConnectionIdle,
-			Time:              cfg.KeepaliveTime,
-			Timeout:           cfg.KeepaliveTimeout,
+			MaxConnectionIdle:     cfg.MaxConnectionIdle,
+			MaxConnectionAge:      cfg.MaxConnectionAge,
+			MaxConnectionAgeGrace: cfg.MaxConnectionAgeGrace,
+			Time:                  cfg.KeepaliveTime,
+			Timeout:               cfg.KeepaliveTimeout,
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             cfg.KeepaliveMinTime,
