@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -199,6 +200,9 @@ func build(srcs []source, o LoadOptions) (*Config, error) {
 			continue
 		}
 		c.domains[d.name] = d
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.domains)) {
+		checkReplaces(c.domains[name], &ps)
 	}
 	if err := ps.err(); err != nil {
 		return nil, err
@@ -623,7 +627,7 @@ func (p *parser) rateLimit(f field) *Rule {
 		good = good && ok
 	}
 	if rf, ok := fields.get("replaces"); ok {
-		r.Replaces, ok = p.replaces(rf, r.Name)
+		r.Replaces, r.replacesAt, ok = p.replaces(rf, r.Name)
 		good = good && ok
 	}
 	if !good {
@@ -632,16 +636,18 @@ func (p *parser) rateLimit(f field) *Rule {
 	return r
 }
 
-// replaces parses rate_limit.replaces, a list of {name: ...}.
-func (p *parser) replaces(f field, self string) ([]string, bool) {
+// replaces parses rate_limit.replaces, a list of {name: ...}, into the
+// names and the line of each.
+func (p *parser) replaces(f field, self string) ([]string, []int, bool) {
 	if isNull(f.val) {
-		return nil, true
+		return nil, nil, true
 	}
 	if f.val.Kind != yaml.SequenceNode {
 		p.errorf(f.val, "replaces must be a list of - name: <rate_limit name>, found %s", describe(f.val))
-		return nil, false
+		return nil, nil, false
 	}
 	var names []string
+	var lines []int
 	good := true
 	for _, item := range f.val.Content {
 		p.spend()
@@ -673,10 +679,31 @@ func (p *parser) replaces(f field, self string) ([]string, bool) {
 			p.errorf(item, "rate_limit %q lists itself in replaces; remove that entry", clip(self))
 			good = false
 		default:
-			names = append(names, name)
+			names, lines = append(names, name), append(lines, item.Line)
 		}
 	}
-	return names, good
+	return names, lines, good
+}
+
+// checkReplaces reports each replaces entry that names no rate_limit of
+// its domain: ApplyReplaces would never drop anything for it, and a name
+// mistyped there would leave two limits in force where one was meant.
+func checkReplaces(d *domain, ps *problems) {
+	named := make(map[string]bool)
+	for _, r := range d.rules {
+		if r.Name != "" {
+			named[r.Name] = true
+		}
+	}
+	for _, r := range d.rules {
+		for i, name := range r.Replaces {
+			if !named[name] {
+				ps.add(&Error{File: r.File, Line: r.replacesAt[i], Reason: fmt.Sprintf(
+					"replaces names %q, but no rate_limit of domain %q has that name; correct it, or give the rate_limit it means name: %s",
+					clip(name), clip(d.name), clip(name))})
+			}
+		}
+	}
 }
 
 // metadata parses a descriptor's metadata into a protobuf Struct, as

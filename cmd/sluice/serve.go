@@ -46,6 +46,10 @@ type serveOptions struct {
 	insecure bool
 	replicas int
 
+	// ratelimitEnv is what envoyproxy/ratelimit's variables set, and
+	// the ones found and ignored.
+	ratelimitEnv ratelimitEnv
+
 	// defaults are the options as the flags define them, before the
 	// command line and the environment: the start-up line shows what
 	// differs from them.
@@ -70,11 +74,19 @@ until SIGINT or SIGTERM, then stops gracefully: it stops accepting calls,
 lets the calls in flight finish within --shutdown-timeout, flushes the data
 file and exits 0. A second signal exits at once with 128+signal.
 
-Every flag also reads SLUICE_<FLAG>; the command line wins.`,
+Every flag also reads SLUICE_<FLAG>; the command line wins. Below both,
+envoyproxy/ratelimit's variables with a meaning here are read too
+(GRPC_PORT, RUNTIME_ROOT, LIMIT_RESPONSE_HEADERS_ENABLED, ...: see
+docs/envoy.md), and those without one are listed in one log line.`,
 		Example: `  sluice serve --data-dir /var/lib/sluice
   SLUICE_DURABILITY=fsync SLUICE_ADMIN_TOKEN=s3cret sluice serve`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			rl, err := applyRatelimitEnv(cmd.Flags(), c.getenv)
+			if err != nil {
+				return err
+			}
+			o.ratelimitEnv = rl
 			return c.serve(cmd.Context(), o)
 		},
 	}
@@ -268,6 +280,9 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 	}
 	log.Info("starting sluice", o.startAttrs()...)
 	log.Debug("configuration", o.attrs(o.clustered())...)
+	if rl := o.ratelimitEnv; len(rl.used) > 0 || len(rl.ignored) > 0 {
+		log.Info("envoyproxy/ratelimit environment variables", "read", rl.used, "ignored", rl.ignored)
+	}
 	if cfg.AdminToken != "" && cfg.TLSCert == "" && (!isLoopback(cfg.GRPCAddr) || !isLoopback(cmp.Or(cfg.AdminAddr, cfg.GRPCAddr)) ||
 		cfg.Cluster != nil && !isLoopback(cmp.Or(cfg.PeerAddr, cfg.GRPCAddr))) {
 		log.Warn("the admin token travels in clear text: serve with --tls-cert and --tls-key")
