@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -33,6 +34,9 @@ type serveOptions struct {
 	logFormat string
 	logLevel  string
 	readyFile string
+	// memoryLimit is the container's memory limit in bytes (0: none
+	// given): the Go runtime's soft limit is set under it.
+	memoryLimit int64
 
 	// Cluster flags: with --gossip-addr or --join the node joins a cluster.
 	gossipAddr    string
@@ -159,6 +163,7 @@ docs/envoy.md), and those without one are listed in one log line.`,
 	fs.IntVar(&o.replicas, "replicas", 0, "cluster: nodes that keep each key's state: 2 gives every key a standby that has every acknowledged hit and takes over when its owner is down; 1 keeps it on the owner only (0: 2 with a data file, 1 with --durability memory)")
 	fs.Var(newEnumValue(&o.logFormat, "text", "text", "json"), "log-format", "log format")
 	fs.Var(newEnumValue(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "least severe level logged")
+	fs.Int64Var(&o.memoryLimit, "memory-limit", 0, "the container's memory limit in bytes (Kubernetes: the downward API's limits.memory): unless GOMEMLIMIT is set, the Go runtime's soft memory limit is set to 90% of it, leaving room for what the runtime does not count (0: none)")
 	fs.StringVar(&o.readyFile, "ready-file", "", `once serving, write the bound addresses to this file as JSON {"grpc_addr":...,"http_addr":...,"pid":...}; removed at stop (for scripts and tests on port 0)`)
 	def := *o
 	o.defaults = &def
@@ -224,6 +229,10 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 		// Before the start-up log, which shows the actors this sizes.
 		runtime.GOMAXPROCS(2)
 		log.Info("fsync durability with one CPU: GOMAXPROCS raised to 2 so that decisions go on during an fdatasync (set GOMAXPROCS to choose)")
+	}
+	if limit, ok := goMemoryLimit(o.memoryLimit, os.Getenv("GOMEMLIMIT")); ok {
+		debug.SetMemoryLimit(limit)
+		log.Info("Go memory limit set under the container's", "memory_limit", o.memoryLimit, "gomemlimit", limit)
 	}
 	if o.gossipAddr != "" || o.join != "" {
 		cc := cluster.DefaultConfig()
@@ -346,6 +355,22 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 		return fmt.Errorf("shutdown: %w", err)
 	}
 	return nil
+}
+
+// goMemoryLimitShare is the share of the container's memory limit that
+// the Go runtime's soft limit takes: the rest is for what the kernel
+// charges to the container and the runtime does not count (the data
+// file's pages, socket buffers; docs/operations.md, "The Go runtime").
+const goMemoryLimitShare = 0.9
+
+// goMemoryLimit is the soft limit to give the Go runtime for a container
+// limit of limit bytes, and whether to set one: not without a limit, nor
+// when GOMEMLIMIT (gomemlimit, the variable's value) chose already.
+func goMemoryLimit(limit int64, gomemlimit string) (int64, bool) {
+	if limit <= 0 || gomemlimit != "" {
+		return 0, false
+	}
+	return int64(float64(limit) * goMemoryLimitShare), true
 }
 
 // clustered reports whether the flags make the node a cluster member.
@@ -475,6 +500,7 @@ func (o *serveOptions) attrs(cluster bool) []any {
 		"log_format", o.logFormat,
 		"log_level", o.logLevel,
 		"ready_file", o.readyFile,
+		"memory_limit", o.memoryLimit,
 		"gomaxprocs", runtime.GOMAXPROCS(0),
 	}
 	if !cluster {

@@ -81,3 +81,24 @@ func TestServeLogsReadable(t *testing.T) {
 		t.Errorf("JSON logs hold an INFO line with a null err:\n%s", m.logs)
 	}
 }
+
+// TestGoMemoryLimit: --memory-limit (the container's limit, from the
+// downward API) sets the Go runtime's soft limit to 90% of it, unless
+// GOMEMLIMIT chose one; without a limit nothing is set.
+func TestGoMemoryLimit(t *testing.T) {
+	for _, tt := range []struct {
+		limit      int64
+		gomemlimit string
+		want       int64
+		set        bool
+	}{
+		{1 << 30, "", 966367641, true},
+		{1 << 30, "500MiB", 0, false},
+		{0, "", 0, false},
+	} {
+		got, set := goMemoryLimit(tt.limit, tt.gomemlimit)
+		if got != tt.want || set != tt.set {
+			t.Errorf("goMemoryLimit(%d, %q) = %d, %v; want %d, %v", tt.limit, tt.gomemlimit, got, set, tt.want, tt.set)
+		}
+	}
+}
