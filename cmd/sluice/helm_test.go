@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,6 +15,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -230,7 +232,7 @@ func helmBinary(t *testing.T) string {
 		missing = t.Fatal
 	}
 	if p := os.Getenv("SLUICE_HELM"); p != "" {
-		if _, err := os.Stat(p); err != nil {
+		if err := waitHelm(p, os.Getenv("SLUICE_HELM_WAIT")); err != nil {
 			missing(fmt.Sprintf("helm not found at $SLUICE_HELM: %v (.ci/run installs it)", err))
 		}
 		return p
@@ -240,6 +242,31 @@ func helmBinary(t *testing.T) string {
 	}
 	missing("helm not found: set SLUICE_HELM or put helm on PATH (.ci/run installs it)")
 	return ""
+}
+
+// waitHelm waits for the helm binary at path to appear, for at most wait
+// (a duration; empty: not at all): .ci/run builds it in the background
+// when its cache has none, and moves it to path once built, or leaves a
+// file "failed" beside it, with the build's log in build.log.
+func waitHelm(path, wait string) error {
+	d, err := time.ParseDuration(cmp.Or(wait, "0s"))
+	if err != nil {
+		return fmt.Errorf("SLUICE_HELM_WAIT=%q: %v", wait, err)
+	}
+	for deadline := time.Now().Add(d); ; {
+		_, err := os.Stat(path)
+		if err == nil {
+			return nil
+		}
+		if _, ferr := os.Stat(filepath.Join(filepath.Dir(path), "failed")); ferr == nil {
+			log, _ := os.ReadFile(filepath.Join(filepath.Dir(path), "build.log"))
+			return fmt.Errorf("the build of helm failed:\n%s", log)
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(time.Second)
+	}
 }
 
 // helmTemplate renders the chart as release with the extra arguments and
