@@ -181,7 +181,13 @@ func (a *actor) handle() {
 	live := a.batch[:0]
 	for _, c := range a.batch {
 		if c.aborted.Load() || c.ctx.Err() != nil {
-			c.ack() // the caller is gone; record nothing for it
+			// The caller is gone; record nothing for it. A caller that
+			// had not given up yet may still read the outcome: it is the
+			// context's error, not an empty decision.
+			if err := c.ctx.Err(); err != nil {
+				c.fail(fmt.Errorf("actor: %w", err))
+			}
+			c.ack()
 			continue
 		}
 		live = append(live, c)

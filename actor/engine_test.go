@@ -390,3 +390,34 @@ func waitFor(t testing.TB, cond func() bool, what string) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// TestCanceledCallNotDecided: a call whose context is cancelled before an
+// actor reaches it records nothing and returns an error (the context's),
+// never a nil error with empty decisions (the caller may read the outcome the
+// actor left, rather than its context, when both are ready).
+func TestCanceledCallNotDecided(t *testing.T) {
+	h := newHarness(t, "memory", nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	for i := range 2000 {
+		var d [1]Decision
+		err := h.eng.Check(ctx, []Check{{Key: "canceled", Limit: 5, Window: time.Minute, Cost: 1}}, d[:])
+		if err == nil { // context.Canceled, or ErrOverloaded: the cancelled calls queue faster than the actor drops them
+			t.Fatalf("Check %d with a cancelled context = nil, %+v; want an error", i, d[0])
+		}
+	}
+	// The actor drains the cancelled calls; then a peek sees nothing.
+	var d [1]Decision
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		err := h.eng.Check(context.Background(), []Check{{Key: "canceled", Limit: 5, Window: time.Minute}}, d[:])
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrOverloaded) || time.Now().After(deadline) {
+			t.Fatalf("peek after cancelled calls: %v", err)
+		}
+	}
+	if d[0].Remaining != 5 {
+		t.Errorf("after cancelled calls, remaining %d; want 5 (nothing recorded)", d[0].Remaining)
+	}
+}

@@ -57,9 +57,9 @@ func (e *envoyService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimit
 	var t trafficCall
 	resp, err := s.shouldRateLimit(ctx, req, &t)
 	s.metrics.envoy.latency.Observe(time.Since(start).Seconds())
-	s.record(&t, start, len(req.GetDescriptors()), err)
+	s.record(ctx, &t, start, len(req.GetDescriptors()), err)
 	if err != nil {
-		s.metrics.envoy.errored.Add(float64(max(len(req.GetDescriptors()), 1)))
+		s.metrics.envoy.failed(ctx, err, len(req.GetDescriptors()))
 		return nil, toStatus(err)
 	}
 	return resp, nil

@@ -1,6 +1,9 @@
 package api
 
 import (
+	"context"
+	"errors"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -40,6 +43,25 @@ type usageMetrics struct {
 type apiMetrics struct {
 	latency                                prometheus.Observer
 	allowed, denied, shadowDenied, errored prometheus.Counter
+	// canceled counts the checks of calls their client cancelled before
+	// the answer (a client that gave up or ended): not the node's error.
+	canceled prometheus.Counter
+}
+
+// failed counts the n checks of a call that returned err: canceled when
+// the client cancelled it (ctx is the call's), errored otherwise.
+func (m *apiMetrics) failed(ctx context.Context, err error, n int) {
+	if canceled(ctx, err) {
+		m.canceled.Add(float64(max(n, 1)))
+		return
+	}
+	m.errored.Add(float64(max(n, 1)))
+}
+
+// canceled reports whether err, the error of a call whose context is ctx,
+// is the client's cancelling it.
+func canceled(ctx context.Context, err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(ctx.Err(), context.Canceled)
 }
 
 func newAPIMetrics(m *metrics, api string) apiMetrics {
@@ -49,6 +71,7 @@ func newAPIMetrics(m *metrics, api string) apiMetrics {
 		denied:       m.decisions.WithLabelValues(api, "denied"),
 		shadowDenied: m.decisions.WithLabelValues(api, "shadow_denied"),
 		errored:      m.decisions.WithLabelValues(api, "error"),
+		canceled:     m.decisions.WithLabelValues(api, "canceled"),
 	}
 }
 
@@ -56,7 +79,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_decisions_total",
-			Help: "Decisions made, by API (native, envoy) and result (allowed, denied, shadow_denied, error).",
+			Help: "Decisions made, by API (native, envoy) and result (allowed, denied, shadow_denied; error: the call failed; canceled: its client cancelled it first).",
 		}, []string{"api", "result"}),
 		latency: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "sluice_request_duration_seconds",

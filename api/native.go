@@ -24,9 +24,9 @@ func (n *nativeService) Check(ctx context.Context, req *sluicepb.CheckRequest) (
 	var t trafficCall
 	resp, err := n.check(ctx, req, &t)
 	s.metrics.native.latency.Observe(time.Since(start).Seconds())
-	s.record(&t, start, len(req.GetChecks()), err)
+	s.record(ctx, &t, start, len(req.GetChecks()), err)
 	if err != nil {
-		s.metrics.native.errored.Add(float64(max(len(req.GetChecks()), 1)))
+		s.metrics.native.failed(ctx, err, len(req.GetChecks()))
 		return nil, toStatus(err)
 	}
 	return resp, nil

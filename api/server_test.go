@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -50,6 +51,8 @@ type testConfig struct {
 	// Clustered makes the services those of a node that has not joined
 	// its cluster yet (no router).
 	Clustered bool
+	// Intercept, when set, runs before the services' interceptors.
+	Intercept grpc.UnaryServerInterceptor
 }
 
 // testServer is the services over a real engine, a data file in
@@ -62,6 +65,8 @@ type testServer struct {
 	srv  *Server
 	addr string
 	conn *grpc.ClientConn
+	// reg holds the services' metrics.
+	reg *prometheus.Registry
 
 	store  *persist.Store
 	limits *limits.Watcher
@@ -118,6 +123,7 @@ func (ts *testServer) start() {
 		t.Fatal(err)
 	}
 	ts.addr = lis.Addr().String()
+	ts.reg = prometheus.NewRegistry()
 	ts.srv, err = New(Config{
 		NodeName: ts.cfg.NodeName, AdminToken: ts.cfg.AdminToken, RefundToken: ts.cfg.RefundToken,
 		RateLimitHeaders: ts.cfg.RateLimitHeaders, Limits: ts.cfg.Engine.Limits,
@@ -126,12 +132,16 @@ func (ts *testServer) start() {
 		RuleMetricsMaxKeys:      ts.cfg.RuleMetricsMaxKeys, NearLimitRatio: ts.cfg.NearLimitRatio,
 	}, Deps{
 		Engine: ts.engine, Store: ts.store, Limits: ts.limits, Clock: ts.clk, Logger: log, Clustered: ts.cfg.Clustered,
-		GRPCAddr: func() string { return ts.addr },
+		GRPCAddr: func() string { return ts.addr }, Registry: ts.reg,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ts.grpc = grpc.NewServer(append([]grpc.ServerOption{grpc.MaxRecvMsgSize(4 << 20)}, ts.srv.Interceptors()...)...)
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(4 << 20)}
+	if ts.cfg.Intercept != nil {
+		opts = append(opts, grpc.ChainUnaryInterceptor(ts.cfg.Intercept))
+	}
+	ts.grpc = grpc.NewServer(append(opts, ts.srv.Interceptors()...)...)
 	ts.srv.Register(ts.grpc)
 	go ts.grpc.Serve(lis)
 	if ts.conn, err = grpc.NewClient(ts.addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {

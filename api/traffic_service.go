@@ -37,8 +37,9 @@ type trafficCall struct {
 
 // record counts a decision request of n checks (or descriptors) that
 // started at start and failed if err is not nil, with one call to the
-// recorder.
-func (s *Server) record(t *trafficCall, start time.Time, n int, err error) {
+// recorder. A call its client cancelled (ctx is the call's) decided
+// nothing and is not the node's error: it counts as a request alone.
+func (s *Server) record(ctx context.Context, t *trafficCall, start time.Time, n int, err error) {
 	if s.traffic == nil {
 		return
 	}
@@ -47,7 +48,11 @@ func (s *Server) record(t *trafficCall, start time.Time, n int, err error) {
 		t.now = s.clock.Now() // refused before the clock was read
 	}
 	if err != nil {
-		s.traffic.Request(t.now, latency, max(n, 1), 0, nil)
+		errs := max(n, 1)
+		if canceled(ctx, err) {
+			errs = 0
+		}
+		s.traffic.Request(t.now, latency, errs, 0, nil)
 		return
 	}
 	if t.resp != nil {

@@ -59,6 +59,8 @@ type Rule struct {
 	// matches this rule and a rule with one of these names, the named rule
 	// is dropped for that request (see ApplyReplaces).
 	Replaces []string
+	// replacesAt is the line of each name of Replaces in File.
+	replacesAt []int
 	// Metadata is the descriptor's metadata, nil when it has none.
 	// envoyproxy/ratelimit merges the metadata of the rules that allowed a
 	// request into the response's dynamic metadata. Clone it before

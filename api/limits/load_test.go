@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -26,7 +27,9 @@ func rule(domain, key string, n int) string {
 }
 
 // A directory holds one domain per file; Load reads the *.yaml and *.yml
-// files in it and nothing else.
+// files in it and in its subdirectories at any depth (envoyproxy/ratelimit's
+// config directory may nest), and nothing else. On the old code, sub/ was
+// skipped without a word.
 func TestLoadDirectory(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "edge.yaml"), rule("edge", "remote_address", 10))
@@ -35,6 +38,8 @@ func TestLoadDirectory(t *testing.T) {
 	writeFile(t, filepath.Join(dir, "README.md"), "not yaml: [")
 	writeFile(t, filepath.Join(dir, ".hidden.yaml"), "not: [valid")
 	writeFile(t, filepath.Join(dir, "sub", "nested.yaml"), rule("nested", "k", 1))
+	writeFile(t, filepath.Join(dir, "sub", "deeper", "deep.yml"), rule("deep", "k", 2))
+	writeFile(t, filepath.Join(dir, "sub", ".hidden", "skipped.yaml"), "not: [valid")
 	if err := os.Mkdir(filepath.Join(dir, "dir.yaml"), 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -43,10 +48,11 @@ func TestLoadDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Load(%s): %v", dir, err)
 	}
-	if got, want := c.Domains(), []string{"api", "billing", "edge"}; !slices.Equal(got, want) {
+	if got, want := c.Domains(), []string{"api", "billing", "deep", "edge", "nested"}; !slices.Equal(got, want) {
 		t.Errorf("Domains = %v; want %v", got, want)
 	}
-	wantFiles := []string{filepath.Join(dir, "api.yml"), filepath.Join(dir, "billing.YAML"), filepath.Join(dir, "edge.yaml")}
+	wantFiles := []string{filepath.Join(dir, "api.yml"), filepath.Join(dir, "billing.YAML"), filepath.Join(dir, "edge.yaml"),
+		filepath.Join(dir, "sub", "deeper", "deep.yml"), filepath.Join(dir, "sub", "nested.yaml")}
 	if got := c.Files(); !slices.Equal(got, wantFiles) {
 		t.Errorf("Files = %v; want %v", got, wantFiles)
 	}
@@ -55,6 +61,7 @@ func TestLoadDirectory(t *testing.T) {
 		{"api", d("user=bob"), "20/second"},
 		{"billing", d("account=7"), "30/second"},
 		{"api", d("remote_address=1.2.3.4"), "none"},
+		{"deep", d("k=1"), "2/second"},
 	})
 	r, _ := c.Lookup("api", d("user=bob"))
 	if r.File != filepath.Join(dir, "api.yml") || r.Line != 3 {
@@ -79,7 +86,7 @@ func TestLoadErrors(t *testing.T) {
 		writeFile(t, filepath.Join(dir, "b.yaml"), "# the same domain again\n"+rule("edge", "j", 2))
 		_, err := Load(dir)
 		want := "limits: " + filepath.Join(dir, "b.yaml") + ":2: domain \"edge\" is already defined in " +
-			filepath.Join(dir, "a.yaml") + ":1; each domain must be in exactly one file, so merge the two files (or let domains span files: sluice serve --merge-domain-config)"
+			filepath.Join(dir, "a.yaml") + ":1; each domain must be in exactly one file, so merge the two files, or let domains span files with --merge-domain-config"
 		if err == nil || err.Error() != want {
 			t.Errorf("Load = %v; want %s", err, want)
 		}
@@ -105,11 +112,23 @@ func TestLoadErrors(t *testing.T) {
 			t.Errorf("Load(missing) = %v; want %s", err, want)
 		}
 	})
+	t.Run("symlink loop", func(t *testing.T) {
+		dir := t.TempDir()
+		writeFile(t, filepath.Join(dir, "a.yaml"), rule("edge", "k", 1))
+		writeFile(t, filepath.Join(dir, "sub", "b.yaml"), rule("api", "k", 1))
+		if err := os.Symlink("..", filepath.Join(dir, "sub", "up")); err != nil {
+			t.Fatal(err)
+		}
+		_, err := Load(dir)
+		if err == nil || !strings.Contains(err.Error(), "directories deep (a symlink loop?)") {
+			t.Errorf("Load(a directory with a symlink to its parent) = %v; want a symlink loop refused", err)
+		}
+	})
 	t.Run("empty directory", func(t *testing.T) {
 		dir := t.TempDir()
 		writeFile(t, filepath.Join(dir, "notes.txt"), "hello")
 		_, err := Load(dir)
-		if want := "limits: " + dir + ": the directory has no *.yaml or *.yml file, nor a config directory holding some (envoyproxy/ratelimit's runtime layout); add one file per domain"; err == nil || err.Error() != want {
+		if want := "limits: " + dir + ": the directory has no *.yaml or *.yml file, nor a subdirectory holding some; add one file per domain"; err == nil || err.Error() != want {
 			t.Errorf("Load(empty) = %v; want %s", err, want)
 		}
 	})
@@ -153,8 +172,9 @@ func TestLoadConfigMapLayout(t *testing.T) {
 
 // TestLoadRuntimeLayout: pointed at envoyproxy/ratelimit's runtime directory
 // (RUNTIME_ROOT/RUNTIME_SUBDIRECTORY), whose limits are under config/, at
-// any depth, Load reads them as envoyproxy/ratelimit does, and a ConfigMap
-// mounted at config/ too.
+// any depth, Load reads them as envoyproxy/ratelimit does (and skips the
+// other runtime subdirectories, as it does), and a ConfigMap mounted at
+// config/ too.
 func TestLoadRuntimeLayout(t *testing.T) {
 	root := t.TempDir()
 	dir := filepath.Join(root, "ratelimit")

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -43,13 +44,15 @@ type LoadOptions struct {
 }
 
 // Load reads the limits file at path or, when path is a directory, every
-// *.yaml and *.yml file directly in it and, when it has a config
-// subdirectory, every such file under config at any depth: the layout of
-// envoyproxy/ratelimit's runtime directory (RUNTIME_ROOT/
-// RUNTIME_SUBDIRECTORY, its limits in config/), so that pointing Sluice at
-// ROOT/ratelimit reads the same files. Names that start with a dot are
-// skipped (that also skips the ..data links of a Kubernetes ConfigMap
-// volume); symlinks are followed. The files are checked together: each is
+// *.yaml and *.yml file in it and in its subdirectories at any depth.
+// A directory that has a config subdirectory is envoyproxy/ratelimit's
+// runtime layout (RUNTIME_ROOT/RUNTIME_SUBDIRECTORY, its limits in config/
+// and below, other runtime keys beside it): there, as ratelimit does, only
+// the files directly in it and those under config/ are read, so pointing
+// Sluice at ROOT/ratelimit or at ROOT/ratelimit/config reads the same
+// files. Names that start with a dot are skipped (that also skips the
+// ..data links of a Kubernetes ConfigMap volume); symlinks are followed,
+// to at most maxDirDepth directories down. The files are checked together: each is
 // one domain and no two may have the same domain. A directory with no such
 // file is an error.
 func Load(path string) (*Config, error) {
@@ -79,28 +82,37 @@ func readSources(path string) ([]source, error) {
 		}
 		return []source{{name: path, data: data}}, nil
 	}
-	srcs, err := readDir(path, nil, false)
+	srcs, err := readDir(path, nil, 0)
 	if err != nil {
 		return nil, err
 	}
-	sub := filepath.Join(path, "config")
-	if fi, err := os.Stat(sub); err == nil && fi.IsDir() {
-		if srcs, err = readDir(sub, srcs, true); err != nil {
-			return nil, err
-		}
-	}
 	if len(srcs) == 0 {
-		return nil, &Error{File: path, Reason: "the directory has no *.yaml or *.yml file, nor a config directory holding some (envoyproxy/ratelimit's runtime layout); add one file per domain"}
+		return nil, &Error{File: path, Reason: "the directory has no *.yaml or *.yml file, nor a subdirectory holding some; add one file per domain"}
 	}
 	return srcs, nil
 }
 
-// readDir appends the limits files of dir to srcs, in name order, and those
-// of its subdirectories too when deep.
-func readDir(dir string, srcs []source, deep bool) ([]source, error) {
+// maxDirDepth bounds how deep Load reads directories, so that a symlink to a
+// parent directory is an error rather than a loop.
+const maxDirDepth = 16
+
+// readDir appends the limits files of dir and of its subdirectories to
+// srcs, in name order (a subdirectory's files where its name sorts); depth
+// is how far dir is below the path Load was given.
+func readDir(dir string, srcs []source, depth int) ([]source, error) {
+	if depth > maxDirDepth {
+		return nil, &Error{File: dir, Reason: fmt.Sprintf("more than %d directories deep (a symlink loop?)", maxDirDepth)}
+	}
 	ents, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, ioError(dir, "cannot list the limits directory", err)
+	}
+	// envoyproxy/ratelimit's runtime layout: its limits are under config/.
+	runtimeRoot := false
+	if depth == 0 {
+		if fi, err := os.Stat(filepath.Join(dir, "config")); err == nil && fi.IsDir() {
+			runtimeRoot = true
+		}
 	}
 	for _, e := range ents {
 		name := e.Name()
@@ -113,10 +125,11 @@ func readDir(dir string, srcs []source, deep bool) ([]source, error) {
 			return nil, ioError(p, "cannot read the limits file", err)
 		}
 		if fi.IsDir() {
-			if deep {
-				if srcs, err = readDir(p, srcs, true); err != nil {
-					return nil, err
-				}
+			if runtimeRoot && name != "config" {
+				continue
+			}
+			if srcs, err = readDir(p, srcs, depth+1); err != nil {
+				return nil, err
 			}
 			continue
 		}
@@ -181,12 +194,15 @@ func build(srcs []source, o LoadOptions) (*Config, error) {
 		if prev, dup := c.domains[d.name]; dup {
 			if prev != d { // d == prev: this file was merged into it
 				ps.add(&Error{File: s.name, Line: d.line, Reason: fmt.Sprintf(
-					"domain %q is already defined in %s:%d; each domain must be in exactly one file, so merge the two files (or let domains span files: sluice serve --merge-domain-config)",
+					"domain %q is already defined in %s:%d; each domain must be in exactly one file, so merge the two files, or let domains span files with --merge-domain-config",
 					d.name, prev.file, prev.line)})
 			}
 			continue
 		}
 		c.domains[d.name] = d
+	}
+	for _, name := range slices.Sorted(maps.Keys(c.domains)) {
+		checkReplaces(c.domains[name], &ps)
 	}
 	if err := ps.err(); err != nil {
 		return nil, err
@@ -611,7 +627,7 @@ func (p *parser) rateLimit(f field) *Rule {
 		good = good && ok
 	}
 	if rf, ok := fields.get("replaces"); ok {
-		r.Replaces, ok = p.replaces(rf, r.Name)
+		r.Replaces, r.replacesAt, ok = p.replaces(rf, r.Name)
 		good = good && ok
 	}
 	if !good {
@@ -620,16 +636,18 @@ func (p *parser) rateLimit(f field) *Rule {
 	return r
 }
 
-// replaces parses rate_limit.replaces, a list of {name: ...}.
-func (p *parser) replaces(f field, self string) ([]string, bool) {
+// replaces parses rate_limit.replaces, a list of {name: ...}, into the
+// names and the line of each.
+func (p *parser) replaces(f field, self string) ([]string, []int, bool) {
 	if isNull(f.val) {
-		return nil, true
+		return nil, nil, true
 	}
 	if f.val.Kind != yaml.SequenceNode {
 		p.errorf(f.val, "replaces must be a list of - name: <rate_limit name>, found %s", describe(f.val))
-		return nil, false
+		return nil, nil, false
 	}
 	var names []string
+	var lines []int
 	good := true
 	for _, item := range f.val.Content {
 		p.spend()
@@ -661,10 +679,31 @@ func (p *parser) replaces(f field, self string) ([]string, bool) {
 			p.errorf(item, "rate_limit %q lists itself in replaces; remove that entry", clip(self))
 			good = false
 		default:
-			names = append(names, name)
+			names, lines = append(names, name), append(lines, item.Line)
 		}
 	}
-	return names, good
+	return names, lines, good
+}
+
+// checkReplaces reports each replaces entry that names no rate_limit of
+// its domain: ApplyReplaces would never drop anything for it, and a name
+// mistyped there would leave two limits in force where one was meant.
+func checkReplaces(d *domain, ps *problems) {
+	named := make(map[string]bool)
+	for _, r := range d.rules {
+		if r.Name != "" {
+			named[r.Name] = true
+		}
+	}
+	for _, r := range d.rules {
+		for i, name := range r.Replaces {
+			if !named[name] {
+				ps.add(&Error{File: r.File, Line: r.replacesAt[i], Reason: fmt.Sprintf(
+					"replaces names %q, but no rate_limit of domain %q has that name; correct it, or give the rate_limit it means name: %s",
+					clip(name), clip(d.name), clip(name))})
+			}
+		}
+	}
 }
 
 // metadata parses a descriptor's metadata into a protobuf Struct, as

@@ -13,11 +13,12 @@ import (
 )
 
 // edgeConfig is a RateLimitConfig of domain edge: remote_address at n per
-// second, and a nested, named rule with metadata and quota mode.
+// second (named other), and a nested, named rule with metadata and quota
+// mode that replaces other.
 func edgeConfig(n uint32) *rlsconfv3.RateLimitConfig {
 	meta, _ := structpb.NewStruct(map[string]any{"team": "growth", "answer": "yes"})
 	return &rlsconfv3.RateLimitConfig{Name: "edge-limits", Domain: "edge", Descriptors: []*rlsconfv3.RateLimitDescriptor{
-		{Key: "remote_address", RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_SECOND, RequestsPerUnit: n}},
+		{Key: "remote_address", RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_SECOND, RequestsPerUnit: n, Name: "other"}},
 		{Key: "service", Value: "auth", Descriptors: []*rlsconfv3.RateLimitDescriptor{{
 			Key: "user", QuotaMode: true, ShadowMode: true, DetailedMetric: true, Metadata: meta,
 			RateLimit: &rlsconfv3.RateLimitPolicy{Unit: rlsconfv3.RateLimitUnit_MINUTE, RequestsPerUnit: 0, Name: "per_user",

@@ -464,11 +464,12 @@ func TestServeSeparateListeners(t *testing.T) {
 	mustRun(t, exitOK, nil, "check", "split:1", "--limit", "1", "--window", "1m", "--addr", grpcAddr)
 }
 
-// TestServeLogs: serve logs its effective configuration in text or JSON,
-// with the tokens redacted.
+// TestServeLogs: serve's start-up line shows, in text or JSON, the version
+// and the settings that differ from their defaults (the tokens redacted),
+// and no default; the whole configuration is at debug level.
 func TestServeLogs(t *testing.T) {
 	t.Parallel()
-	n := startNode(t, nil, "--admin-token", "t0psecret", "--refund-token", "r3fundsecret", "--log-format", "json", "--node-name", "logged")
+	n := startNode(t, nil, "--admin-token", "t0psecret", "--refund-token", "r3fundsecret", "--log-format", "json", "--node-name", "logged", "--max-connection-age", "1h")
 	n.stop()
 	logs := n.logs.String()
 	if strings.Contains(logs, "t0psecret") || strings.Contains(logs, "r3fundsecret") {
@@ -485,8 +486,22 @@ func TestServeLogs(t *testing.T) {
 			first = rec
 		}
 	}
-	if first["msg"] != "starting sluice" || first["admin_token"] != "[redacted]" || first["refund_token"] != "[redacted]" || first["node_name"] != "logged" || first["durability"] != "commit" {
-		t.Errorf("first log record = %v; want the configuration, token redacted", first)
+	transport, _ := first["transport"].(map[string]any)
+	if first["msg"] != "starting sluice" || first["version"] == nil || first["admin_token"] != "[redacted]" || first["refund_token"] != "[redacted]" ||
+		first["node_name"] != "logged" || transport["max_connection_age"] != "1h0m0s" {
+		t.Errorf("first log record = %v; want the settings changed, tokens redacted", first)
+	}
+	// Defaults, and the members of a group left at theirs, are not shown.
+	for _, key := range []string{"durability", "limits_poll_interval", "shadow", "cluster", "limits_xds"} {
+		if v, ok := first[key]; ok {
+			t.Errorf("the start-up line shows %s=%v, a default", key, v)
+		}
+	}
+	if len(transport) != 1 {
+		t.Errorf("the start-up line shows transport=%v; want max_connection_age alone", transport)
+	}
+	if len(lines[0]) > 600 {
+		t.Errorf("the start-up line is %d bytes; want a line a person reads:\n%s", len(lines[0]), lines[0])
 	}
 	if last := lines[len(lines)-1]; !strings.Contains(last, `"msg":"stopped"`) {
 		t.Errorf("last log line %q; want the stop", last)

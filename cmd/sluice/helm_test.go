@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,13 +10,17 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
+	sigsyaml "sigs.k8s.io/yaml"
 )
 
 // helmChart is the Helm chart, from this package's directory.
@@ -78,26 +83,133 @@ func TestHelmChart(t *testing.T) {
 
 	t.Run("options", func(t *testing.T) {
 		t.Parallel()
-		limits := filepath.Join(t.TempDir(), "limits.yaml")
-		if err := os.WriteFile(limits, []byte("domain: edge\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n"), 0o600); err != nil {
+		dir := t.TempDir()
+		edge, api := filepath.Join(dir, "edge.yaml"), filepath.Join(dir, "api.yaml")
+		for path, domain := range map[string]string{edge: "edge", api: "api"} {
+			if err := os.WriteFile(path, []byte("domain: "+domain+"\ndescriptors:\n  - key: user\n    rate_limit:\n      unit: minute\n      requests_per_unit: 10\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		values := filepath.Join(dir, "values.yaml")
+		if err := os.WriteFile(values, []byte(`
+priorityClassName: critical
+podLabels: {team: edge}
+podAnnotations: {owner: sre}
+extraEnv:
+  - {name: SLUICE_LOG_LEVEL, value: debug}
+tolerations:
+  - {key: dedicated, operator: Exists}
+affinity:
+  nodeAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      nodeSelectorTerms:
+        - matchExpressions: [{key: pool, operator: Exists}]
+topologySpreadConstraints:
+  - maxSkew: 1
+    topologyKey: topology.kubernetes.io/zone
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels: {app.kubernetes.io/name: sluice, app.kubernetes.io/instance: edge}
+  - maxSkew: 1
+    topologyKey: topology.kubernetes.io/region
+    whenUnsatisfiable: ScheduleAnyway
+    labelSelector:
+      matchLabels: {app.kubernetes.io/name: sluice, app.kubernetes.io/instance: edge}
+`), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		docs := helmTemplate(t, helm, "edge",
+		docs := helmTemplate(t, helm, "edge", "-f", values,
 			"--set", "replicas=5",
-			"--set", "resources.limits.memory=2Gi", "--set", "goMemLimit=1800MiB",
+			"--set", "resources.limits.memory=2Gi",
 			"--set", "tls.secretName=sluice-tls", "--set", "tls.clientCA=true",
-			"--set-file", "limits="+limits,
+			"--set-file", "limits.edge\\.yaml="+edge, "--set-file", "limits.api\\.yaml="+api,
 			"--set", "serviceMonitor.enabled=true",
 			"--set", "persistence.storageClassName=zonal",
 			"--set", "extraArgs={--durability=fsync}")
 		checkManifests(t, docs)
 		sts := one[*appsv1.StatefulSet](t, docs, "edge-sluice")
-		args := container(t, &sts.Spec.Template.Spec, "sluice").Args
-		for _, want := range []string{"--expect=5", "--tls-client-ca=/etc/sluice/tls/ca.crt", "--limits-file=/etc/sluice/limits/limits.yaml", "--durability=fsync",
+		pod := &sts.Spec.Template.Spec
+		c := container(t, pod, "sluice")
+		// --expect stays at the size the cluster is created with: scaling
+		// to 5 does not change it, nor restart the pods.
+		for _, want := range []string{"--expect=3", "--tls-client-ca=/etc/sluice/tls/ca.crt", "--limits-file=/etc/sluice/limits", "--durability=fsync",
 			"--join=edge-sluice-headless.$(POD_NAMESPACE).svc.cluster.local:7946"} {
-			if !slices.Contains(args, want) {
-				t.Errorf("args %q lack %s", args, want)
+			if !slices.Contains(c.Args, want) {
+				t.Errorf("args %q lack %s", c.Args, want)
 			}
+		}
+		if got := one[*corev1.ConfigMap](t, docs, "edge-sluice-limits").Data; len(got) != 2 || got["edge.yaml"] == "" || got["api.yaml"] == "" {
+			t.Errorf("limits ConfigMap holds %v; want edge.yaml and api.yaml", slices.Sorted(maps.Keys(got)))
+		}
+		// The hook checks the same files with the release's image.
+		job := one[*batchv1.Job](t, docs, "edge-sluice-limits-check")
+		jc := container(t, &job.Spec.Template.Spec, "limits-check")
+		if hook := job.Annotations["helm.sh/hook"]; hook != "pre-install,pre-upgrade" || jc.Image != c.Image ||
+			!slices.Equal(jc.Args, []string{"limits", "check", "/etc/sluice/limits"}) {
+			t.Errorf("limits check Job: hook %q, image %s, args %q; want pre-install,pre-upgrade, %s, limits check /etc/sluice/limits", hook, jc.Image, jc.Args, c.Image)
+		}
+		if got := one[*corev1.ConfigMap](t, docs, "edge-sluice-limits-check").Data; len(got) != 2 {
+			t.Errorf("limits check ConfigMap holds %v; want the two files", slices.Sorted(maps.Keys(got)))
+		}
+		if pod.PriorityClassName != "critical" || sts.Spec.Template.Labels["team"] != "edge" || sts.Spec.Template.Annotations["owner"] != "sre" ||
+			len(pod.Tolerations) != 1 || pod.Affinity.NodeAffinity == nil || pod.Affinity.PodAntiAffinity == nil ||
+			len(pod.TopologySpreadConstraints) != 2 {
+			t.Errorf("pod: priorityClassName %q, labels %v, annotations %v, tolerations %v, affinity %+v, spread %+v; want the values'",
+				pod.PriorityClassName, sts.Spec.Template.Labels, sts.Spec.Template.Annotations, pod.Tolerations, pod.Affinity, pod.TopologySpreadConstraints)
+		}
+		if !slices.ContainsFunc(c.Env, func(e corev1.EnvVar) bool { return e.Name == "SLUICE_LOG_LEVEL" && e.Value == "debug" }) {
+			t.Errorf("env %v lacks extraEnv's SLUICE_LOG_LEVEL=debug", c.Env)
+		}
+		// One scrape path: with a ServiceMonitor, no scrape annotations.
+		if _, ok := sts.Spec.Template.Annotations["prometheus.io/scrape"]; ok {
+			t.Errorf("pod annotations %v with a ServiceMonitor: each node would be scraped twice", sts.Spec.Template.Annotations)
+		}
+	})
+
+	t.Run("image", func(t *testing.T) {
+		t.Parallel()
+		// The image's tag is the chart's appVersion, a release's: never a
+		// tag that moves.
+		b, err := os.ReadFile(filepath.Join(helmChart, "Chart.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var chart struct {
+			AppVersion string `json:"appVersion"`
+		}
+		if err := sigsyaml.Unmarshal(b, &chart); err != nil {
+			t.Fatal(err)
+		}
+		if !regexp.MustCompile(`^\d+\.\d+\.\d+`).MatchString(chart.AppVersion) {
+			t.Errorf("appVersion %q; want a release's version", chart.AppVersion)
+		}
+		docs := helmTemplate(t, helm, "sluice")
+		if img := container(t, &one[*appsv1.StatefulSet](t, docs, "").Spec.Template.Spec, "sluice").Image; !strings.HasSuffix(img, ":"+chart.AppVersion) {
+			t.Errorf("image %s; want the tag %s, the chart's appVersion", img, chart.AppVersion)
+		}
+	})
+
+	t.Run("refused at render", func(t *testing.T) {
+		t.Parallel()
+		// What would leave a cluster that never forms, or limits that do
+		// not load, fails helm template (and install) with a reason.
+		for _, tt := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"--set", "expect=4"}, "expect 4: want from 1 to replicas (3)"},
+			{[]string{"--set-string", "limits.edge\\.yaml=domain: ["}, "limits: edge.yaml is not YAML"},
+			{[]string{"--set-string", "limits.edge\\.yaml=descriptors: []"}, "limits: edge.yaml names no domain"},
+			{[]string{"--set-string", "limits.edge/x\\.yaml=domain: edge"}, "want NAME.yaml or NAME.yml"},
+		} {
+			out, err := helmRun(t, helm, append([]string{"template", "sluice", helmChart}, tt.args...)...)
+			if err == nil || !strings.Contains(out, tt.want) {
+				t.Errorf("helm template %q: %v\n%s\nwant a failure saying %q", tt.args, err, out, tt.want)
+			}
+		}
+		// helm lint renders NOTES.txt, which helm template does not.
+		if out, err := helmRun(t, helm, "lint", helmChart, "--set-string", "limits.edge\\.yaml=domain: edge"); err != nil {
+			t.Errorf("helm lint: %v\n%s", err, out)
 		}
 	})
 
@@ -120,7 +232,7 @@ func helmBinary(t *testing.T) string {
 		missing = t.Fatal
 	}
 	if p := os.Getenv("SLUICE_HELM"); p != "" {
-		if _, err := os.Stat(p); err != nil {
+		if err := waitHelm(p, os.Getenv("SLUICE_HELM_WAIT")); err != nil {
 			missing(fmt.Sprintf("helm not found at $SLUICE_HELM: %v (.ci/run installs it)", err))
 		}
 		return p
@@ -132,14 +244,36 @@ func helmBinary(t *testing.T) string {
 	return ""
 }
 
+// waitHelm waits for the helm binary at path to appear, for at most wait
+// (a duration; empty: not at all): .ci/run builds it in the background
+// when its cache has none, and moves it to path once built, or leaves a
+// file "failed" beside it, with the build's log in build.log.
+func waitHelm(path, wait string) error {
+	d, err := time.ParseDuration(cmp.Or(wait, "0s"))
+	if err != nil {
+		return fmt.Errorf("SLUICE_HELM_WAIT=%q: %v", wait, err)
+	}
+	for deadline := time.Now().Add(d); ; {
+		_, err := os.Stat(path)
+		if err == nil {
+			return nil
+		}
+		if _, ferr := os.Stat(filepath.Join(filepath.Dir(path), "failed")); ferr == nil {
+			log, _ := os.ReadFile(filepath.Join(filepath.Dir(path), "build.log"))
+			return fmt.Errorf("the build of helm failed:\n%s", log)
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(time.Second)
+	}
+}
+
 // helmTemplate renders the chart as release with the extra arguments and
 // decodes the result strictly.
 func helmTemplate(t *testing.T, helm, release string, args ...string) manifests {
 	t.Helper()
-	home := t.TempDir() // helm's cache, config and data: none of the user's
-	cmd := exec.Command(helm, append([]string{"template", release, helmChart}, args...)...)
-	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
-		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
+	cmd := helmCommand(t, helm, append([]string{"template", release, helmChart}, args...)...)
 	out, err := cmd.Output()
 	if err != nil {
 		var exit *exec.ExitError
@@ -149,6 +283,22 @@ func helmTemplate(t *testing.T, helm, release string, args ...string) manifests 
 		t.Fatalf("helm template: %v", err)
 	}
 	return decodeManifests(t, "helm template "+release, out)
+}
+
+// helmCommand is helm with args, in homes of its own: its cache, config
+// and data are none of the user's.
+func helmCommand(t *testing.T, helm string, args ...string) *exec.Cmd {
+	home := t.TempDir()
+	cmd := exec.Command(helm, args...)
+	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
+		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
+	return cmd
+}
+
+// helmRun runs helm with args and returns what it printed.
+func helmRun(t *testing.T, helm string, args ...string) (string, error) {
+	out, err := helmCommand(t, helm, args...).CombinedOutput()
+	return string(out), err
 }
 
 // podLabelsOf is the labels of the pods of the StatefulSet among docs.

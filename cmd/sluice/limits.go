@@ -43,7 +43,8 @@ under sluice serve --merge-domain-config.`,
 				for _, d := range cfg.Domains() {
 					rules += len(cfg.Rules(d))
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%s: ok, %d domains (%s), %d rules\n", p, len(cfg.Domains()), strings.Join(cfg.Domains(), ", "), rules)
+				fmt.Fprintf(cmd.OutOrStdout(), "%s: ok, %s (%s), %s\n", p, plural(len(cfg.Domains()), "domain", "domains"),
+					strings.Join(cfg.Domains(), ", "), plural(rules, "rule", "rules"))
 			}
 			if bad > 0 {
 				return fmt.Errorf("%d of %d limits paths did not load", bad, len(paths))
@@ -54,4 +55,12 @@ under sluice serve --merge-domain-config.`,
 	check.Flags().BoolVar(&opts.MergeDomains, "merge-domain-config", false, "let a domain span several files, as serve --merge-domain-config does")
 	cmd.AddCommand(check)
 	return cmd
+}
+
+// plural is n and the noun in the singular or the plural.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }

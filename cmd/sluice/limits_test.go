@@ -28,7 +28,7 @@ func TestLimitsCheck(t *testing.T) {
 	bad := write("bad.yaml", "domain: x\ndescriptors:\n  - key: ip\n    rate_limit: {unit: fortnight, requests_per_unit: 5}\n  - kee: y\n")
 
 	r := mustRun(t, exitOK, nil, "limits", "check", good)
-	if want := good + ": ok, 1 domains (edge), 1 rules\n"; r.stdout != want {
+	if want := good + ": ok, 1 domain (edge), 1 rule\n"; r.stdout != want {
 		t.Errorf("limits check of a good runtime directory printed %q; want %q", r.stdout, want)
 	}
 	r = mustRun(t, exitError, nil, "limits", "check", good, bad)
@@ -48,7 +48,7 @@ func TestLimitsCheck(t *testing.T) {
 		t.Errorf("limits check of a domain in two files printed %q; want a hint at --merge-domain-config", r.stdout)
 	}
 	r = mustRun(t, exitOK, nil, "limits", "check", "--merge-domain-config", good)
-	if want := good + ": ok, 1 domains (edge), 2 rules\n"; r.stdout != want {
+	if want := good + ": ok, 1 domain (edge), 2 rules\n"; r.stdout != want {
 		t.Errorf("limits check --merge-domain-config printed %q; want %q", r.stdout, want)
 	}
 }

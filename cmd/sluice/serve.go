@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strings"
 	"syscall"
 	"time"
@@ -33,6 +34,9 @@ type serveOptions struct {
 	logFormat string
 	logLevel  string
 	readyFile string
+	// memoryLimit is the container's memory limit in bytes (0: none
+	// given): the Go runtime's soft limit is set under it.
+	memoryLimit int64
 
 	// Cluster flags: with --gossip-addr or --join the node joins a cluster.
 	gossipAddr    string
@@ -45,6 +49,15 @@ type serveOptions struct {
 	// non-loopback address without a credential.
 	insecure bool
 	replicas int
+
+	// ratelimitEnv is what envoyproxy/ratelimit's variables set, and
+	// the ones found and ignored.
+	ratelimitEnv ratelimitEnv
+
+	// defaults are the options as the flags define them, before the
+	// command line and the environment: the start-up line shows what
+	// differs from them.
+	defaults *serveOptions
 }
 
 func (c *cli) serveCommand() *cobra.Command {
@@ -65,11 +78,19 @@ until SIGINT or SIGTERM, then stops gracefully: it stops accepting calls,
 lets the calls in flight finish within --shutdown-timeout, flushes the data
 file and exits 0. A second signal exits at once with 128+signal.
 
-Every flag also reads SLUICE_<FLAG>; the command line wins.`,
+Every flag also reads SLUICE_<FLAG>; the command line wins. Below both,
+envoyproxy/ratelimit's variables with a meaning here are read too
+(GRPC_PORT, RUNTIME_ROOT, LIMIT_RESPONSE_HEADERS_ENABLED, ...: see
+docs/envoy.md), and those without one are listed in one log line.`,
 		Example: `  sluice serve --data-dir /var/lib/sluice
   SLUICE_DURABILITY=fsync SLUICE_ADMIN_TOKEN=s3cret sluice serve`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			rl, err := applyRatelimitEnv(cmd.Flags(), c.getenv)
+			if err != nil {
+				return err
+			}
+			o.ratelimitEnv = rl
 			return c.serve(cmd.Context(), o)
 		},
 	}
@@ -120,6 +141,8 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.Var(newDurationValue(&cfg.KeepaliveTime, cfg.KeepaliveTime), "keepalive-time", "ping a client whose connection was silent this long")
 	fs.Var(newDurationValue(&cfg.KeepaliveTimeout, cfg.KeepaliveTimeout), "keepalive-timeout", "close a connection silent this long after the ping: a dead or stalled client is dropped")
 	fs.Var(newDurationValue(&cfg.MaxConnectionIdle, cfg.MaxConnectionIdle), "max-connection-idle", "close (GOAWAY) a connection without a call in flight for this long; clients reconnect when they next call")
+	fs.Var(newDurationValue(&cfg.MaxConnectionAge, cfg.MaxConnectionAge), "max-connection-age", "send away (GOAWAY) a gRPC connection this long after it opened (±10%), so that clients such as Envoy spread over the nodes again after a scale-up; they reconnect at once (envoyproxy/ratelimit's GRPC_MAX_CONNECTION_AGE)")
+	fs.Var(newDurationValue(&cfg.MaxConnectionAgeGrace, cfg.MaxConnectionAgeGrace), "max-connection-age-grace", "how long calls in flight on a connection sent away for its age may take before it is closed (GRPC_MAX_CONNECTION_AGE_GRACE)")
 	fs.Var(newDurationValue(&cfg.KeepaliveMinTime, cfg.KeepaliveMinTime), "keepalive-min-time", "shortest interval at which clients may ping (with or without calls); a client that pings more often is disconnected")
 	fs.Var(newDurationValue(&cfg.ShutdownTimeout, cfg.ShutdownTimeout), "shutdown-timeout", "how long a graceful stop lets calls in flight finish before cutting them")
 	fs.IntVar(&cfg.Engine.Actors, "actors", 0, "actor goroutines keys are spread over (0: 4 × GOMAXPROCS)")
@@ -140,7 +163,10 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.IntVar(&o.replicas, "replicas", 0, "cluster: nodes that keep each key's state: 2 gives every key a standby that has every acknowledged hit and takes over when its owner is down; 1 keeps it on the owner only (0: 2 with a data file, 1 with --durability memory)")
 	fs.Var(newEnumValue(&o.logFormat, "text", "text", "json"), "log-format", "log format")
 	fs.Var(newEnumValue(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "least severe level logged")
+	fs.Int64Var(&o.memoryLimit, "memory-limit", 0, "the container's memory limit in bytes (Kubernetes: the downward API's limits.memory): unless GOMEMLIMIT is set, the Go runtime's soft memory limit is set to 90% of it, leaving room for what the runtime does not count (0: none)")
 	fs.StringVar(&o.readyFile, "ready-file", "", `once serving, write the bound addresses to this file as JSON {"grpc_addr":...,"http_addr":...,"pid":...}; removed at stop (for scripts and tests on port 0)`)
+	def := *o
+	o.defaults = &def
 	bindAllEnv(fs)
 	return cmd
 }
@@ -175,6 +201,8 @@ func (o *serveOptions) check() error {
 		{"keepalive-timeout", o.cfg.KeepaliveTimeout},
 		{"max-connection-idle", o.cfg.MaxConnectionIdle},
 		{"keepalive-min-time", o.cfg.KeepaliveMinTime},
+		{"max-connection-age", o.cfg.MaxConnectionAge},
+		{"max-connection-age-grace", o.cfg.MaxConnectionAgeGrace},
 	} {
 		if f.v < 0 {
 			return fmt.Errorf("--%s %v: must not be negative", f.name, f.v)
@@ -201,6 +229,10 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 		// Before the start-up log, which shows the actors this sizes.
 		runtime.GOMAXPROCS(2)
 		log.Info("fsync durability with one CPU: GOMAXPROCS raised to 2 so that decisions go on during an fdatasync (set GOMAXPROCS to choose)")
+	}
+	if limit, ok := goMemoryLimit(o.memoryLimit, os.Getenv("GOMEMLIMIT")); ok {
+		debug.SetMemoryLimit(limit)
+		log.Info("Go memory limit set under the container's", "memory_limit", o.memoryLimit, "gomemlimit", limit)
 	}
 	if o.gossipAddr != "" || o.join != "" {
 		cc := cluster.DefaultConfig()
@@ -234,10 +266,8 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 			return fmt.Errorf("--replicas %d: want 1 or 2", o.replicas)
 		case o.replicas == 2 && cfg.Durability == "memory":
 			return fmt.Errorf("--replicas 2 with --durability memory: a node in memory mode keeps no copies; use 1, or a data file")
-		case o.replicas == 0 && cfg.Durability == "memory":
-			o.replicas = 1
 		case o.replicas == 0:
-			o.replicas = 2
+			o.replicas = defaultReplicas(cfg.Durability)
 		}
 		if o.replicas == 2 && cfg.Durability == "async" {
 			return fmt.Errorf("--durability async with --replicas 2: async acknowledges a decision before anything is written or copied, so a standby could miss acknowledged hits and take over without them; use --durability commit (the default) or fsync, or --replicas 1")
@@ -262,7 +292,11 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	log.Info("starting sluice", o.attrs()...)
+	log.Info("starting sluice", o.startAttrs()...)
+	log.Debug("configuration", o.attrs(o.clustered())...)
+	if rl := o.ratelimitEnv; len(rl.used) > 0 || len(rl.ignored) > 0 {
+		log.Info("envoyproxy/ratelimit environment variables", "read", rl.used, "ignored", rl.ignored)
+	}
 	if o.insecure {
 		log.Warn("--insecure: listeners on non-loopback addresses may serve resets, overrides, refunds and peer calls without a credential; anyone who reaches them can use them (see docs/security.md)")
 	}
@@ -331,16 +365,100 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 	return nil
 }
 
-// attrs describes the effective configuration for the start log, with the
-// tokens redacted and the defaults that zero values stand for resolved.
-func (o *serveOptions) attrs() []any {
-	cfg := &o.cfg
-	redact := func(secret string) string {
-		if secret == "" {
-			return ""
-		}
-		return "[redacted]"
+// goMemoryLimitShare is the share of the container's memory limit that
+// the Go runtime's soft limit takes: the rest is for what the kernel
+// charges to the container and the runtime does not count (the data
+// file's pages, socket buffers; docs/operations.md, "The Go runtime").
+const goMemoryLimitShare = 0.9
+
+// goMemoryLimit is the soft limit to give the Go runtime for a container
+// limit of limit bytes, and whether to set one: not without a limit, nor
+// when GOMEMLIMIT (gomemlimit, the variable's value) chose already.
+func goMemoryLimit(limit int64, gomemlimit string) (int64, bool) {
+	if limit <= 0 || gomemlimit != "" {
+		return 0, false
 	}
+	return int64(float64(limit) * goMemoryLimitShare), true
+}
+
+// clustered reports whether the flags make the node a cluster member.
+func (o *serveOptions) clustered() bool { return o.gossipAddr != "" || o.join != "" }
+
+// defaultReplicas is what --replicas 0 stands for with durability: a
+// standby per key with a data file, none in memory mode.
+func defaultReplicas(durability string) int {
+	if durability == "memory" {
+		return 1
+	}
+	return 2
+}
+
+// startAttrs is what the start-up line shows: the version, then the
+// settings that differ from their defaults (the whole configuration is
+// logged at debug level).
+func (o *serveOptions) startAttrs() []any {
+	all := o.attrs(o.clustered())
+	if o.defaults == nil {
+		return all
+	}
+	def := *o.defaults
+	def.replicas = defaultReplicas(o.cfg.Durability) // as serve resolves 0
+	changed := changedAttrs(attrList(all[2:]), attrList(def.attrs(o.clustered())))
+	out := []any{all[0], all[1]} // version
+	for _, a := range changed {
+		out = append(out, a)
+	}
+	return out
+}
+
+// attrList turns slog's alternating keys and values (and Attrs) into
+// Attrs.
+func attrList(args []any) []slog.Attr {
+	var out []slog.Attr
+	for len(args) > 0 {
+		if a, ok := args[0].(slog.Attr); ok {
+			out, args = append(out, a), args[1:]
+			continue
+		}
+		out, args = append(out, slog.Any(args[0].(string), args[1])), args[2:]
+	}
+	return out
+}
+
+// changedAttrs returns the attributes of cur whose values differ from
+// those of the same key in def, groups compared member by member.
+func changedAttrs(cur, def []slog.Attr) []slog.Attr {
+	defs := make(map[string]slog.Value, len(def))
+	for _, a := range def {
+		defs[a.Key] = a.Value.Resolve()
+	}
+	var out []slog.Attr
+	for _, a := range cur {
+		v := a.Value.Resolve()
+		d, ok := defs[a.Key]
+		if v.Kind() == slog.KindGroup {
+			var dg []slog.Attr
+			if ok && d.Kind() == slog.KindGroup {
+				dg = d.Group()
+			}
+			if sub := changedAttrs(v.Group(), dg); len(sub) > 0 {
+				out = append(out, slog.Attr{Key: a.Key, Value: slog.GroupValue(sub...)})
+			}
+			continue
+		}
+		// Printed, values of any kind compare (slices and maps too).
+		if !ok || fmt.Sprint(v.Any()) != fmt.Sprint(d.Any()) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// attrs describes the effective configuration for the logs, with the
+// tokens redacted and the defaults that zero values stand for resolved;
+// the cluster's settings only when cluster is true.
+func (o *serveOptions) attrs(cluster bool) []any {
+	cfg := &o.cfg
 	attrs := []any{
 		"version", buildVersion().Version,
 		"node_name", cfg.NodeName,
@@ -380,6 +498,8 @@ func (o *serveOptions) attrs() []any {
 			"keepalive_time", cfg.KeepaliveTime,
 			"keepalive_timeout", cfg.KeepaliveTimeout,
 			"max_connection_idle", cfg.MaxConnectionIdle,
+			"max_connection_age", cfg.MaxConnectionAge,
+			"max_connection_age_grace", cfg.MaxConnectionAgeGrace,
 			"keepalive_min_time", cfg.KeepaliveMinTime,
 		),
 		"pprof", cfg.Pprof,
@@ -389,9 +509,10 @@ func (o *serveOptions) attrs() []any {
 		"log_format", o.logFormat,
 		"log_level", o.logLevel,
 		"ready_file", o.readyFile,
+		"memory_limit", o.memoryLimit,
 		"gomaxprocs", runtime.GOMAXPROCS(0),
 	}
-	if o.gossipAddr == "" && o.join == "" {
+	if !cluster {
 		return attrs // a single node: no cluster setting is in force
 	}
 	return append(attrs, slog.Group("cluster",

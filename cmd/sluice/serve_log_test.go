@@ -10,13 +10,13 @@ import (
 	"time"
 )
 
-// TestServeLogsReadable: the start-up log shows the values in force (the
-// engine's defaults resolved, not zeros; no cluster settings for a single
-// node), durations and times read as such in text and in JSON, and no
-// INFO line carries err=<nil>.
+// TestServeLogsReadable: the configuration logged at debug level shows the
+// values in force (the engine's defaults resolved, not zeros; no cluster
+// settings for a single node), durations and times read as such in text
+// and in JSON, and no INFO line carries err=<nil>.
 func TestServeLogsReadable(t *testing.T) {
 	t.Parallel()
-	n := startNode(t, nil, "--actors", "0")
+	n := startNode(t, nil, "--actors", "0", "--log-level", "debug")
 	mustRun(t, exitOK, nil, "check", "k", "--limit", "3", "--window", "1h", "--addr", n.grpcAddr)
 	n.stop()
 	logs := n.logs.String()
@@ -44,7 +44,7 @@ func TestServeLogsReadable(t *testing.T) {
 
 	// The data file now holds a key whose deadline is an hour away: the
 	// next start says when, as a time.
-	m := startNode(t, nil, "--data-dir", n.dataDir, "--log-format", "json", "--shutdown-timeout", "1m30s")
+	m := startNode(t, nil, "--data-dir", n.dataDir, "--log-format", "json", "--shutdown-timeout", "1m30s", "--log-level", "debug")
 	m.stop()
 	var sawDeadline, sawStart bool
 	for _, line := range strings.Split(strings.TrimSpace(m.logs.String()), "\n") {
@@ -54,9 +54,13 @@ func TestServeLogsReadable(t *testing.T) {
 		}
 		switch rec["msg"] {
 		case "starting sluice":
+			if rec["shutdown_timeout"] != "1m30s" || rec["limits_poll_interval"] != nil {
+				t.Errorf("JSON start-up line: shutdown_timeout %v, limits_poll_interval %v; want \"1m30s\" and the default not shown", rec["shutdown_timeout"], rec["limits_poll_interval"])
+			}
+		case "configuration":
 			sawStart = true
 			if rec["shutdown_timeout"] != "1m30s" || rec["limits_poll_interval"] != "2s" {
-				t.Errorf("JSON start-up log: shutdown_timeout %v, limits_poll_interval %v; want \"1m30s\", \"2s\"", rec["shutdown_timeout"], rec["limits_poll_interval"])
+				t.Errorf("JSON configuration log: shutdown_timeout %v, limits_poll_interval %v; want \"1m30s\", \"2s\"", rec["shutdown_timeout"], rec["limits_poll_interval"])
 			}
 		case "opened data file":
 			s, _ := rec["next_deadline"].(string)
@@ -75,5 +79,26 @@ func TestServeLogsReadable(t *testing.T) {
 	}
 	if regexp.MustCompile(`"level":"INFO"[^\n]*"err":null`).MatchString(m.logs.String()) {
 		t.Errorf("JSON logs hold an INFO line with a null err:\n%s", m.logs)
+	}
+}
+
+// TestGoMemoryLimit: --memory-limit (the container's limit, from the
+// downward API) sets the Go runtime's soft limit to 90% of it, unless
+// GOMEMLIMIT chose one; without a limit nothing is set.
+func TestGoMemoryLimit(t *testing.T) {
+	for _, tt := range []struct {
+		limit      int64
+		gomemlimit string
+		want       int64
+		set        bool
+	}{
+		{1 << 30, "", 966367641, true},
+		{1 << 30, "500MiB", 0, false},
+		{0, "", 0, false},
+	} {
+		got, set := goMemoryLimit(tt.limit, tt.gomemlimit)
+		if got != tt.want || set != tt.set {
+			t.Errorf("goMemoryLimit(%d, %q) = %d, %v; want %d, %v", tt.limit, tt.gomemlimit, got, set, tt.want, tt.set)
+		}
 	}
 }

@@ -152,6 +152,17 @@ type Config struct {
 	// in flight for this long; clients reconnect when they next call.
 	// Default 5m.
 	MaxConnectionIdle time.Duration
+	// MaxConnectionAge sends away (GOAWAY) a gRPC connection this long
+	// after it opened, give or take 10% (gRPC's jitter), so that
+	// long-lived clients such as Envoy spread their connections over the
+	// nodes again after a scale-up; they reconnect at once, and calls in
+	// flight finish within MaxConnectionAgeGrace. Zero takes the default,
+	// 5m (DefaultMaxConnectionAge); a very long age (8760h) keeps
+	// connections as long as they live.
+	MaxConnectionAge time.Duration
+	// MaxConnectionAgeGrace is how long calls in flight on a connection
+	// sent away for its age may take before it is closed. Default 30s.
+	MaxConnectionAgeGrace time.Duration
 	// KeepaliveMinTime is the shortest interval at which clients may ping
 	// the node, with or without calls in flight; a client that pings more
 	// often is disconnected (GOAWAY ENHANCE_YOUR_CALM, "too_many_pings").
@@ -216,6 +227,10 @@ func DefaultConfig() Config {
 const (
 	DefaultMaxConnections       = 1024
 	DefaultMaxConcurrentStreams = 128
+	// DefaultMaxConnectionAge and DefaultMaxConnectionAgeGrace: after a
+	// scale-up, every connection has moved within about 5.5 minutes.
+	DefaultMaxConnectionAge      = 5 * time.Minute
+	DefaultMaxConnectionAgeGrace = 30 * time.Second
 )
 
 // withTransportDefaults fills in the connection and stream bounds that are
@@ -236,6 +251,8 @@ func (c Config) withTransportDefaults() Config {
 	set(&c.KeepaliveTimeout, 10*time.Second)
 	set(&c.MaxConnectionIdle, 5*time.Minute)
 	set(&c.KeepaliveMinTime, 5*time.Second)
+	set(&c.MaxConnectionAge, DefaultMaxConnectionAge)
+	set(&c.MaxConnectionAgeGrace, DefaultMaxConnectionAgeGrace)
 	return c
 }
 
@@ -252,7 +269,7 @@ func (c Config) Validate() error {
 		return errors.New("node: config: --tls-client-ca needs --tls-cert and --tls-key")
 	case c.MaxMessageBytes < 0 || c.ShutdownTimeout < 0 || c.LimitsPollInterval < 0 || c.TLSPollInterval < 0 ||
 		c.MaxConnections < 0 || c.MaxConcurrentStreams < 0 || c.KeepaliveTime < 0 || c.KeepaliveTimeout < 0 ||
-		c.MaxConnectionIdle < 0 || c.KeepaliveMinTime < 0:
+		c.MaxConnectionIdle < 0 || c.KeepaliveMinTime < 0 || c.MaxConnectionAge < 0 || c.MaxConnectionAgeGrace < 0:
 		return errors.New("node: config: sizes and durations must not be negative")
 	case c.KeepaliveTime != 0 && c.KeepaliveTime < time.Second:
 		return fmt.Errorf("node: config: --keepalive-time %v: at least 1s (gRPC pings no more often)", c.KeepaliveTime)

@@ -305,7 +305,8 @@ func TestMergeDomainConfig(t *testing.T) {
 }
 
 // TestLimitsOverXDS: a node with LimitsXDS takes its limits from the
-// management server: not ready until the first set is in force, then it
+// management server: not ready (nor healthy on envoyproxy/ratelimit's
+// /healthcheck) until the first set is in force, then it
 // decides by them, lists them on /rlconfig, and follows each new version.
 func TestLimitsOverXDS(t *testing.T) {
 	xds := xdstest.New(t)
@@ -316,6 +317,10 @@ func TestLimitsOverXDS(t *testing.T) {
 	base := "http://" + ts.srv.HTTPAddr()
 	if code, body := httpGet(t, base+"/readyz"); code != http.StatusServiceUnavailable || !strings.Contains(body, "xDS") {
 		t.Errorf("/readyz before the limits arrived = %d %q; want 503 waiting for xDS", code, body)
+	}
+	// envoyproxy/ratelimit's health check answers 500 until it serves.
+	if code, body := httpGet(t, base+"/healthcheck"); code != http.StatusInternalServerError || !strings.Contains(body, "xDS") {
+		t.Errorf("/healthcheck before the limits arrived = %d %q; want 500 waiting for xDS", code, body)
 	}
 	health := func() healthpb.HealthCheckResponse_ServingStatus {
 		resp, err := healthpb.NewHealthClient(ts.conn).Check(ts.ctx(), &healthpb.HealthCheckRequest{Service: "envoy.service.ratelimit.v3.RateLimitService"})
@@ -351,6 +356,9 @@ func TestLimitsOverXDS(t *testing.T) {
 	}
 	if got := health(); got != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("grpc health once the limits arrived = %v; want SERVING", got)
+	}
+	if code, body := httpGet(t, base+"/healthcheck"); code != http.StatusOK || body != "OK" {
+		t.Errorf("/healthcheck once the limits arrived = %d %q; want 200 OK, as envoyproxy/ratelimit answers", code, body)
 	}
 	const req = `{"domain": "dummy", "descriptors": [{"entries": [{"key": "one_per_day", "value": "x"}]}]}`
 	if code, _, raw := ts.postJSON("", req); code != http.StatusOK {

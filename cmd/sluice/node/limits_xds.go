@@ -46,7 +46,7 @@ func (n *Node) newLimitsWatcher() (*limits.Watcher, error) {
 		Path:         cfg.LimitsFile,
 		MergeDomains: cfg.MergeDomainConfig,
 		Interval:     cfg.LimitsPollInterval,
-		Logger:       n.log.With("component", "limits"),
+		Logger:       n.log, // the watcher adds component=limits
 		OnReload: func(*limits.Config) {
 			n.metrics.limitsReloads.WithLabelValues("ok").Inc()
 			n.updateHealth()

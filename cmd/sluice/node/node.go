@@ -244,9 +244,11 @@ func New(cfg Config) (n *Node, err error) {
 		grpc.MaxHeaderListSize(maxHeaderListBytes),
 		grpc.ConnectionTimeout(handshakeTimeout),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
-			MaxConnectionIdle: cfg.MaxConnectionIdle,
-			Time:              cfg.KeepaliveTime,
-			Timeout:           cfg.KeepaliveTimeout,
+			MaxConnectionIdle:     cfg.MaxConnectionIdle,
+			MaxConnectionAge:      cfg.MaxConnectionAge,
+			MaxConnectionAgeGrace: cfg.MaxConnectionAgeGrace,
+			Time:                  cfg.KeepaliveTime,
+			Timeout:               cfg.KeepaliveTimeout,
 		}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             cfg.KeepaliveMinTime,
@@ -289,10 +291,20 @@ func New(cfg Config) (n *Node, err error) {
 		}
 		fmt.Fprintln(w, "ready")
 	}
+	// envoyproxy/ratelimit's health check: 200 "OK" while it serves, 500
+	// otherwise; ready is what serving means here.
+	healthcheck := func(w http.ResponseWriter, _ *http.Request) {
+		if why := n.NotReady(); why != "" {
+			http.Error(w, "not ready: "+why, http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprint(w, "OK")
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", n.metricsHandler())
 	mux.HandleFunc("/healthz", healthz)
 	mux.HandleFunc("/readyz", readyz)
+	mux.HandleFunc("/healthcheck", healthcheck)
 	mux.Handle("/json", n.api.JSONHandler())             // envoyproxy/ratelimit's decision over HTTP
 	mux.Handle("/rlconfig", n.api.LimitsConfigHandler()) // and its dump of the limits in force
 	mux.Handle(ui.Prefix, ui.New(ui.Config{AdminToken: cfg.AdminToken, Clock: cfg.Clock, Logger: n.log}, n.api))
@@ -300,6 +312,7 @@ func New(cfg Config) (n *Node, err error) {
 		hmux := http.NewServeMux()
 		hmux.HandleFunc("/healthz", healthz)
 		hmux.HandleFunc("/readyz", readyz)
+		hmux.HandleFunc("/healthcheck", healthcheck)
 		n.healthSrv = &http.Server{Handler: hmux, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: cfg.MaxConnectionIdle}
 	}
 	if cfg.Pprof {

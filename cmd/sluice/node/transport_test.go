@@ -1,16 +1,20 @@
 package node
 
 import (
+	"context"
 	"errors"
 	"log/slog"
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/net/http2"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/sluice-io/sluice/api/apitest"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
@@ -210,6 +214,53 @@ func TestKeepalive(t *testing.T) {
 		seen = slices.DeleteFunc(seen, func(f string) bool { return f == "SETTINGS" })
 		if err != nil || !slices.Equal(seen, tt.want) {
 			t.Errorf("%s client: %v after %v, frames %v; want the connection closed after %v", tt.name, err, time.Since(start).Round(time.Millisecond), seen, tt.want)
+		}
+	}
+}
+
+// TestMaxConnectionAge: a connection in use is sent away (GOAWAY) after
+// MaxConnectionAge and closed MaxConnectionAgeGrace later, so a client
+// that never goes idle, as Envoy does not, dials again (after a scale-up:
+// a new node, perhaps); a gRPC client calling all along sees no error, and
+// its calls go on over new connections. Unset, the age is 5 minutes.
+func TestMaxConnectionAge(t *testing.T) {
+	if got := DefaultConfig().withTransportDefaults(); got.MaxConnectionAge != 5*time.Minute || got.MaxConnectionAgeGrace != 30*time.Second {
+		t.Errorf("default MaxConnectionAge %v, grace %v; want 5m, 30s", got.MaxConnectionAge, got.MaxConnectionAgeGrace)
+	}
+	ts := newTestServer(t, func(c *Config) {
+		c.MaxConnectionIdle = time.Hour // not what sends the connections away here
+		c.MaxConnectionAge, c.MaxConnectionAgeGrace = 300*time.Millisecond, 200*time.Millisecond
+	})
+
+	// Raw HTTP/2: the node's GOAWAY, then a ping to learn the client saw
+	// it, the last GOAWAY, and the close at the end of the grace.
+	c := dialH2(t, ts.srv.GRPCAddr())
+	seen, err := c.Closed(10*time.Second, true)
+	seen = slices.DeleteFunc(seen, func(f string) bool { return f == "SETTINGS" })
+	if want := []string{"GOAWAY(NO_ERROR)", "PING", "GOAWAY(NO_ERROR)"}; err != nil || !slices.Equal(seen, want) {
+		t.Errorf("a connection older than MaxConnectionAge: %v, frames %v; want %v and closed", err, seen, want)
+	}
+
+	// A gRPC client: calls all along, never an error, at least two dials.
+	var dials atomic.Int32
+	conn, err := grpc.NewClient(ts.srv.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
+			dials.Add(1)
+			return (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := sluicepb.NewRateLimitServiceClient(conn)
+	ctx := ts.ctx()
+	calls := 0
+	for deadline := time.Now().Add(20 * time.Second); dials.Load() < 3; calls++ {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d calls over 20 s made %d dials; want 3 (connections sent away at 300 ms)", calls, dials.Load())
+		}
+		if _, err := client.Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck("age", 1<<30, time.Minute, 1)}}); err != nil {
+			t.Fatalf("call %d, after %d dials: %v; want no error across the GOAWAYs", calls, dials.Load(), err)
 		}
 	}
 }
