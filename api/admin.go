@@ -97,7 +97,7 @@ func (s *Server) keyState(v *actor.KeyState) *sluicepb.KeyState {
 	if !v.Found {
 		return ks
 	}
-	ks.Algorithm = toProtoAlgorithm(v.Algorithm)
+	ks.Algorithm = cluster.AlgorithmToProto(v.Algorithm)
 	ks.Limit = v.Limit
 	ks.Window = durationpb.New(v.Window)
 	ks.Used, ks.Remaining = v.Used, v.Remaining

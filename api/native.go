@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluice-io/sluice/actor"
+	"github.com/sluice-io/sluice/cluster"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -177,26 +178,11 @@ func missingLimitOrWindow(i int, key []byte, c *actor.Check) error {
 
 // fromProtoAlgorithm maps the API's algorithm to the engine's.
 func fromProtoAlgorithm(a sluicepb.Algorithm) (actor.Algorithm, error) {
-	switch a {
-	case sluicepb.Algorithm_ALGORITHM_UNSPECIFIED, sluicepb.Algorithm_ALGORITHM_SLIDING_LOG:
-		return actor.SlidingLog, nil
-	case sluicepb.Algorithm_ALGORITHM_SLIDING_WINDOW:
-		return actor.SlidingWindow, nil
-	case sluicepb.Algorithm_ALGORITHM_TOKEN_BUCKET:
-		return actor.TokenBucket, nil
+	algo, ok := cluster.AlgorithmFromProto(a)
+	if !ok {
+		return 0, badInput("algorithm: unknown value %d (want 1 sliding log, 2 sliding window or 3 token bucket)", a)
 	}
-	return 0, badInput("algorithm: unknown value %d (want 1 sliding log, 2 sliding window or 3 token bucket)", a)
-}
-
-// toProtoAlgorithm maps the engine's algorithm to the API's.
-func toProtoAlgorithm(a actor.Algorithm) sluicepb.Algorithm {
-	switch a {
-	case actor.SlidingWindow:
-		return sluicepb.Algorithm_ALGORITHM_SLIDING_WINDOW
-	case actor.TokenBucket:
-		return sluicepb.Algorithm_ALGORITHM_TOKEN_BUCKET
-	}
-	return sluicepb.Algorithm_ALGORITHM_SLIDING_LOG
+	return algo, nil
 }
 
 // maxBatch is the most checks one call may carry.

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
@@ -152,7 +153,7 @@ func toProtoOverride(o *Override) *sluicepb.Override {
 		po.Window = durationpb.New(o.Window)
 	}
 	if o.HasAlgorithm {
-		po.Algorithm = toProtoAlgorithm(o.Algorithm)
+		po.Algorithm = cluster.AlgorithmToProto(o.Algorithm)
 	}
 	if !o.ExpiresAt.IsZero() {
 		po.ExpiresAt = timestamppb.New(o.ExpiresAt)

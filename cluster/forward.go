@@ -425,7 +425,7 @@ func ToProtoCheck(c *actor.Check) *sluicepb.Check {
 		Key:       []byte(c.Key),
 		Limit:     c.Limit,
 		Window:    durationpb.New(c.Window),
-		Algorithm: sluicepb.Algorithm(c.Algorithm + 1),
+		Algorithm: AlgorithmToProto(c.Algorithm),
 		Cost:      &cost,
 		Refund:    c.Refund,
 		Penalty:   c.Penalty,

@@ -160,19 +160,37 @@ func (p peerServer) Replicate(stream sluicepb.PeerService_ReplicateServer) error
 	return nil
 }
 
+// AlgorithmFromProto maps the wire's algorithm to the engine's (unset:
+// the sliding log); false for a value it does not know.
+func AlgorithmFromProto(a sluicepb.Algorithm) (actor.Algorithm, bool) {
+	switch a {
+	case sluicepb.Algorithm_ALGORITHM_UNSPECIFIED, sluicepb.Algorithm_ALGORITHM_SLIDING_LOG:
+		return actor.SlidingLog, true
+	case sluicepb.Algorithm_ALGORITHM_SLIDING_WINDOW:
+		return actor.SlidingWindow, true
+	case sluicepb.Algorithm_ALGORITHM_TOKEN_BUCKET:
+		return actor.TokenBucket, true
+	}
+	return 0, false
+}
+
+// AlgorithmToProto maps the engine's algorithm to the wire's.
+func AlgorithmToProto(a actor.Algorithm) sluicepb.Algorithm {
+	switch a {
+	case actor.SlidingWindow:
+		return sluicepb.Algorithm_ALGORITHM_SLIDING_WINDOW
+	case actor.TokenBucket:
+		return sluicepb.Algorithm_ALGORITHM_TOKEN_BUCKET
+	}
+	return sluicepb.Algorithm_ALGORITHM_SLIDING_LOG
+}
+
 // FromProtoChecks converts forwarded checks, which arrive resolved.
 func FromProtoChecks(in []*sluicepb.Check) ([]actor.Check, error) {
 	checks := make([]actor.Check, len(in))
 	for i, pc := range in {
-		var algo actor.Algorithm
-		switch pc.Algorithm {
-		case sluicepb.Algorithm_ALGORITHM_UNSPECIFIED, sluicepb.Algorithm_ALGORITHM_SLIDING_LOG:
-			algo = actor.SlidingLog
-		case sluicepb.Algorithm_ALGORITHM_SLIDING_WINDOW:
-			algo = actor.SlidingWindow
-		case sluicepb.Algorithm_ALGORITHM_TOKEN_BUCKET:
-			algo = actor.TokenBucket
-		default:
+		algo, ok := AlgorithmFromProto(pc.Algorithm)
+		if !ok {
 			return nil, &actor.InvalidCheckError{Index: i, Field: "algorithm", Reason: "unknown value"}
 		}
 		checks[i] = actor.Check{
