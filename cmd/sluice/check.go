@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluice-io/sluice/actor"
+	"github.com/sluice-io/sluice/api"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -167,7 +168,7 @@ func missingFlags(err error, key []byte, fs *pflag.FlagSet) error {
 	default:
 		return nil
 	}
-	return fmt.Errorf("%s: no override or limits file entry gives key %s %s (see sluice check --help)", missing, printableKey(key), want)
+	return fmt.Errorf("%s: no override or limits file entry gives key %s %s (see sluice check --help)", missing, api.PrintableKey(key), want)
 }
 
 func printDecision(cmd *cobra.Command, co *clientOptions, key []byte, d *sluicepb.Decision) error {
@@ -181,7 +182,7 @@ func printDecision(cmd *cobra.Command, co *clientOptions, key []byte, d *sluicep
 	}
 	tw := newTable(w)
 	fmt.Fprintln(tw, "KEY\tRESULT\tLIMIT\tREMAINING\tRETRY AFTER\tRESET AFTER\tNODE")
-	fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", printableKey(key), result, d.Limit, d.Remaining,
+	fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%s\t%s\t%s\n", api.PrintableKey(key), result, d.Limit, d.Remaining,
 		fmtDuration(d.RetryAfter), fmtDuration(d.ResetAfter), d.Node)
 	return tw.Flush()
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/sluice-io/sluice/api"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -63,7 +64,7 @@ func keyGetCommand(co *clientOptions) *cobra.Command {
 func printKeyState(w io.Writer, s *sluicepb.KeyState) error {
 	tw := newTable(w)
 	row := func(name, format string, args ...any) { fmt.Fprintf(tw, name+"\t"+format+"\n", args...) }
-	row("key", "%s", printableKey(s.Key))
+	row("key", "%s", api.PrintableKey(s.Key))
 	row("found", "%s", fmtBool(s.Found))
 	if s.Found {
 		row("algorithm", "%s", algorithmName(s.Algorithm))
@@ -149,7 +150,7 @@ func keyListCommand(co *clientOptions) *cobra.Command {
 				tw := newTable(cmd.OutOrStdout())
 				fmt.Fprintln(tw, "KEY\tIN MEMORY\tEXPIRES AT\tNODE")
 				for _, k := range out.Keys {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", printableKey(k.Key), fmtBool(k.InMemory), fmtTime(k.ExpiresAt), k.Node)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", api.PrintableKey(k.Key), fmtBool(k.InMemory), fmtTime(k.ExpiresAt), k.Node)
 				}
 				if err := tw.Flush(); err != nil {
 					return err
@@ -229,9 +230,9 @@ func keyResetCommand(co *clientOptions) *cobra.Command {
 				return printJSON(cmd.OutOrStdout(), resp)
 			}
 			if resp.Existed {
-				fmt.Fprintf(cmd.OutOrStdout(), "reset %s\n", printableKey(key))
+				fmt.Fprintf(cmd.OutOrStdout(), "reset %s\n", api.PrintableKey(key))
 			} else {
-				fmt.Fprintf(cmd.OutOrStdout(), "%s held no state; nothing to reset\n", printableKey(key))
+				fmt.Fprintf(cmd.OutOrStdout(), "%s held no state; nothing to reset\n", api.PrintableKey(key))
 			}
 			return nil
 		},
@@ -272,7 +273,7 @@ or, in one step, "sluice key get --envoy edge remote_address=10.0.0.1".`,
 			if co.json() {
 				return printJSON(cmd.OutOrStdout(), resp)
 			}
-			fmt.Fprintln(cmd.OutOrStdout(), printableKey(resp.Key))
+			fmt.Fprintln(cmd.OutOrStdout(), api.PrintableKey(resp.Key))
 			return nil
 		},
 	}

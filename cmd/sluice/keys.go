@@ -8,62 +8,18 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/sluice-io/sluice/api"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
-// printableKey shows a key to people, the way EnvoyKeyResponse.printable
-// does: printable ASCII as is, a backslash as \\, every other byte as \xNN.
-// unescapeKey reverses it.
-func printableKey(key []byte) string {
-	var b strings.Builder
-	for _, c := range key {
-		switch {
-		case c == '\\':
-			b.WriteString(`\\`)
-		case c >= 0x20 && c < 0x7f:
-			b.WriteByte(c)
-		default:
-			fmt.Fprintf(&b, `\x%02x`, c)
-		}
-	}
-	return b.String()
-}
-
-// unescapeKey reads a key in the form printableKey writes.
+// unescapeKey reads a key in the form api.PrintableKey writes (the CLI
+// prints keys that way).
 func unescapeKey(s string) ([]byte, error) {
-	key := make([]byte, 0, len(s))
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c != '\\' {
-			key = append(key, c)
-			continue
-		}
-		switch {
-		case i+1 < len(s) && s[i+1] == '\\':
-			key = append(key, '\\')
-			i++
-		case i+3 < len(s) && s[i+1] == 'x' && isHex(s[i+2]) && isHex(s[i+3]):
-			key = append(key, unhex(s[i+2])<<4|unhex(s[i+3]))
-			i += 3
-		default:
-			return nil, fmt.Errorf(`escaped key %q: bad escape at byte %d: want \\ or \xNN`, s, i)
-		}
+	key, err := api.ParseKey(s)
+	if err != nil {
+		return nil, fmt.Errorf("escaped key %q: %w", s, err)
 	}
 	return key, nil
-}
-
-func isHex(c byte) bool {
-	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
-}
-
-func unhex(c byte) byte {
-	switch {
-	case c <= '9':
-		return c - '0'
-	case c >= 'a':
-		return c - 'a' + 10
-	}
-	return c - 'A' + 10
 }
 
 // keyOptions say how a command's arguments name a key: literally, escaped

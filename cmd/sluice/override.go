@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/sluice-io/sluice/api"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -118,7 +119,7 @@ func printOverrides(w io.Writer, list []*sluicepb.Override) error {
 		if o.ExpiresAt != nil {
 			expires = fmtTime(o.ExpiresAt)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", printableKey(o.Key), match, limit,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", api.PrintableKey(o.Key), match, limit,
 			fmtDuration(o.Window), algorithmName(o.Algorithm), expires, fmtTime(o.SetAt), fmtText(o.Note))
 	}
 	return tw.Flush()
@@ -220,9 +221,9 @@ exist is not an error (exit code 0); the output says so.`,
 				kind = "prefix"
 			}
 			if resp.Existed {
-				fmt.Fprintf(cmd.OutOrStdout(), "removed the %s override of %s\n", kind, printableKey(key))
+				fmt.Fprintf(cmd.OutOrStdout(), "removed the %s override of %s\n", kind, api.PrintableKey(key))
 			} else {
-				fmt.Fprintf(cmd.OutOrStdout(), "no %s override of %s; nothing removed\n", kind, printableKey(key))
+				fmt.Fprintf(cmd.OutOrStdout(), "no %s override of %s; nothing removed\n", kind, api.PrintableKey(key))
 			}
 			return nil
 		},

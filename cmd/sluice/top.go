@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/sluice-io/sluice/api"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -222,7 +223,7 @@ func printTop(w io.Writer, addr string, members *sluicepb.ListMembersResponse, t
 		tw := newTable(w)
 		fmt.Fprintf(tw, "KEY\t%s\t±\tSHARE\tOWNER\n", list.name)
 		for _, k := range t.Keys {
-			fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f%%\t%s\n", printableKey(k.Key), k.Count, k.Error, 100*float64(k.Count)/float64(max(t.Total, 1)), orDash(k.Owner))
+			fmt.Fprintf(tw, "%s\t%d\t%d\t%.1f%%\t%s\n", api.PrintableKey(k.Key), k.Count, k.Error, 100*float64(k.Count)/float64(max(t.Total, 1)), orDash(k.Owner))
 		}
 		if err := tw.Flush(); err != nil {
 			return err

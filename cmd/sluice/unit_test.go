@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluice-io/sluice/api"
 )
 
 func TestPrintableKey(t *testing.T) {
@@ -23,8 +25,8 @@ func TestPrintableKey(t *testing.T) {
 		{"Zoë", `Zo\xc3\xab`},
 		{"", ""},
 	} {
-		if got := printableKey([]byte(tc.key)); got != tc.want {
-			t.Errorf("printableKey(%q) = %q; want %q", tc.key, got, tc.want)
+		if got := api.PrintableKey([]byte(tc.key)); got != tc.want {
+			t.Errorf("api.PrintableKey(%q) = %q; want %q", tc.key, got, tc.want)
 		}
 		if got, err := unescapeKey(tc.want); err != nil || string(got) != tc.key {
 			t.Errorf("unescapeKey(%q) = %q, %v; want %q", tc.want, got, err, tc.key)
@@ -40,21 +42,21 @@ func TestPrintableKey(t *testing.T) {
 	}
 }
 
-// FuzzKeyRoundTrip: unescapeKey reads back every key printableKey writes,
-// and what printableKey writes is printable ASCII.
+// FuzzKeyRoundTrip: unescapeKey reads back every key api.PrintableKey
+// writes, and what it writes is printable ASCII.
 func FuzzKeyRoundTrip(f *testing.F) {
 	f.Add([]byte("user:42"))
 	f.Add([]byte("\\\x00\xff"))
 	f.Fuzz(func(t *testing.T, key []byte) {
-		p := printableKey(key)
+		p := api.PrintableKey(key)
 		for i := 0; i < len(p); i++ {
 			if p[i] < 0x20 || p[i] > 0x7e {
-				t.Fatalf("printableKey(%q) = %q holds byte %#x", key, p, p[i])
+				t.Fatalf("api.PrintableKey(%q) = %q holds byte %#x", key, p, p[i])
 			}
 		}
 		got, err := unescapeKey(p)
 		if err != nil || !bytes.Equal(got, key) {
-			t.Fatalf("unescapeKey(printableKey(%q)) = %q, %v", key, got, err)
+			t.Fatalf("unescapeKey(api.PrintableKey(%q)) = %q, %v", key, got, err)
 		}
 	})
 }
