@@ -32,6 +32,12 @@ func newRequestCodec() requestCodec {
 }
 
 func (c requestCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if r, ok := v.(*rawRequest); ok {
+		// Kept for the request budget, decoded once it is taken.
+		data.Ref()
+		r.data, r.codec = data, c
+		return nil
+	}
 	err := c.CodecV2.Unmarshal(data, v)
 	m, ok := v.(proto.Message)
 	if err == nil || !ok {

@@ -72,6 +72,18 @@ type Config struct {
 	// MaxMessageBytes bounds the body of a decision over HTTP (/json).
 	// Default 4 MiB.
 	MaxMessageBytes int
+	// MaxInflightBytes bounds the bytes of the decision and admin requests
+	// (as received, before decoding) the node works on at once; a call
+	// past it waits, then is refused with RESOURCE_EXHAUSTED (see
+	// requestBudget). Default 2 MiB (DefaultMaxInflightBytes).
+	MaxInflightBytes int64
+	// MaxConnInflightBytes is MaxInflightBytes for the calls of one
+	// connection. Default 512 KiB (DefaultMaxConnInflightBytes).
+	MaxConnInflightBytes int64
+	// BudgetWait is the longest a call waits for MaxInflightBytes or
+	// MaxConnInflightBytes before it is refused (its deadline, if sooner,
+	// ends the wait too). Default 1s (DefaultBudgetWait).
+	BudgetWait time.Duration
 	// Limits bounds what a check may ask for: the engine's
 	// (actor.Config.Limits), so that the APIs refuse what the engine would.
 	Limits actor.Limits
@@ -79,6 +91,13 @@ type Config struct {
 	// web UI); zero fields are traffic.DefaultConfig's.
 	Traffic traffic.Config
 }
+
+// Defaults of Config's request budget.
+const (
+	DefaultMaxInflightBytes     = 2 << 20
+	DefaultMaxConnInflightBytes = 512 << 10
+	DefaultBudgetWait           = time.Second
+)
 
 // Deps are the parts of the node the services adapt. The node (see
 // cmd/sluice/node) builds and owns them; the services never close them.
@@ -115,6 +134,7 @@ type Deps struct {
 // admin API, adapting calls to the engine (or, in a cluster, to the
 // router), with errors mapped to statuses in one place (status.go).
 type Server struct {
+	budget     *requestBudget
 	cfg        Config
 	log        *slog.Logger
 	clock      clock.Clock
@@ -163,8 +183,18 @@ func New(cfg Config, d Deps) (*Server, error) {
 	if d.Registry == nil {
 		d.Registry = prometheus.NewRegistry()
 	}
+	if cfg.MaxInflightBytes <= 0 {
+		cfg.MaxInflightBytes = DefaultMaxInflightBytes
+	}
+	if cfg.MaxConnInflightBytes <= 0 {
+		cfg.MaxConnInflightBytes = DefaultMaxConnInflightBytes
+	}
+	if cfg.BudgetWait <= 0 {
+		cfg.BudgetWait = DefaultBudgetWait
+	}
 	s := &Server{
-		cfg: cfg, log: d.Logger, clock: d.Clock, store: d.Store, engine: d.Engine, limits: d.Limits,
+		budget: newRequestBudget(cfg.MaxInflightBytes, cfg.MaxConnInflightBytes, cfg.BudgetWait, d.Registry),
+		cfg:    cfg, log: d.Logger, clock: d.Clock, store: d.Store, engine: d.Engine, limits: d.Limits,
 		router: d.Router, membership: d.Membership, grpcAddr: d.GRPCAddr, clustered: d.Clustered,
 		metrics: newMetrics(d.Registry), started: d.Clock.Now(), headerNames: cfg.HeaderNames.withDefaults(),
 	}
@@ -212,15 +242,15 @@ func (s *Server) Register(g *grpc.Server) {
 // RegisterDecisions registers the decision services, native and Envoy, on
 // g, built with Interceptors.
 func (s *Server) RegisterDecisions(g *grpc.Server) {
-	sluicepb.RegisterRateLimitServiceServer(g, &nativeService{s: s})
-	rlsv3.RegisterRateLimitServiceServer(g, &envoyService{s: s})
+	g.RegisterService(s.budget.wrap(&sluicepb.RateLimitService_ServiceDesc), &nativeService{s: s})
+	g.RegisterService(s.budget.wrap(&rlsv3.RateLimitService_ServiceDesc), &envoyService{s: s})
 }
 
 // RegisterAdmin registers the admin and traffic services on g, built with
 // Interceptors so that the admin token is checked.
 func (s *Server) RegisterAdmin(g *grpc.Server) {
-	sluicepb.RegisterAdminServiceServer(g, &adminService{s: s})
-	sluicepb.RegisterTrafficServiceServer(g, &trafficService{s: s})
+	g.RegisterService(s.budget.wrap(&sluicepb.AdminService_ServiceDesc), &adminService{s: s})
+	g.RegisterService(s.budget.wrap(&sluicepb.TrafficService_ServiceDesc), &trafficService{s: s})
 }
 
 // Interceptors returns the options that recover handlers' panics, require

@@ -48,6 +48,9 @@ type testConfig struct {
 	// LimitsFile, when set, is watched every LimitsPollInterval.
 	LimitsFile         string
 	LimitsPollInterval time.Duration
+	// MaxInflightBytes, MaxConnInflightBytes and BudgetWait are Config's.
+	MaxInflightBytes, MaxConnInflightBytes int64
+	BudgetWait                             time.Duration
 	// Clustered makes the services those of a node that has not joined
 	// its cluster yet (no router).
 	Clustered bool
@@ -130,6 +133,7 @@ func (ts *testServer) start() {
 		HeaderFormat: ts.cfg.HeaderFormat, HeaderNames: ts.cfg.HeaderNames, ShadowMode: ts.cfg.ShadowMode, UsageDomains: ts.cfg.UsageDomains,
 		ResponseDynamicMetadata: ts.cfg.DynamicMetadata,
 		RuleMetricsMaxKeys:      ts.cfg.RuleMetricsMaxKeys, NearLimitRatio: ts.cfg.NearLimitRatio,
+		MaxInflightBytes: ts.cfg.MaxInflightBytes, MaxConnInflightBytes: ts.cfg.MaxConnInflightBytes, BudgetWait: ts.cfg.BudgetWait,
 	}, Deps{
 		Engine: ts.engine, Store: ts.store, Limits: ts.limits, Clock: ts.clk, Logger: log, Clustered: ts.cfg.Clustered,
 		GRPCAddr: func() string { return ts.addr }, Registry: ts.reg,

@@ -25,8 +25,9 @@ import (
 // never read the answers cost a node: 4 connections (or
 // SLUICE_MEASURE_STREAM_CONNS) that announce a flow
 // control window of 0 bytes, never read from the socket, and between them
-// try SLUICE_MEASURE_STREAMS native checks (a peek on one key), each a
-// HEADERS and a DATA frame. A connection stops when a write blocks for 5
+// try SLUICE_MEASURE_STREAMS native calls, each a HEADERS and a DATA
+// frame, of one check (a peek) or SLUICE_MEASURE_CHECKS checks on as many
+// keys. A connection stops when a write blocks for 5
 // s. The node is the built binary in memory mode, plus the serve flags in
 // SLUICE_MEASURE_FLAGS; the test logs its memory (/proc: RSS, its peak,
 // anonymous RSS; its Go heap and goroutines through --pprof) before,
@@ -36,9 +37,15 @@ import (
 // reading but never answering its pings); then its memory 5 s after they
 // closed, after a forced garbage collection, after a second one, and 30 s
 // after they closed (SLUICE_MEASURE_PROFILE=<file> saves a heap profile
-// while they are open):
+// while they are open; with SLUICE_MEASURE_MAX_ANON_MIB=<n> it fails if
+// the node's anonymous RSS reached n MiB while they were open):
 //
 //	SLUICE_MEASURE_STREAMS=200000 go test ./cmd/sluice/ -run MeasureStalledStreams -v
+//
+// The attack of issue 21 (16 connections × 500 streams × 500 checks):
+//
+//	SLUICE_MEASURE_STREAMS=8000 SLUICE_MEASURE_STREAM_CONNS=16 SLUICE_MEASURE_CHECKS=500 \
+//	SLUICE_MEASURE_MAX_ANON_MIB=256 go test ./cmd/sluice/ -run MeasureStalledStreams -v
 func TestMeasureStalledStreams(t *testing.T) {
 	total, _ := strconv.Atoi(os.Getenv("SLUICE_MEASURE_STREAMS"))
 	if total == 0 {
@@ -51,9 +58,11 @@ func TestMeasureStalledStreams(t *testing.T) {
 	p := startProc(t, t.TempDir(), append([]string{"--durability", "memory", "--pprof"}, strings.Fields(os.Getenv("SLUICE_MEASURE_FLAGS"))...)...)
 	mustRun(t, exitOK, nil, "check", "measure", "--limit", "1000000000", "--window", "1m", "--addr", p.grpcAddr)
 	pid := p.cmd.Process.Pid
+	maxAnon := int64(0) // the most anonymous RSS seen while the connections are open, KiB
 	report := func(when string, gc bool) int64 {
 		t.Helper()
 		st := procStatus(t, pid)
+		maxAnon = max(maxAnon, st["RssAnon"])
 		heap, goroutines := goMemory(t, p.httpAddr, gc)
 		t.Logf("%-36s RSS %4d MB (peak %4d MB), anonymous %4d MB; Go heap in use %4d MB; %6d goroutines",
 			when, st["VmRSS"]>>10, st["VmHWM"]>>10, st["RssAnon"]>>10, heap>>20, goroutines)
@@ -61,10 +70,19 @@ func TestMeasureStalledStreams(t *testing.T) {
 	}
 	report("before", false)
 
-	body, err := apitest.GRPCMessage(&sluicepb.CheckRequest{Checks: []*sluicepb.Check{apitest.Check("measure", 1000000000, time.Minute, 0)}})
+	req := &sluicepb.CheckRequest{}
+	perCall := 1
+	if n, _ := strconv.Atoi(os.Getenv("SLUICE_MEASURE_CHECKS")); n > 0 {
+		perCall = n
+	}
+	for i := range perCall {
+		req.Checks = append(req.Checks, apitest.Check(fmt.Sprintf("measure:%d", i), 1000000000, time.Minute, 0))
+	}
+	body, err := apitest.GRPCMessage(req)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("each call: %d checks, %d bytes", perCall, len(body))
 	began := time.Now()
 	var wg sync.WaitGroup
 	sent := make([]int, conns)
@@ -113,6 +131,7 @@ func TestMeasureStalledStreams(t *testing.T) {
 	t.Logf("sending took %v", time.Since(began).Round(time.Millisecond))
 	// Let the node take in what is queued: until its heap stops growing.
 	for prev, deadline := int64(-1), time.Now().Add(time.Minute); ; {
+		maxAnon = max(maxAnon, procStatus(t, pid)["RssAnon"])
 		heap, _ := goMemory(t, p.httpAddr, false)
 		if heap-prev < 1<<20 || time.Now().After(deadline) {
 			break
@@ -121,10 +140,22 @@ func TestMeasureStalledStreams(t *testing.T) {
 		time.Sleep(time.Second)
 	}
 	report("connections open, heap settled", false)
+	if resp, err := http.Get("http://" + p.httpAddr + "/metrics"); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.HasPrefix(line, "sluice_request_budget_") || strings.HasPrefix(line, "sluice_decisions_total") {
+				t.Logf("node metric: %s", line)
+			}
+		}
+	}
 	if path := os.Getenv("SLUICE_MEASURE_PROFILE"); path != "" {
 		saveHeapProfile(t, p.httpAddr, path)
 	}
 	report("then after a forced GC", true)
+	if limit, _ := strconv.ParseInt(os.Getenv("SLUICE_MEASURE_MAX_ANON_MIB"), 10, 64); limit > 0 && maxAnon>>10 >= limit {
+		t.Errorf("anonymous RSS reached %d MiB while the connections were open; want under SLUICE_MEASURE_MAX_ANON_MIB=%d", maxAnon>>10, limit)
+	}
 	// How long until the node drops the stalled connections (keepalive):
 	// read what it sent until it closes them, answering nothing.
 	settled := time.Now()

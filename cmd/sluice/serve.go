@@ -137,6 +137,9 @@ docs/envoy.md), and those without one are listed in one log line.`,
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles on --http-addr under /debug/pprof/ (for profiling; off by default)")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest gRPC request, in bytes")
 	fs.IntVar(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "most connections each listener (gRPC, peer, admin, HTTP) holds open; past it new ones wait, unanswered, until one closes")
+	fs.Int64Var(&cfg.MaxInflightBytes, "max-inflight-bytes", api.DefaultMaxInflightBytes, "most bytes of decision and admin requests the node works on at once (as received); past it calls wait up to --budget-wait, then get RESOURCE_EXHAUSTED")
+	fs.Int64Var(&cfg.MaxConnInflightBytes, "max-conn-inflight-bytes", api.DefaultMaxConnInflightBytes, "--max-inflight-bytes for the calls of one connection")
+	fs.DurationVar(&cfg.BudgetWait, "budget-wait", api.DefaultBudgetWait, "longest a call waits for --max-inflight-bytes or --max-conn-inflight-bytes before RESOURCE_EXHAUSTED (its deadline, if sooner, ends the wait)")
 	fs.IntVar(&cfg.MaxConcurrentStreams, "max-concurrent-streams", cfg.MaxConcurrentStreams, "most calls in flight on one gRPC connection, answered or not; past it clients queue their calls or open another connection")
 	fs.Var(newDurationValue(&cfg.KeepaliveTime, cfg.KeepaliveTime), "keepalive-time", "ping a client whose connection was silent this long")
 	fs.Var(newDurationValue(&cfg.KeepaliveTimeout, cfg.KeepaliveTimeout), "keepalive-timeout", "close a connection silent this long after the ping: a dead or stalled client is dropped")
@@ -185,6 +188,8 @@ func (o *serveOptions) check() error {
 		{"max-message-bytes", o.cfg.MaxMessageBytes},
 		{"max-connections", o.cfg.MaxConnections},
 		{"max-concurrent-streams", o.cfg.MaxConcurrentStreams},
+		{"max-inflight-bytes", int(o.cfg.MaxInflightBytes)},
+		{"max-conn-inflight-bytes", int(o.cfg.MaxConnInflightBytes)},
 		{"rule-metrics-max-keys", o.cfg.RuleMetricsMaxKeys},
 	} {
 		if f.v < 0 {
@@ -492,6 +497,9 @@ func (o *serveOptions) attrs(cluster bool) []any {
 		"rule_metrics_max_keys", cfg.RuleMetricsMaxKeys,
 		"near_limit_ratio", cfg.NearLimitRatio,
 		"max_message_bytes", cfg.MaxMessageBytes,
+		"max_inflight_bytes", cfg.MaxInflightBytes,
+		"max_conn_inflight_bytes", cfg.MaxConnInflightBytes,
+		"budget_wait", cfg.BudgetWait,
 		slog.Group("transport",
 			"max_connections", cfg.MaxConnections,
 			"max_concurrent_streams", cfg.MaxConcurrentStreams,

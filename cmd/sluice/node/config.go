@@ -131,6 +131,19 @@ type Config struct {
 	// in the kernel's accept queue, unanswered, until one closes. Default
 	// 1024 (DefaultMaxConnections).
 	MaxConnections int
+	// MaxInflightBytes bounds the bytes of the decision and admin requests
+	// the node works on at once (as received, before decoding); past it a
+	// call waits up to BudgetWait (or its deadline), then is refused with
+	// RESOURCE_EXHAUSTED. It bounds the memory of the calls being worked
+	// on, whatever their number. Default 2 MiB (api.DefaultMaxInflightBytes).
+	MaxInflightBytes int64
+	// MaxConnInflightBytes is MaxInflightBytes for the calls of one
+	// connection, so that one client cannot take all of it. Default 512
+	// KiB (api.DefaultMaxConnInflightBytes).
+	MaxConnInflightBytes int64
+	// BudgetWait is the longest a call waits for MaxInflightBytes or
+	// MaxConnInflightBytes. Default 1s (api.DefaultBudgetWait).
+	BudgetWait time.Duration
 	// MaxConcurrentStreams bounds the calls in flight on one gRPC
 	// connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS): past it, gRPC
 	// clients queue their calls and Envoy opens another connection; a
@@ -267,7 +280,7 @@ func (c Config) Validate() error {
 		return errors.New("node: config: --tls-cert and --tls-key go together")
 	case c.TLSClientCA != "" && c.TLSCert == "":
 		return errors.New("node: config: --tls-client-ca needs --tls-cert and --tls-key")
-	case c.MaxMessageBytes < 0 || c.ShutdownTimeout < 0 || c.LimitsPollInterval < 0 || c.TLSPollInterval < 0 ||
+	case c.MaxMessageBytes < 0 || c.MaxInflightBytes < 0 || c.MaxConnInflightBytes < 0 || c.BudgetWait < 0 || c.ShutdownTimeout < 0 || c.LimitsPollInterval < 0 || c.TLSPollInterval < 0 ||
 		c.MaxConnections < 0 || c.MaxConcurrentStreams < 0 || c.KeepaliveTime < 0 || c.KeepaliveTimeout < 0 ||
 		c.MaxConnectionIdle < 0 || c.KeepaliveMinTime < 0 || c.MaxConnectionAge < 0 || c.MaxConnectionAgeGrace < 0:
 		return errors.New("node: config: sizes and durations must not be negative")

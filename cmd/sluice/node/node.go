@@ -199,6 +199,9 @@ func New(cfg Config) (n *Node, err error) {
 		RuleMetricsMaxKeys:      cfg.RuleMetricsMaxKeys,
 		NearLimitRatio:          cfg.NearLimitRatio,
 		MaxMessageBytes:         cfg.MaxMessageBytes,
+		MaxInflightBytes:        cfg.MaxInflightBytes,
+		MaxConnInflightBytes:    cfg.MaxConnInflightBytes,
+		BudgetWait:              cfg.BudgetWait,
 		Limits:                  cfg.Engine.Limits,
 	}, api.Deps{
 		Engine:     n.engine,
