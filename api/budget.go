@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,15 +36,44 @@ import (
 // a forwarded call holds a budget on the node that forwards it, and a
 // budget on the owner too could make two nodes wait on each other.
 type requestBudget struct {
-	node     *semaphore.Weighted
-	nodeMax  int64
-	connMax  int64
-	wait     time.Duration
-	mu       sync.Mutex
-	conns    map[string]*connBudget // by remote and local address
-	waited   prometheus.Counter
-	refused  prometheus.Counter
-	inflight prometheus.Gauge
+	node    *semaphore.Weighted
+	nodeMax int64
+	connMax int64
+	wait    time.Duration
+	mu      sync.Mutex
+	conns   map[connKey]*connBudget
+	idle    int // entries of conns with no call
+	waited  prometheus.Counter
+	refused prometheus.Counter
+	bytes   atomic.Int64 // taken from the node (sluice_request_bytes_in_flight)
+}
+
+// connKey names a connection by its two ends, without formatting them
+// (a call's cost): the TCP addresses' bytes, or their strings for other
+// networks.
+type connKey struct {
+	remote, local   [16]byte
+	rport, lport    int
+	remoteS, localS string
+}
+
+func keyOf(ctx context.Context) connKey {
+	var k connKey
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return k
+	}
+	end := func(a net.Addr, ip *[16]byte, port *int, str *string) {
+		if t, ok := a.(*net.TCPAddr); ok {
+			copy(ip[:], t.IP.To16())
+			*port = t.Port
+		} else if a != nil {
+			*str = a.String()
+		}
+	}
+	end(p.Addr, &k.remote, &k.rport, &k.remoteS)
+	end(p.LocalAddr, &k.local, &k.lport, &k.localS)
+	return k
 }
 
 type connBudget struct {
@@ -53,7 +84,7 @@ type connBudget struct {
 func newRequestBudget(nodeMax, connMax int64, wait time.Duration, reg prometheus.Registerer) *requestBudget {
 	b := &requestBudget{
 		node: semaphore.NewWeighted(nodeMax), nodeMax: nodeMax, connMax: connMax, wait: wait,
-		conns: make(map[string]*connBudget),
+		conns: make(map[connKey]*connBudget),
 		waited: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_request_budget_waits_total",
 			Help: "Calls that waited for request bytes in flight (--max-inflight-bytes, --max-conn-inflight-bytes) before being worked on.",
@@ -62,12 +93,12 @@ func newRequestBudget(nodeMax, connMax int64, wait time.Duration, reg prometheus
 			Name: "sluice_request_budget_refused_total",
 			Help: "Calls refused with RESOURCE_EXHAUSTED because the request bytes in flight stayed at their bound for --budget-wait or the call's deadline.",
 		}),
-		inflight: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "sluice_request_bytes_in_flight",
-			Help: "Bytes of the requests the node works on now (decision and admin calls), bounded by --max-inflight-bytes.",
-		}),
 	}
-	reg.MustRegister(b.waited, b.refused, b.inflight)
+	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_request_bytes_in_flight",
+		Help: "Bytes of the requests the node works on now (decision and admin calls), bounded by --max-inflight-bytes.",
+	}, func() float64 { return float64(b.bytes.Load()) })
+	reg.MustRegister(b.waited, b.refused, inflight)
 	return b
 }
 
@@ -99,65 +130,90 @@ func (b *requestBudget) handler(h grpc.MethodHandler) grpc.MethodHandler {
 			return h(srv, ctx, dec, ic)
 		}
 		defer raw.data.Free()
-		release, err := b.acquire(ctx, int64(raw.data.Len()))
+		hold, err := b.acquire(ctx, int64(raw.data.Len()))
 		if err != nil {
 			return nil, err
 		}
-		defer release()
+		defer hold.release()
 		return h(srv, ctx, func(v any) error { return raw.codec.Unmarshal(raw.data, v) }, ic)
 	}
 }
 
 // acquire takes n bytes from the connection of ctx, then from the node,
-// waiting as the type's comment says, and returns what gives them back.
-func (b *requestBudget) acquire(ctx context.Context, n int64) (func(), error) {
+// waiting as the type's comment says; the hold gives them back.
+func (b *requestBudget) acquire(ctx context.Context, n int64) (budgetHold, error) {
 	n = max(n, 1)
-	key := ""
-	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
-		key = p.Addr.String()
-		if p.LocalAddr != nil {
-			key += ">" + p.LocalAddr.String()
-		}
-	}
+	key := keyOf(ctx)
 	b.mu.Lock()
 	cb := b.conns[key]
-	if cb == nil {
+	switch {
+	case cb == nil:
 		cb = &connBudget{sem: semaphore.NewWeighted(b.connMax)}
 		b.conns[key] = cb
+	case cb.users == 0:
+		b.idle--
 	}
 	cb.users++
 	b.mu.Unlock()
-	leave := func() {
-		b.mu.Lock()
-		if cb.users--; cb.users == 0 {
-			delete(b.conns, key)
-		}
-		b.mu.Unlock()
-	}
-	nc := min(n, b.connMax)
-	nn := min(nc, b.nodeMax)
-	if !cb.sem.TryAcquire(nc) || !b.tryNode(nn, cb, nc) {
+	h := budgetHold{b: b, cb: cb, key: key, nc: min(n, b.connMax)}
+	h.nn = min(h.nc, b.nodeMax)
+	if !cb.sem.TryAcquire(h.nc) || !b.tryNode(h.nn, cb, h.nc) {
 		b.waited.Inc()
 		wctx, cancel := context.WithTimeout(ctx, b.wait)
-		err := b.waitFor(wctx, cb, nc, nn)
+		err := b.waitFor(wctx, cb, h.nc, h.nn)
 		cancel()
 		if err != nil {
-			leave()
+			h.leave()
 			if errors.Is(ctx.Err(), context.Canceled) {
-				return nil, status.FromContextError(ctx.Err()).Err()
+				return budgetHold{}, status.FromContextError(ctx.Err()).Err()
 			}
 			b.refused.Inc()
-			return nil, status.Errorf(codes.ResourceExhausted, "sluice: the node is working on its most request bytes at once (%d on this connection, %d in all: --max-conn-inflight-bytes, --max-inflight-bytes); this call of %d bytes waited %v and was not decided; retry with backoff", b.connMax, b.nodeMax, n, b.wait)
+			return budgetHold{}, status.Errorf(codes.ResourceExhausted, "sluice: the node is working on its most request bytes at once (%d on this connection, %d in all: --max-conn-inflight-bytes, --max-inflight-bytes); this call of %d bytes waited %v and was not decided; retry with backoff", b.connMax, b.nodeMax, n, b.wait)
 		}
 	}
-	b.inflight.Add(float64(nn))
-	return func() {
-		b.inflight.Sub(float64(nn))
-		b.node.Release(nn)
-		cb.sem.Release(nc)
-		leave()
-	}, nil
+	b.bytes.Add(h.nn)
+	return h, nil
 }
+
+// budgetHold is what a call took from a budget.
+type budgetHold struct {
+	b      *requestBudget
+	cb     *connBudget
+	key    connKey
+	nc, nn int64 // bytes taken from the connection and from the node
+}
+
+// release gives the bytes back.
+func (h budgetHold) release() {
+	h.b.bytes.Add(-h.nn)
+	h.b.node.Release(h.nn)
+	h.cb.sem.Release(h.nc)
+	h.leave()
+}
+
+// leave ends the call's use of its connection's budget. A connection's
+// entry outlives its last call, for the next one (a connection usually has
+// one call at a time: making an entry for each would cost two allocations
+// a call); once more than idleConnEntries entries have no call, those are
+// dropped.
+func (h budgetHold) leave() {
+	b := h.b
+	b.mu.Lock()
+	if h.cb.users--; h.cb.users == 0 {
+		if b.idle++; b.idle > idleConnEntries {
+			for k, cb := range b.conns {
+				if cb.users == 0 {
+					delete(b.conns, k)
+				}
+			}
+			b.idle = 0
+		}
+	}
+	b.mu.Unlock()
+}
+
+// idleConnEntries bounds the connection entries kept with no call.
+const idleConnEntries = 1024
 
 // tryNode takes nn bytes from the node without waiting; if it cannot, it
 // gives back the nc bytes taken from cb.

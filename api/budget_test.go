@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -33,7 +34,7 @@ func TestRequestBudgetOverGRPC(t *testing.T) {
 		c.MaxInflightBytes, c.MaxConnInflightBytes, c.BudgetWait = 1000, 1000, 50*time.Millisecond
 	})
 	// Another connection's call holds the whole node budget.
-	release, err := ts.srv.budget.acquire(connCtx(40000), 1000)
+	hold, err := ts.srv.budget.acquire(connCtx(40000), 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -47,18 +48,18 @@ func TestRequestBudgetOverGRPC(t *testing.T) {
 	if waited := time.Since(start); waited < 50*time.Millisecond {
 		t.Errorf("refused after %v; want it to wait BudgetWait (50ms) first", waited)
 	}
-	release()
+	hold.release()
 	resp, err := c.Check(ts.ctx(), req)
 	if err != nil || !resp.Decisions[0].Allowed || resp.Decisions[0].Remaining != 4 {
 		t.Fatalf("Check with the budget free = %v, %v; want allowed, remaining 4 (the refused call recorded nothing)", resp, err)
 	}
 	// A call that waits is decided once the bytes come back, within its
 	// wait.
-	release, err = ts.srv.budget.acquire(connCtx(40000), 1000)
+	hold, err = ts.srv.budget.acquire(connCtx(40000), 1000)
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { time.Sleep(10 * time.Millisecond); release() }()
+	go func() { time.Sleep(10 * time.Millisecond); hold.release() }()
 	ts.srv.budget.wait = 10 * time.Second
 	if resp, err := c.Check(ts.ctx(), req); err != nil || resp.Decisions[0].Remaining != 3 {
 		t.Errorf("Check that waited for the budget = %v, %v; want decided, remaining 3", resp, err)
@@ -68,8 +69,8 @@ func TestRequestBudgetOverGRPC(t *testing.T) {
 // TestRequestBudgetPerConnection: one connection cannot take more than its
 // own budget, while another connection's call goes through; a canceled
 // wait answers CANCELED and gives back nothing it did not take; a request
-// larger than a budget takes all of it; a connection's entry goes away
-// with its last call.
+// larger than a budget takes all of it; the entries of connections with
+// no call are bounded.
 func TestRequestBudgetPerConnection(t *testing.T) {
 	b := newRequestBudget(300, 100, 20*time.Millisecond, prometheus.NewRegistry())
 	r1, err := b.acquire(connCtx(1), 60)
@@ -92,13 +93,39 @@ func TestRequestBudgetPerConnection(t *testing.T) {
 	if err != nil {
 		t.Fatalf("third connection = %v; want it through", err)
 	}
-	r1()
-	r2()
-	r3()
-	if len(b.conns) != 0 {
-		t.Errorf("%d connection entries left after every call ended; want 0", len(b.conns))
+	r1.release()
+	r2.release()
+	r3.release()
+	// Entries outlive their connections' calls, up to a bound.
+	for port := range 3 * idleConnEntries {
+		h, err := b.acquire(connCtx(10+port), 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.release()
+	}
+	if len(b.conns) > idleConnEntries+1 {
+		t.Errorf("%d connection entries left after every call ended; want at most %d", len(b.conns), idleConnEntries+1)
 	}
 	if !b.node.TryAcquire(300) {
 		t.Errorf("the node budget is not whole again after every call ended")
 	}
+}
+
+// BenchmarkRequestBudget: what the budget costs a call that fits, from
+// many connections at once.
+func BenchmarkRequestBudget(b *testing.B) {
+	bud := newRequestBudget(2<<20, 512<<10, time.Second, prometheus.NewRegistry())
+	b.ReportAllocs()
+	var port atomic.Int32
+	b.RunParallel(func(pb *testing.PB) {
+		ctx := connCtx(40000 + int(port.Add(1)))
+		for pb.Next() {
+			hold, err := bud.acquire(ctx, 200)
+			if err != nil {
+				b.Fatal(err)
+			}
+			hold.release()
+		}
+	})
 }
