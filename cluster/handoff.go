@@ -481,10 +481,14 @@ func (r *Router) collectCopies(ctx context.Context, own *ownership, box func(str
 // have committed them: they are counted on both (which only denies more)
 // until they are sent again, and m, which keeps a receipt of each state
 // it added up with its own (see actor.Engine.Import), counts a state sent
-// again once. A key this node acts for again before it sent it again stays
-// counted twice: so a part in flight when ctx ends (a newer ownership
-// cancels the round) is still waited for, up to handoffGrace, and its keys
-// forgotten if it was delivered; the next part is not sent.
+// again once. But a key this node acts for again before it sent it again
+// is not sent again: m hands its state back, which holds the key's hits
+// from here, and they add up with the ones this node kept, counted twice.
+// A newer ownership cancels the round in flight (ctx) the moment the
+// configuration changes, typically while a part is being answered, and
+// that is when this node may act for its keys again: so a part of keys in
+// flight when ctx ends is still waited for, up to handoffGrace, and its
+// keys forgotten if it was delivered; the next part is not sent.
 func (r *Router) handTo(ctx context.Context, m control.Member, toEpoch, fromEpoch, id, seq, version uint64, b *outbox) error {
 	p, err := r.peers.get(m.Name)
 	if err != nil {
@@ -506,14 +510,24 @@ func (r *Router) handTo(ctx context.Context, m control.Member, toEpoch, fromEpoc
 		for i, x := range part {
 			req.Keys[i] = &sluicepb.KeyRecord{Key: []byte(x.Key), State: x.State}
 		}
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.HandoffTimeout)
-		stop := context.AfterFunc(ctx, func() {
-			select {
-			case <-time.After(handoffGrace):
-				cancel()
-			case <-cctx.Done():
-			}
-		})
+		delivered := part[:max(0, min(len(part), tokens-start))]
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.HandoffTimeout)
+		stop := func() bool { return false }
+		if len(delivered) > 0 {
+			// Keys to forget once delivered: the part outlives ctx by
+			// handoffGrace. (Copies and completes are kept here or sent
+			// again: nothing is counted twice for them, and a newer
+			// round, which may take keys over, does not wait for a
+			// member that does not answer.)
+			cctx, cancel = context.WithTimeout(context.WithoutCancel(ctx), r.cfg.HandoffTimeout)
+			stop = context.AfterFunc(ctx, func() {
+				select {
+				case <-time.After(handoffGrace):
+					cancel()
+				case <-cctx.Done():
+				}
+			})
+		}
 		_, err := p.client.Handoff(cctx, req)
 		r.log.Debug("handoff part", "to", m.Name, "to_epoch", toEpoch, "config", id, "complete", last, "keys", len(part), "err", err)
 		stop()
@@ -522,7 +536,7 @@ func (r *Router) handTo(ctx context.Context, m control.Member, toEpoch, fromEpoc
 		if err != nil {
 			return fromPeerStatus(m.Name, err)
 		}
-		if delivered := part[:max(0, min(len(part), tokens-start))]; len(delivered) > 0 {
+		if len(delivered) > 0 {
 			// Delivered and committed there: forget it here, unless it
 			// changed meanwhile (then it goes in the next round).
 			if _, err := r.cfg.Engine.Forget(context.WithoutCancel(ctx), delivered); err != nil {
