@@ -61,6 +61,11 @@
 // Collect read it. A handoff cut short at any point (a cancelled context, a
 // closing engine, a full mailbox) leaves each hit here, on the new owner,
 // or on both (counted twice, which only denies more), never on neither.
+// A state imported again (a retry after the receiver committed, or a newer
+// version of it) into a key it was added up with is joined with what the
+// first import made, through a receipt the key keeps in memory until it
+// changes otherwise, rather than added up again (see importStates and
+// docs/engine.md, "Imported again").
 //
 // A call may carry the ownership generation its caller read before routing
 // it (CallOptions.Generation). Fence moves the generation on. An actor

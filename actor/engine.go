@@ -871,7 +871,10 @@ type Exported struct {
 // least what either side counted, so a handoff never frees a window. A
 // state of the same lineage as the key's (a copy of the same history: a
 // standby's copy, the owner's disk) merges idempotently, each hit they
-// share counted once; states of different lineages add up (see merge).
+// share counted once; states of different lineages add up (see merge),
+// and a newer version of a state (or the same, sent again) that was added
+// up with the key is then joined with what that made, its hits counted
+// once, as long as the key did not change otherwise (see importStates).
 func (e *Engine) Import(ctx context.Context, states []Exported) error {
 	for start := 0; start < len(states); start += e.cfg.Limits.MaxBatch {
 		part := states[start:min(start+e.cfg.Limits.MaxBatch, len(states))]

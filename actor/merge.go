@@ -80,8 +80,9 @@ import (
 // the merge, and used(t) = usedAt(t) with no further hits:
 //
 //   - SlidingLog: the union of the live runs, sorted, equal timestamps adding
-//     their counts (the same hit handed over twice therefore counts twice:
-//     conservative). With equal windows and a limit at most maxRuns,
+//     their counts (merge alone counts the same hit handed over twice
+//     twice: conservative; importStates keeps a receipt so that it does
+//     not, see reimport). With equal windows and a limit at most maxRuns,
 //     used(t) = min(s₀.used(t) + o.used(t), limit+1) exactly (with another
 //     window, o's hits count while they are live under both). Only the
 //     newest limit+1 hits are kept: as for penalties (logDecide), that

@@ -24,12 +24,6 @@ const (
 	handoffBackoffMax = time.Second
 )
 
-// handoffGrace is how long a handoff part in flight when its round is
-// cancelled (a newer ownership, shutdown) may still take to be answered
-// (within HandoffTimeout): the receiver may have committed it already, and
-// a sender that does not learn so keeps the keys it delivered (see handTo).
-const handoffGrace = time.Second
-
 // handoffs is what the handoff rounds remember. Its lock is taken after
 // the router's ownMu and imports, never before.
 type handoffs struct {
@@ -477,14 +471,18 @@ func (r *Router) collectCopies(ctx context.Context, own *ownership, box func(str
 // forgetting each chunk here once m committed it, then b's copies (kept
 // here), then sends m the complete for configuration id.
 //
-// A part whose answer does not come leaves its keys here, though m may
-// have committed them: they are counted on both (which only denies more)
-// until they are sent again, and m, which keeps a receipt of each state
-// it added up with its own (see actor.Engine.Import), counts a state sent
-// again once. A key this node acts for again before it sent it again stays
-// counted twice: so a part in flight when ctx ends (a newer ownership
-// cancels the round) is still waited for, up to handoffGrace, and its keys
-// forgotten if it was delivered; the next part is not sent.
+// A part whose answer does not come (a timeout, the round cancelled by a
+// newer ownership, m's standby not confirming after m committed) leaves
+// its keys here, though m may hold them: they count on both, which only
+// denies more. Sent again, they count once on m, which keeps a receipt of
+// each state it added up with its own (see actor.Engine.Import). A key
+// this node acts for again before it sent it again is not sent again: m
+// hands its state back, which holds this node's hits, and they add up
+// with the ones kept here (counted twice). Waiting for the answer of a
+// part after its round was cancelled would avoid that, but is not safe:
+// under the newer ownership m may hand the key back before Forget runs,
+// and if what comes back encodes as what was collected, Forget deletes it
+// here after m forgot it too, and the key's hits are nowhere.
 func (r *Router) handTo(ctx context.Context, m control.Member, toEpoch, fromEpoch, id, seq, version uint64, b *outbox) error {
 	p, err := r.peers.get(m.Name)
 	if err != nil {
@@ -493,9 +491,6 @@ func (r *Router) handTo(ctx context.Context, m control.Member, toEpoch, fromEpoc
 	keys := append(slices.Clip(b.tokens), b.copies...)
 	tokens := len(b.tokens)
 	for start := 0; start < len(keys) || start == 0; start += handoffChunk {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
 		part := keys[start:min(start+handoffChunk, len(keys))]
 		last := start+handoffChunk >= len(keys)
 		req := &sluicepb.HandoffRequest{
@@ -506,17 +501,9 @@ func (r *Router) handTo(ctx context.Context, m control.Member, toEpoch, fromEpoc
 		for i, x := range part {
 			req.Keys[i] = &sluicepb.KeyRecord{Key: []byte(x.Key), State: x.State}
 		}
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.HandoffTimeout)
-		stop := context.AfterFunc(ctx, func() {
-			select {
-			case <-time.After(handoffGrace):
-				cancel()
-			case <-cctx.Done():
-			}
-		})
+		cctx, cancel := context.WithTimeout(ctx, r.cfg.HandoffTimeout)
 		_, err := p.client.Handoff(cctx, req)
 		r.log.Debug("handoff part", "to", m.Name, "to_epoch", toEpoch, "config", id, "complete", last, "keys", len(part), "err", err)
-		stop()
 		cancel()
 		r.cfg.Observer.HandedOff(m.Name, len(part), err)
 		if err != nil {
