@@ -244,6 +244,12 @@
 // An older build ignores "partial": after a crash in the middle of a
 // checkpoint, open the file with this build (or a later one) first.
 //
+// Verify (sluice data verify) reads a file as the page walk of Open does,
+// read-only, without bbolt, but goes on past each damaged subtree, and
+// hands every record of the keys bucket to a check of the caller's (the
+// actor package decodes the value): it lists every damaged page and
+// record instead of stopping at the first.
+//
 // # Meta pages and seals
 //
 // bbolt keeps two meta pages and writes transaction t's at page t%2; on
