@@ -436,10 +436,10 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 
 // isLoopback reports whether addr's host is a loopback address.
 // openListener returns an error naming the first listener of cfg that
-// would serve the admin API (resets, overrides) or refunds to the network
-// without a credential: on an address that is not loopback, with no
-// admin token, no client CA and, for refunds, no refund token. --insecure
-// skips it.
+// would serve the admin API (resets, overrides) or refunds (gRPC, and
+// /json on the HTTP listener) to the network without a credential: on an
+// address that is not loopback, with no admin token, no client CA and,
+// for refunds, no refund token. --insecure skips it.
 func openListener(cfg *node.Config) error {
 	if cfg.AdminToken != "" || cfg.TLSClientCA != "" {
 		return nil
@@ -451,8 +451,13 @@ func openListener(cfg *node.Config) error {
 	if !isLoopback(adminAddr) {
 		return fmt.Errorf("%s %s: the admin API (key reset, overrides) would be open to the network: without --admin-token or --tls-client-ca anyone who reaches that port can reset keys and raise limits; set one (see docs/security.md), listen on a loopback address, or pass --insecure to run without", adminFlag, adminAddr)
 	}
-	if cfg.RefundToken == "" && !isLoopback(cfg.GRPCAddr) {
-		return fmt.Errorf("--grpc-addr %s: refunds would be open to the network: without --refund-token, --admin-token or --tls-client-ca anyone who reaches that port can give counted hits back; set one (see docs/security.md), listen on a loopback address, or pass --insecure to run without", cfg.GRPCAddr)
+	if cfg.RefundToken != "" {
+		return nil
+	}
+	for _, l := range []struct{ flag, addr string }{{"--grpc-addr", cfg.GRPCAddr}, {"--http-addr", cfg.HTTPAddr}} {
+		if l.addr != "" && !isLoopback(l.addr) {
+			return fmt.Errorf("%s %s: refunds would be open to the network: without --refund-token, --admin-token or --tls-client-ca anyone who reaches that port can give counted hits back; set one (see docs/security.md), listen on a loopback address, or pass --insecure to run without", l.flag, l.addr)
+		}
 	}
 	return nil
 }
