@@ -116,7 +116,7 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles on --http-addr under /debug/pprof/ (for profiling; off by default)")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest gRPC request, in bytes")
 	fs.IntVar(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "most connections each listener (gRPC, peer, admin, HTTP) holds open; past it new ones wait, unanswered, until one closes")
-	fs.Int64Var(&cfg.MaxInflightBytes, "max-inflight-bytes", api.DefaultMaxInflightBytes, "most bytes of decision and admin requests the node works on at once (as received); past it calls wait up to --budget-wait, then get RESOURCE_EXHAUSTED")
+	fs.Int64Var(&cfg.MaxInflightBytes, "max-inflight-bytes", api.DefaultMaxInflightBytes, "most bytes of decision requests (native and Envoy) the node works on at once (as received); past it calls wait up to --budget-wait, then get RESOURCE_EXHAUSTED")
 	fs.Int64Var(&cfg.MaxConnInflightBytes, "max-conn-inflight-bytes", api.DefaultMaxConnInflightBytes, "--max-inflight-bytes for the calls of one connection")
 	fs.DurationVar(&cfg.BudgetWait, "budget-wait", api.DefaultBudgetWait, "longest a call waits for --max-inflight-bytes or --max-conn-inflight-bytes before RESOURCE_EXHAUSTED (its deadline, if sooner, ends the wait)")
 	fs.IntVar(&cfg.MaxConcurrentStreams, "max-concurrent-streams", cfg.MaxConcurrentStreams, "most calls in flight on one gRPC connection, answered or not; past it clients queue their calls or open another connection")
