@@ -1,36 +1,36 @@
 package actor
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
 
-// lockedBuffer is a log destination that several goroutines may write.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+// logFile is a log destination in t.TempDir() and a function that reads
+// what was logged so far.
+func logFile(t *testing.T) (*slog.Logger, func() string) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "log")
+	f, err := os.Create(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	return slog.New(slog.NewTextHandler(f, nil)), func() string {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
 }
 
 // damageRecord overwrites key's stored value in the closed data file of
@@ -65,8 +65,8 @@ func damageRecord(t *testing.T, dir, key string) {
 // starts empty. Before, the whole call failed, each time, and nothing was
 // logged.
 func TestDamagedRecordCostsOneKey(t *testing.T) {
-	var logs lockedBuffer
-	h := newHarness(t, "commit", func(c *Config) { c.Logger = slog.New(slog.NewTextHandler(&logs, nil)) })
+	logger, logs := logFile(t)
+	h := newHarness(t, "commit", func(c *Config) { c.Logger = logger })
 	keys := []string{"dmg:1", "dmg:3244", "dmg:3"}
 	for _, k := range keys {
 		h.hit(k, 10, 3)
@@ -106,11 +106,11 @@ func TestDamagedRecordCostsOneKey(t *testing.T) {
 	if got := h.obs.damaged.Load(); got != 1 {
 		t.Errorf("damaged records counted %d times; want 1", got)
 	}
-	if n := strings.Count(logs.String(), "damaged record"); n != 1 {
-		t.Errorf("damage logged %d times; want once. Log:\n%s", n, logs.String())
+	if n := strings.Count(logs(), "damaged record"); n != 1 {
+		t.Errorf("damage logged %d times; want once. Log:\n%s", n, logs())
 	}
-	if !strings.Contains(logs.String(), `key="\"dmg:3244\""`) {
-		t.Errorf("log does not name the key:\n%s", logs.String())
+	if !strings.Contains(logs(), `key="\"dmg:3244\""`) {
+		t.Errorf("log does not name the key:\n%s", logs())
 	}
 
 	existed, err := h.eng.Reset(context.Background(), "dmg:3244")

@@ -32,9 +32,11 @@ import (
 // the engine's checks and decisions, the answer) is a multiple of its
 // request's size, so bounding the bytes bounds that memory, whatever the
 // number of connections and streams: see docs/operations.md ("Request
-// bytes in flight") for the figures. The peer service is not budgeted:
-// a forwarded call holds a budget on the node that forwards it, and a
-// budget on the owner too could make two nodes wait on each other.
+// bytes in flight") for the figures. Only the decision services (native
+// and Envoy) are budgeted. Not the admin services, so that an operator can
+// look at keys and set overrides while decisions wait; not the peer
+// service: a forwarded call holds a budget on the node that forwards it,
+// and a budget on the owner too could make two nodes wait on each other.
 type requestBudget struct {
 	node    *semaphore.Weighted
 	nodeMax int64
@@ -96,7 +98,7 @@ func newRequestBudget(nodeMax, connMax int64, wait time.Duration, reg prometheus
 	}
 	inflight := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_request_bytes_in_flight",
-		Help: "Bytes of the requests the node works on now (decision and admin calls), bounded by --max-inflight-bytes.",
+		Help: "Bytes of the requests the node works on now (decision calls, native and Envoy), bounded by --max-inflight-bytes.",
 	}, func() float64 { return float64(b.bytes.Load()) })
 	reg.MustRegister(b.waited, b.refused, inflight)
 	return b

@@ -7,8 +7,12 @@ import (
 	"testing"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	bolt "go.etcd.io/bbolt"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/sluice-io/sluice/api/apitest"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
@@ -26,22 +30,7 @@ func TestDamagedRecordOverGRPC(t *testing.T) {
 		ts.hit(apitest.Check(k, 5, time.Hour, 2))
 	}
 	ts.stop()
-	db, err := bolt.Open(filepath.Join(ts.cfg.DataDir, "sluice.db"), 0o600, &bolt.Options{Timeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		b := tx.Bucket([]byte("keys"))
-		v := b.Get([]byte("dmg:3244"))
-		// The deadline stays; the state's version byte becomes 65.
-		return b.Put([]byte("dmg:3244"), append(v[:8:8], 65, 1, 0))
-	})
-	if cerr := db.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
+	damageKey(t, ts.cfg.DataDir, "dmg:3244")
 	ts.start()
 
 	req := &sluicepb.CheckRequest{}
@@ -73,5 +62,60 @@ func TestDamagedRecordOverGRPC(t *testing.T) {
 	}
 	if d := ts.hit(apitest.Check("dmg:3244", 5, time.Hour, 1)); d.ErrorCode != 0 || !d.Allowed || d.Remaining != 4 {
 		t.Errorf("after ResetKey: %s", fmt.Sprint(d))
+	}
+}
+
+// damageKey gives key's record in the stopped server's data file in dir a
+// state that does not decode (version 65), keeping its deadline.
+func damageKey(t *testing.T, dir, key string) {
+	t.Helper()
+	db, err := bolt.Open(filepath.Join(dir, "sluice.db"), 0o600, &bolt.Options{Timeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket([]byte("keys"))
+		v := b.Get([]byte(key))
+		if len(v) < 8 {
+			return fmt.Errorf("no record of %q", key)
+		}
+		return b.Put([]byte(key), append(v[:8:8], 65, 1, 0))
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestDamagedRecordOverEnvoy: Envoy has no per-descriptor error, so a
+// request holding a damaged key fails with DATA_LOSS quoting it (Envoy
+// applies its failure mode), and its other descriptors are decided.
+func TestDamagedRecordOverEnvoy(t *testing.T) {
+	ts := newTestServer(t, nil)
+	ec := newEnvoyClient(ts)
+	good := func() *ratelimitv3.RateLimitDescriptor {
+		return inline(rd("user", "good"), 5, typev3.RateLimitUnit_HOUR, 0)
+	}
+	bad := func() *ratelimitv3.RateLimitDescriptor {
+		return inline(rd("user", "bad"), 5, typev3.RateLimitUnit_HOUR, 0)
+	}
+	ec.call("edge", 1, good(), bad())
+	k, err := ts.admin().EnvoyKey(ts.ctx(), &sluicepb.EnvoyKeyRequest{Domain: "edge", Entries: []*sluicepb.DescriptorEntry{{Key: "user", Value: "bad"}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts.stop()
+	damageKey(t, ts.cfg.DataDir, string(k.Key))
+	ts.start()
+	ec = newEnvoyClient(ts)
+	_, err = ec.try(&rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{good(), bad()}, HitsAddend: 1})
+	if status.Code(err) != codes.DataLoss || !strings.Contains(err.Error(), `"edge`) {
+		t.Fatalf("ShouldRateLimit(good, damaged) = %v; want DATA_LOSS quoting the key", err)
+	}
+	resp := ec.call("edge", 1, good())
+	if got := resp.Statuses[0].LimitRemaining; got != 2 {
+		t.Errorf("the good descriptor has %d remaining; want 2 (its hit in the failed request was decided)", got)
 	}
 }

@@ -72,7 +72,7 @@ type Config struct {
 	// MaxMessageBytes bounds the body of a decision over HTTP (/json).
 	// Default 4 MiB.
 	MaxMessageBytes int
-	// MaxInflightBytes bounds the bytes of the decision and admin requests
+	// MaxInflightBytes bounds the bytes of the decision requests (native and Envoy)
 	// (as received, before decoding) the node works on at once; a call
 	// past it waits, then is refused with RESOURCE_EXHAUSTED (see
 	// requestBudget). Default 2 MiB (DefaultMaxInflightBytes).
@@ -249,8 +249,10 @@ func (s *Server) RegisterDecisions(g *grpc.Server) {
 // RegisterAdmin registers the admin and traffic services on g, built with
 // Interceptors so that the admin token is checked.
 func (s *Server) RegisterAdmin(g *grpc.Server) {
-	g.RegisterService(s.budget.wrap(&sluicepb.AdminService_ServiceDesc), &adminService{s: s})
-	g.RegisterService(s.budget.wrap(&sluicepb.TrafficService_ServiceDesc), &trafficService{s: s})
+	// Not budgeted (see requestBudget): an operator's calls go through
+	// while decisions wait.
+	sluicepb.RegisterAdminServiceServer(g, &adminService{s: s})
+	sluicepb.RegisterTrafficServiceServer(g, &trafficService{s: s})
 }
 
 // Interceptors returns the options that recover handlers' panics, require

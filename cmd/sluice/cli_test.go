@@ -399,6 +399,7 @@ func TestServeStartErrors(t *testing.T) {
 		{"admin API open", []string{"--data-dir", t.TempDir(), "--grpc-addr", "0.0.0.0:0"}, "--grpc-addr 0.0.0.0:0: the admin API (key reset, overrides) would be open to the network"},
 		{"admin API open on --admin-addr", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--admin-addr", "0.0.0.0:0", "--refund-token", "r"}, "--admin-addr 0.0.0.0:0: the admin API"},
 		{"refunds open", []string{"--data-dir", t.TempDir(), "--grpc-addr", "0.0.0.0:0", "--admin-addr", "127.0.0.1:0"}, "--grpc-addr 0.0.0.0:0: refunds would be open to the network"},
+		{"refunds open over HTTP", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--http-addr", "0.0.0.0:0"}, "--http-addr 0.0.0.0:0: refunds would be open to the network"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()

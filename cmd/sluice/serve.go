@@ -137,7 +137,7 @@ docs/envoy.md), and those without one are listed in one log line.`,
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles on --http-addr under /debug/pprof/ (for profiling; off by default)")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest gRPC request, in bytes")
 	fs.IntVar(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "most connections each listener (gRPC, peer, admin, HTTP) holds open; past it new ones wait, unanswered, until one closes")
-	fs.Int64Var(&cfg.MaxInflightBytes, "max-inflight-bytes", api.DefaultMaxInflightBytes, "most bytes of decision and admin requests the node works on at once (as received); past it calls wait up to --budget-wait, then get RESOURCE_EXHAUSTED")
+	fs.Int64Var(&cfg.MaxInflightBytes, "max-inflight-bytes", api.DefaultMaxInflightBytes, "most bytes of decision requests (native and Envoy) the node works on at once (as received); past it calls wait up to --budget-wait, then get RESOURCE_EXHAUSTED")
 	fs.Int64Var(&cfg.MaxConnInflightBytes, "max-conn-inflight-bytes", api.DefaultMaxConnInflightBytes, "--max-inflight-bytes for the calls of one connection")
 	fs.DurationVar(&cfg.BudgetWait, "budget-wait", api.DefaultBudgetWait, "longest a call waits for --max-inflight-bytes or --max-conn-inflight-bytes before RESOURCE_EXHAUSTED (its deadline, if sooner, ends the wait)")
 	fs.IntVar(&cfg.MaxConcurrentStreams, "max-concurrent-streams", cfg.MaxConcurrentStreams, "most calls in flight on one gRPC connection, answered or not; past it clients queue their calls or open another connection")
@@ -557,10 +557,10 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 
 // isLoopback reports whether addr's host is a loopback address.
 // openListener returns an error naming the first listener of cfg that
-// would serve the admin API (resets, overrides) or refunds to the network
-// without a credential: on an address that is not loopback, with no
-// admin token, no client CA and, for refunds, no refund token. --insecure
-// skips it.
+// would serve the admin API (resets, overrides) or refunds (gRPC, and
+// /json on the HTTP listener) to the network without a credential: on an
+// address that is not loopback, with no admin token, no client CA and,
+// for refunds, no refund token. --insecure skips it.
 func openListener(cfg *node.Config) error {
 	if cfg.AdminToken != "" || cfg.TLSClientCA != "" {
 		return nil
@@ -572,8 +572,13 @@ func openListener(cfg *node.Config) error {
 	if !isLoopback(adminAddr) {
 		return fmt.Errorf("%s %s: the admin API (key reset, overrides) would be open to the network: without --admin-token or --tls-client-ca anyone who reaches that port can reset keys and raise limits; set one (see docs/security.md), listen on a loopback address, or pass --insecure to run without", adminFlag, adminAddr)
 	}
-	if cfg.RefundToken == "" && !isLoopback(cfg.GRPCAddr) {
-		return fmt.Errorf("--grpc-addr %s: refunds would be open to the network: without --refund-token, --admin-token or --tls-client-ca anyone who reaches that port can give counted hits back; set one (see docs/security.md), listen on a loopback address, or pass --insecure to run without", cfg.GRPCAddr)
+	if cfg.RefundToken != "" {
+		return nil
+	}
+	for _, l := range []struct{ flag, addr string }{{"--grpc-addr", cfg.GRPCAddr}, {"--http-addr", cfg.HTTPAddr}} {
+		if l.addr != "" && !isLoopback(l.addr) {
+			return fmt.Errorf("%s %s: refunds would be open to the network: without --refund-token, --admin-token or --tls-client-ca anyone who reaches that port can give counted hits back; set one (see docs/security.md), listen on a loopback address, or pass --insecure to run without", l.flag, l.addr)
+		}
 	}
 	return nil
 }

@@ -131,7 +131,7 @@ type Config struct {
 	// in the kernel's accept queue, unanswered, until one closes. Default
 	// 1024 (DefaultMaxConnections).
 	MaxConnections int
-	// MaxInflightBytes bounds the bytes of the decision and admin requests
+	// MaxInflightBytes bounds the bytes of the decision requests (native and Envoy)
 	// the node works on at once (as received, before decoding); past it a
 	// call waits up to BudgetWait (or its deadline), then is refused with
 	// RESOURCE_EXHAUSTED. It bounds the memory of the calls being worked
