@@ -111,6 +111,9 @@ func (n *nativeService) Routes(ctx context.Context, _ *sluicepb.RoutesRequest) (
 	}
 	version, routes := r.Routes()
 	resp := &sluicepb.RoutesResponse{Version: version, Node: s.cfg.NodeName, Members: make([]*sluicepb.RouteMember, len(routes))}
+	if m := r.Map(); m != nil {
+		resp.ClusterId = m.ClusterID
+	}
 	for i, x := range routes {
 		if x.Name == s.cfg.NodeName && x.Addr == "" {
 			x.Addr = s.grpcAddr()

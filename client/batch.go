@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
@@ -114,25 +113,16 @@ func (c *Client) send(batch []*call) {
 	if len(live) == 0 {
 		return
 	}
-	req := &sluicepb.CheckRequest{Checks: make([]*sluicepb.Check, len(live))}
-	pcs := make([]sluicepb.Check, len(live))
+	pcs := make([]*sluicepb.Check, len(live))
+	msgs := make([]sluicepb.Check, len(live))
 	for i, cl := range live {
-		req.Checks[i] = toProto(&cl.check, &pcs[i])
+		pcs[i] = toProto(&cl.check, &msgs[i])
 	}
+	out := make([]result, len(live))
 	ctx, cancel := context.WithDeadline(c.ctx, deadline)
-	resp, info, err := c.invoke(ctx, req)
+	c.sendParts(ctx, pcs, func(i int) string { return live[i].check.Key }, false, out)
 	cancel()
-	if err == nil && len(resp.Decisions) != len(live) {
-		err = fmt.Errorf("client: %d decisions for %d checks", len(resp.Decisions), len(live))
-	}
-	if err != nil && c.ctx.Err() != nil {
-		err = ErrClosed
-	}
 	for i, cl := range live {
-		if err != nil {
-			cl.reply <- result{err: err}
-		} else {
-			cl.reply <- result{dec: resp.Decisions[i], info: info}
-		}
+		cl.reply <- out[i]
 	}
 }

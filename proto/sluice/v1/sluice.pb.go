@@ -861,7 +861,10 @@ type RoutesResponse struct {
 	// their keys over (their keys wait for them).
 	Members []*RouteMember `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
 	// Name of the node that answered.
-	Node          string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	Node string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// The cluster's ID (empty for a single node): versions of two clusters
+	// do not compare.
+	ClusterId     string `protobuf:"bytes,4,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -913,6 +916,13 @@ func (x *RoutesResponse) GetMembers() []*RouteMember {
 func (x *RoutesResponse) GetNode() string {
 	if x != nil {
 		return x.Node
+	}
+	return ""
+}
+
+func (x *RoutesResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
 	}
 	return ""
 }
@@ -3820,11 +3830,13 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\vreset_after\x18\a \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"resetAfter\x12\x12\n" +
 	"\x04node\x18\b \x01(\tR\x04node\"\x0f\n" +
-	"\rRoutesRequest\"p\n" +
+	"\rRoutesRequest\"\x8f\x01\n" +
 	"\x0eRoutesResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\x04R\aversion\x120\n" +
 	"\amembers\x18\x02 \x03(\v2\x16.sluice.v1.RouteMemberR\amembers\x12\x12\n" +
-	"\x04node\x18\x03 \x01(\tR\x04node\"E\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x04 \x01(\tR\tclusterId\"E\n" +
 	"\vRouteMember\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x0e\n" +
