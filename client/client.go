@@ -206,7 +206,7 @@ type Client struct {
 // stats are the counters behind Stats.
 type stats struct {
 	checks, calls, batched, retries, cacheDenials, failures atomic.Uint64
-	routed, forwarded, routeViews                          atomic.Uint64
+	routed, forwarded, routeViews                           atomic.Uint64
 }
 
 // Stats counts what a Client did since New.
@@ -236,6 +236,10 @@ type Stats struct {
 	// RouteViews is the number of views of the members and the ownership
 	// the client installed (0 unless routing).
 	RouteViews uint64
+	// RoutesVersion is the version of the client's current view (the
+	// cluster map version of the membership change it reflects); 0 when
+	// it has none or does not route.
+	RoutesVersion uint64
 }
 
 // New returns a Client of cfg. It does not connect: the first call does,
@@ -384,6 +388,11 @@ func (c *Client) Stats() Stats {
 		Routed:       c.stats.routed.Load(),
 		Forwarded:    c.stats.forwarded.Load(),
 		RouteViews:   c.stats.routeViews.Load(),
+	}
+	if c.routes != nil {
+		if v := c.routes.view.Load(); v != nil {
+			s.RoutesVersion = v.version
+		}
 	}
 	if c.cache != nil {
 		s.CacheKeys = c.cache.len()
@@ -662,6 +671,13 @@ func (c *Client) sendParts(ctx context.Context, pcs []*sluicepb.Check, key func(
 func (c *Client) sendPart(ctx context.Context, p part, pcs []*sluicepb.Check, allOrNothing bool, out []result) {
 	req := &sluicepb.CheckRequest{Checks: pcs, AllOrNothing: allOrNothing}
 	resp, info, err := c.invoke(ctx, p, req)
+	if err != nil && p.routed && neverSent(err) && ctx.Err() == nil {
+		// The member could not be dialed (it stopped, or moved): nothing
+		// was sent, so the address given, whose node forwards, may have
+		// the checks instead; and the view is stale.
+		c.routes.stale()
+		resp, info, err = c.invoke(ctx, part{rl: c.rl}, req)
+	}
 	if err == nil && len(resp.Decisions) != len(pcs) {
 		err = fmt.Errorf("client: %d decisions for %d checks", len(resp.Decisions), len(pcs))
 	}
@@ -788,6 +804,15 @@ func moving(err error) bool {
 		return r == reasonMoving
 	}
 	return strings.HasPrefix(st.Message(), "cluster: ownership moving")
+}
+
+// neverSent reports whether err is gRPC's failure to connect, before the
+// call left: the node never saw it, so sending it elsewhere cannot count
+// its hits twice. Other failures of the connection (reset, closed while
+// the call was out) may come after the node decided, and are not retried.
+func neverSent(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unavailable && !fromNode(st) && strings.Contains(st.Message(), "while dialing")
 }
 
 // callInfo is what a call's decisions share.

@@ -330,6 +330,12 @@ func (r *router) seen(resp *sluicepb.CheckResponse) {
 	default:
 		return
 	}
+	r.stale()
+}
+
+// stale asks the loop for a refresh, as an answer that says the view is
+// stale does (at most one per routesGap).
+func (r *router) stale() {
 	select {
 	case r.kick <- struct{}{}:
 	default:
