@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -13,9 +14,14 @@ import (
 // routingClient returns a client of every node of tc, routing, whose view
 // is refreshed only when an answer asks for it (RoutesRefresh of an hour),
 // connected and holding a view of tc's current ownership.
-func routingClient(t *testing.T, tc *nodetest.Cluster) *client.Client {
+func routingClient(t *testing.T, tc *nodetest.Cluster, edit func(*client.Config)) *client.Client {
 	t.Helper()
-	c := newClient(t, tc.Addrs(), func(cfg *client.Config) { cfg.RoutesRefresh = time.Hour })
+	c := newClient(t, tc.Addrs(), func(cfg *client.Config) {
+		cfg.RoutesRefresh = time.Hour
+		if edit != nil {
+			edit(cfg)
+		}
+	})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := c.Connect(ctx); err != nil {
@@ -76,7 +82,7 @@ func forwarded(tc *nodetest.Cluster) float64 {
 // the first half reads is the one that would show a miss.
 func TestRoutingChecksReachOwners(t *testing.T) {
 	tc := nodetest.StartCluster(t, 3, nil)
-	c := routingClient(t, tc)
+	c := routingClient(t, tc, nil)
 	ctx := context.Background()
 	keys := make([]string, 300)
 	batch := make([]client.Check, len(keys))
@@ -143,7 +149,7 @@ func TestRoutingChecksReachOwners(t *testing.T) {
 // second check.
 func TestRoutingSplitsBatchInOrder(t *testing.T) {
 	tc := nodetest.StartCluster(t, 3, nil)
-	c := routingClient(t, tc)
+	c := routingClient(t, tc, nil)
 	// Four keys of each member, interleaved: a, b, c, a, b, c, ...
 	byOwner := map[string][]string{}
 	var members []string
@@ -240,7 +246,7 @@ func waitNoForwards(t *testing.T, tc *nodetest.Cluster, c *client.Client, prefix
 // reach their owners again.
 func TestRoutingStaleViewMemberAdded(t *testing.T) {
 	tc := nodetest.StartCluster(t, 3, nil)
-	c := routingClient(t, tc)
+	c := routingClient(t, tc, nil)
 	v0 := c.Stats().RoutesVersion
 
 	tc.Add()
@@ -262,7 +268,7 @@ func TestRoutingStaleViewMemberAdded(t *testing.T) {
 // client then refreshes its view and the checks reach their owners again.
 func TestRoutingStaleViewMemberRemoved(t *testing.T) {
 	tc := nodetest.StartCluster(t, 3, nil)
-	c := routingClient(t, tc)
+	c := routingClient(t, tc, nil)
 	v0 := c.Stats().RoutesVersion
 
 	left := tc.Nodes[2]
@@ -275,4 +281,64 @@ func TestRoutingStaleViewMemberRemoved(t *testing.T) {
 	if s := c.Stats(); s.Failures != 0 {
 		t.Errorf("Stats: %d failures; want none", s.Failures)
 	}
+}
+
+// TestRoutingExactWhileMembersChange: never more than a key's limit
+// allowed in its window, while a member joins under load from a routing
+// client whose view goes stale: 8 goroutines hit 16 keys limited to 20
+// an hour, from before the join until the client's view has caught up
+// with it; the decisions Sluice made allow exactly 20 per key (the
+// client's failure policy, which Sluice did not decide, is not counted).
+// The keys the new member takes must arrive there at their limit.
+func TestRoutingExactWhileMembersChange(t *testing.T) {
+	tc := nodetest.StartCluster(t, 3, nil)
+	// Without the denial cache, every check asks Sluice.
+	c := routingClient(t, tc, func(cfg *client.Config) { cfg.CacheSize = -1 })
+	v0 := c.Stats().RoutesVersion
+	const keys, limit, workers = 16, 20, 8
+	var mu sync.Mutex
+	allowed := make(map[string]int)
+	decided := make(map[string]int)
+	var failures []string
+	var wg sync.WaitGroup
+	stop := make(chan struct{})
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				key := fmt.Sprintf("exact:%d", (w+i)%keys)
+				d, err := c.Check(context.Background(), client.Check{Key: key, Limit: limit, Window: time.Hour})
+				mu.Lock()
+				if d.Source == client.SourceFailure {
+					if len(failures) < 3 {
+						failures = append(failures, err.Error())
+					}
+				} else {
+					decided[key]++
+					if d.Allowed {
+						allowed[key]++
+					}
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	tc.Add()
+	tc.WaitReady()
+	waitView(t, tc, c, v0)
+	close(stop)
+	wg.Wait()
+	for k := range keys {
+		key := fmt.Sprintf("exact:%d", k)
+		if allowed[key] > limit || allowed[key] < limit && len(failures) == 0 {
+			t.Errorf("key %q: %d allowed of %d decided; want %d", key, allowed[key], decided[key], limit)
+		}
+	}
+	t.Logf("stats: %+v; failures (first 3): %q", c.Stats(), failures)
 }
