@@ -29,17 +29,24 @@ func (r *Router) Routes() (uint64, []Route) {
 	if r.ctl == nil || own == nil {
 		return 0, []Route{{Name: r.cfg.Self, Up: true}}
 	}
-	c := own.cur
 	view := r.cfg.Membership.View()
+	return own.cur.id, own.cur.routes(func(name string) string {
+		if m, ok := view.Member(name); ok {
+			return m.GRPCAddr
+		}
+		return ""
+	})
+}
+
+// routes lists the configuration's ring as Routes does; addr gives a
+// member's address as gossip knows it now ("" when it does not), else
+// the map's is used.
+func (c *config) routes(addr func(string) string) []Route {
 	out := make([]Route, len(c.ring))
 	for i, name := range c.ring {
-		addr := c.members[name].Addrs.GRPC
-		if m, ok := view.Member(name); ok {
-			addr = cmp.Or(m.GRPCAddr, addr)
-		}
-		out[i] = Route{Name: name, Addr: addr, Up: c.up(name)}
+		out[i] = Route{Name: name, Addr: cmp.Or(addr(name), c.members[name].Addrs.GRPC), Up: c.up(name)}
 	}
-	return c.id, out
+	return out
 }
 
 // RoutesVersion returns the version of the ownership this node routes
