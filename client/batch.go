@@ -22,13 +22,39 @@ type result struct {
 	err  error
 }
 
-// batchLoop gathers the checks of concurrent Check calls into calls to
-// Sluice: it takes a call slot (at most MaxInFlight calls in flight), then
-// every check queued meanwhile, up to MaxBatch, waiting up to BatchWait
-// for more if the batch is not full, and sends them in one call on a
-// goroutine of their own. Under load, checks queue while the slots are
-// busy and batches grow; an idle client sends each check at once.
-func (c *Client) batchLoop() {
+// lane is the way to one node: the checks of Check calls queued for it,
+// and its call slots. A client that does not route has one lane, to the
+// address given (the seed lane); one that routes has a lane per member
+// besides, so that each node's checks are coalesced into calls of their
+// own, as many in flight to each node as Config.MaxInFlight.
+type lane struct {
+	rl     sluicepb.RateLimitServiceClient
+	routed bool // a member's lane, not the seed's
+	queue  chan *call
+	slots  chan struct{}
+	// stop is closed when a member's lane retires (the member left the
+	// view long ago); nil for the seed lane, which lasts until Close.
+	stop chan struct{}
+}
+
+func (c *Client) newLane(rl sluicepb.RateLimitServiceClient, routed bool) *lane {
+	l := &lane{rl: rl, routed: routed, queue: make(chan *call, c.cfg.MaxBatch*c.cfg.MaxInFlight*2),
+		slots: make(chan struct{}, c.cfg.MaxInFlight)}
+	if routed {
+		l.stop = make(chan struct{})
+	}
+	return l
+}
+
+// batchLoop gathers the checks of concurrent Check calls queued on l into
+// calls to l's node: it takes a call slot (at most MaxInFlight calls in
+// flight), then every check queued meanwhile, up to MaxBatch, waiting up
+// to BatchWait for more if the batch is not full, and sends them in one
+// call on a goroutine of their own. Under load, checks queue while the
+// slots are busy and batches grow; an idle client sends each check at
+// once. It returns when the client closes, or when l retires (its
+// queued checks then go to the seed lane).
+func (c *Client) batchLoop(l *lane) {
 	defer c.wg.Done()
 	var timer *time.Timer
 	if c.cfg.BatchWait > 0 {
@@ -38,24 +64,27 @@ func (c *Client) batchLoop() {
 	for {
 		var first *call
 		select {
-		case first = <-c.queue:
+		case first = <-l.queue:
 		case <-c.done:
-			c.drain()
+			c.drain(l)
+			return
+		case <-l.stop:
+			c.handOver(l)
 			return
 		}
 		select {
-		case c.slots <- struct{}{}:
+		case l.slots <- struct{}{}:
 		case <-c.done:
 			first.reply <- result{err: ErrClosed}
-			c.drain()
+			c.drain(l)
 			return
 		}
-		batch := make([]*call, 1, min(c.cfg.MaxBatch, 1+len(c.queue)))
+		batch := make([]*call, 1, min(c.cfg.MaxBatch, 1+len(l.queue)))
 		batch[0] = first
 	drain:
 		for len(batch) < c.cfg.MaxBatch {
 			select {
-			case cl := <-c.queue:
+			case cl := <-l.queue:
 				batch = append(batch, cl)
 			default:
 				break drain
@@ -66,7 +95,7 @@ func (c *Client) batchLoop() {
 		wait:
 			for len(batch) < c.cfg.MaxBatch {
 				select {
-				case cl := <-c.queue:
+				case cl := <-l.queue:
 					batch = append(batch, cl)
 				case <-timer.C:
 					break wait
@@ -75,15 +104,15 @@ func (c *Client) batchLoop() {
 			timer.Stop()
 		}
 		c.wg.Add(1)
-		go c.send(batch)
+		go c.send(l, batch)
 	}
 }
 
-// drain fails the calls still queued when the client closes.
-func (c *Client) drain() {
+// drain fails the calls still queued on l when the client closes.
+func (c *Client) drain(l *lane) {
 	for {
 		select {
-		case cl := <-c.queue:
+		case cl := <-l.queue:
 			cl.reply <- result{err: ErrClosed}
 		default:
 			return
@@ -91,12 +120,31 @@ func (c *Client) drain() {
 	}
 }
 
-// send makes one call of the batch's checks, under the latest of their
-// deadlines (each caller stops waiting at its own), and answers each.
-// Calls whose deadline already passed are left out.
-func (c *Client) send(batch []*call) {
+// handOver moves the calls still queued on a retiring lane to the seed
+// lane, whose node forwards them; a call that does not fit there fails
+// with ErrClosed. (A lane retires a minute after its member left the
+// view: by then nothing should be queued on it.)
+func (c *Client) handOver(l *lane) {
+	for {
+		select {
+		case cl := <-l.queue:
+			select {
+			case c.seed.queue <- cl:
+			default:
+				cl.reply <- result{err: ErrClosed}
+			}
+		default:
+			return
+		}
+	}
+}
+
+// send makes one call to l's node of the batch's checks, under the latest
+// of their deadlines (each caller stops waiting at its own), and answers
+// each. Calls whose deadline already passed are left out.
+func (c *Client) send(l *lane, batch []*call) {
 	defer c.wg.Done()
-	defer func() { <-c.slots }()
+	defer func() { <-l.slots }()
 	now := time.Now()
 	live := batch[:0]
 	var deadline time.Time
@@ -120,7 +168,7 @@ func (c *Client) send(batch []*call) {
 	}
 	out := make([]result, len(live))
 	ctx, cancel := context.WithDeadline(c.ctx, deadline)
-	c.sendParts(ctx, pcs, func(i int) string { return live[i].check.Key }, false, out)
+	c.sendPart(ctx, part{rl: l.rl, routed: l.routed}, pcs, false, out)
 	cancel()
 	for i, cl := range live {
 		cl.reply <- out[i]

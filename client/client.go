@@ -182,8 +182,8 @@ type Client struct {
 	now    func() time.Time
 	log    *slog.Logger
 
-	queue chan *call
-	slots chan struct{}
+	// seed is the lane to the address given (Addr or Conn).
+	seed *lane
 
 	ctx    context.Context // canceled by Close: cuts calls in flight
 	cancel context.CancelFunc
@@ -294,12 +294,11 @@ func New(cfg Config) (*Client, error) {
 	if cfg.CacheSize > 0 {
 		c.cache = newDenialCache(cfg.CacheSize, c.now)
 	}
-	c.queue = make(chan *call, cfg.MaxBatch*cfg.MaxInFlight*2)
-	c.slots = make(chan struct{}, cfg.MaxInFlight)
+	c.seed = c.newLane(c.rl, false)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.done = make(chan struct{})
 	c.wg.Add(1)
-	go c.batchLoop()
+	go c.batchLoop(c.seed)
 	if cfg.Routing == RoutingOn || cfg.Routing == RoutingAuto && len(addrs) > 1 {
 		c.routes = newRouter(c)
 		c.wg.Add(1)
@@ -461,17 +460,21 @@ func (c *Client) Check(ctx context.Context, ch Check, opts ...Option) (Decision,
 	// BatchWait asked for), send the check at once from this goroutine,
 	// sparing the hand-offs to the batcher. Under load the slots are busy
 	// and checks queue up into batches.
+	l := c.seed
+	if c.routes != nil {
+		l = c.routes.lane(ch.Key)
+	}
 	select {
-	case c.slots <- struct{}{}:
-		if len(c.queue) == 0 && c.cfg.BatchWait == 0 {
-			res, err := c.direct(ctx, []Check{ch}, s.deadline, false)
-			<-c.slots
-			if err == nil {
-				return c.decided(&ch, res[0].dec, &res[0].info), nil
+	case l.slots <- struct{}{}:
+		if len(l.queue) == 0 && c.cfg.BatchWait == 0 {
+			r := c.sendOne(ctx, l, &ch, s.deadline)
+			<-l.slots
+			if r.err == nil {
+				return c.decided(&ch, r.dec, &r.info), nil
 			}
-			return c.failed(&ch, s.policy, err), fmt.Errorf("client: check %s: %w", quoteKey(ch.Key), err)
+			return c.failed(&ch, s.policy, r.err), fmt.Errorf("client: check %s: %w", quoteKey(ch.Key), r.err)
 		}
-		<-c.slots
+		<-l.slots
 	default:
 	}
 	cl := &call{check: ch, deadline: s.deadline, reply: make(chan result, 1)}
@@ -479,7 +482,7 @@ func (c *Client) Check(ctx context.Context, ch Check, opts ...Option) (Decision,
 	defer timer.Stop()
 	var err error
 	select {
-	case c.queue <- cl:
+	case l.queue <- cl:
 		select {
 		case r := <-cl.reply:
 			if r.err == nil {
@@ -618,6 +621,24 @@ func (c *Client) direct(ctx context.Context, checks []Check, deadline time.Time,
 		}
 	}
 	return out, nil
+}
+
+// sendOne sends one check to l's node in a call of its own, on the
+// caller's goroutine, under deadline; Close cuts it.
+func (c *Client) sendOne(ctx context.Context, l *lane, ch *Check, deadline time.Time) result {
+	select {
+	case <-c.done:
+		return result{err: ErrClosed}
+	default:
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	stop := context.AfterFunc(c.ctx, cancel)
+	defer stop()
+	var msg sluicepb.Check
+	out := make([]result, 1)
+	c.sendPart(ctx, part{rl: l.rl, routed: l.routed}, []*sluicepb.Check{toProto(ch, &msg)}, false, out)
+	return out[0]
 }
 
 // sendParts decides the checks pcs, whose keys key gives, and writes each

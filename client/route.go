@@ -100,16 +100,16 @@ type router struct {
 	retired []retiredConn
 }
 
-// memberConn is the connection to one member.
+// memberConn is the connection to one member, and its lane.
 type memberConn struct {
 	name string
 	addr string
 	cc   *grpc.ClientConn
-	rl   sluicepb.RateLimitServiceClient
+	lane *lane
 }
 
 type retiredConn struct {
-	cc *grpc.ClientConn
+	mc *memberConn
 	at time.Time
 }
 
@@ -195,7 +195,7 @@ func (r *router) refresh() {
 	if v := r.view.Load(); v != nil {
 		for i, mc := range v.conns {
 			if mc != nil && v.up[i] {
-				clients = append(clients, mc.rl)
+				clients = append(clients, mc.lane.rl)
 			}
 		}
 	}
@@ -261,13 +261,14 @@ func (r *router) install(resp *sluicepb.RoutesResponse) {
 	for addr, mc := range r.conns {
 		if !keep[addr] {
 			delete(r.conns, addr)
-			r.retired = append(r.retired, retiredConn{cc: mc.cc, at: now})
+			r.retired = append(r.retired, retiredConn{mc: mc, at: now})
 		}
 	}
 	live := r.retired[:0]
 	for _, rc := range r.retired {
 		if now.Sub(rc.at) > retireAfter {
-			rc.cc.Close()
+			close(rc.mc.lane.stop)
+			rc.mc.cc.Close()
 		} else {
 			live = append(live, rc)
 		}
@@ -288,7 +289,10 @@ func (r *router) dial(name, addr string) *memberConn {
 		return nil
 	}
 	cc.Connect()
-	return &memberConn{name: name, addr: addr, cc: cc, rl: sluicepb.NewRateLimitServiceClient(cc)}
+	mc := &memberConn{name: name, addr: addr, cc: cc, lane: c.newLane(sluicepb.NewRateLimitServiceClient(cc), true)}
+	c.wg.Add(1) // the refresh loop holds one: Close waits for both
+	go c.batchLoop(mc.lane)
+	return mc
 }
 
 // closeAll closes every member connection; the client is closing.
@@ -300,7 +304,7 @@ func (r *router) closeAll() {
 		delete(r.conns, addr)
 	}
 	for _, rc := range r.retired {
-		rc.cc.Close()
+		rc.mc.cc.Close()
 	}
 	r.retired = nil
 }
@@ -393,21 +397,38 @@ func (r *router) split(n int, key func(int) string) []part {
 	return parts
 }
 
-// target returns the part of member m: its connection if it is ready,
-// else the seed's (a connection that is still connecting, or failing,
-// would only delay the checks; the seed's node forwards them).
+// target returns the part of member m: to its node if its connection is
+// ready, else to the seed's (a connection that is still connecting, or
+// failing, would only delay the checks; the seed's node forwards them).
 func (r *router) target(v *routeView, m int) part {
+	l := r.laneOf(v, m)
+	return part{rl: l.rl, routed: l.routed}
+}
+
+// laneOf returns member m's lane if its connection is ready, else the
+// seed lane.
+func (r *router) laneOf(v *routeView, m int) *lane {
 	if m < 0 || v.conns[m] == nil {
-		return part{rl: r.c.rl}
+		return r.c.seed
 	}
 	mc := v.conns[m]
 	switch mc.cc.GetState() {
 	case connectivity.Ready:
-		return part{rl: mc.rl, routed: true}
+		return mc.lane
 	case connectivity.Idle:
 		mc.cc.Connect()
 	}
-	return part{rl: r.c.rl}
+	return r.c.seed
+}
+
+// lane returns the lane of the member acting for key (see laneOf); the
+// seed lane without a view.
+func (r *router) lane(key string) *lane {
+	v := r.view.Load()
+	if v == nil || r.off.Load() {
+		return r.c.seed
+	}
+	return r.laneOf(v, v.acting(key))
 }
 
 // majority returns the connection the most of n checks go to, for a call
