@@ -22,24 +22,26 @@ type result struct {
 	err  error
 }
 
-// lane is the way to one node: the checks of Check calls queued for it,
-// and its call slots. A client that does not route has one lane, to the
-// address given (the seed lane); one that routes has a lane per member
-// besides, so that each node's checks are coalesced into calls of their
-// own, as many in flight to each node as Config.MaxInFlight.
+// lane is the way to one node: the checks of Check calls queued for it.
+// A client that does not route has one lane, to the address given (the
+// seed lane); one that routes has a lane per member besides, so that each
+// node's checks are coalesced into calls of their own. The lanes share
+// the client's call slots (Config.MaxInFlight calls in flight in all):
+// checks queue while the slots are busy, whichever node they go to, so
+// that a routing client's calls carry batches as large as one that sends
+// everything to one node.
 type lane struct {
 	rl     sluicepb.RateLimitServiceClient
 	routed bool // a member's lane, not the seed's
 	queue  chan *call
-	slots  chan struct{}
+	slots  chan struct{} // the client's
 	// stop is closed when a member's lane retires (the member left the
 	// view long ago); nil for the seed lane, which lasts until Close.
 	stop chan struct{}
 }
 
 func (c *Client) newLane(rl sluicepb.RateLimitServiceClient, routed bool) *lane {
-	l := &lane{rl: rl, routed: routed, queue: make(chan *call, c.cfg.MaxBatch*c.cfg.MaxInFlight*2),
-		slots: make(chan struct{}, c.cfg.MaxInFlight)}
+	l := &lane{rl: rl, routed: routed, queue: make(chan *call, c.cfg.MaxBatch*c.cfg.MaxInFlight*2), slots: c.slots}
 	if routed {
 		l.stop = make(chan struct{})
 	}

@@ -184,6 +184,8 @@ type Client struct {
 
 	// seed is the lane to the address given (Addr or Conn).
 	seed *lane
+	// slots hold one token per coalesced call in flight, on any lane.
+	slots chan struct{}
 
 	ctx    context.Context // canceled by Close: cuts calls in flight
 	cancel context.CancelFunc
@@ -294,6 +296,7 @@ func New(cfg Config) (*Client, error) {
 	if cfg.CacheSize > 0 {
 		c.cache = newDenialCache(cfg.CacheSize, c.now)
 	}
+	c.slots = make(chan struct{}, cfg.MaxInFlight)
 	c.seed = c.newLane(c.rl, false)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.done = make(chan struct{})
