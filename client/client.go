@@ -103,9 +103,9 @@ type Config struct {
 	// (MaxInFlight) were busy, so that batches grow with the load and an
 	// idle client adds no delay.
 	BatchWait time.Duration
-	// MaxInFlight is the most coalesced calls in flight at once; checks
-	// made while all of them are busy wait for the next call. Default
-	// DefaultMaxInFlight (4).
+	// MaxInFlight is the most coalesced calls in flight at once (over all
+	// nodes, when routing); checks made while all of them are busy wait
+	// for the next call. Default DefaultMaxInFlight (4).
 	MaxInFlight int
 	// CacheSize is the most keys the local denial cache holds (about;
 	// when full, entries are evicted, expired ones first). Default
