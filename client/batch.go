@@ -7,14 +7,24 @@ import (
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
-// call is one Check waiting for its decision.
+// call is checks waiting for their decisions: one Check's, or the part
+// of a CheckEach for one node, which stays in one call to it.
 type call struct {
-	check    Check
+	checks   []Check
 	deadline time.Time
-	reply    chan result // capacity 1: the sender never blocks
+	reply    chan []result // capacity 1: the sender never blocks
 }
 
-// result is the answer to a call: Sluice's decision, or the error of the
+// fail answers every check of cl with err.
+func (cl *call) fail(err error) {
+	out := make([]result, len(cl.checks))
+	for i := range out {
+		out[i].err = err
+	}
+	cl.reply <- out
+}
+
+// result is the answer to a check: Sluice's decision, or the error of the
 // call that carried it.
 type result struct {
 	dec  *sluicepb.Decision
@@ -48,14 +58,15 @@ func (c *Client) newLane(rl sluicepb.RateLimitServiceClient, routed bool) *lane 
 	return l
 }
 
-// batchLoop gathers the checks of concurrent Check calls queued on l into
-// calls to l's node: it takes a call slot (at most MaxInFlight calls in
-// flight), then every check queued meanwhile, up to MaxBatch, waiting up
-// to BatchWait for more if the batch is not full, and sends them in one
-// call on a goroutine of their own. Under load, checks queue while the
-// slots are busy and batches grow; an idle client sends each check at
-// once. It returns when the client closes, or when l retires (its
-// queued checks then go to the seed lane).
+// batchLoop gathers the checks of concurrent Check and CheckEach calls
+// queued on l into calls to l's node: it takes a call slot (at most
+// MaxInFlight calls in flight), then every check queued meanwhile, up to
+// MaxBatch (a CheckEach part that would not fit waits for the next call,
+// unless it is alone), waiting up to BatchWait for more if the batch is
+// not full, and sends them in one call on a goroutine of their own. Under
+// load, checks queue while the slots are busy and batches grow; an idle
+// client sends each check at once. It returns when the client closes, or
+// when l retires (its queued checks then go to the seed lane).
 func (c *Client) batchLoop(l *lane) {
 	defer c.wg.Done()
 	var timer *time.Timer
@@ -63,42 +74,60 @@ func (c *Client) batchLoop(l *lane) {
 		timer = time.NewTimer(time.Hour)
 		timer.Stop()
 	}
+	var next *call // taken from the queue, too large for the last batch
 	for {
-		var first *call
-		select {
-		case first = <-l.queue:
-		case <-c.done:
-			c.drain(l)
-			return
-		case <-l.stop:
-			c.handOver(l)
-			return
+		first := next
+		next = nil
+		if first == nil {
+			select {
+			case first = <-l.queue:
+			case <-c.done:
+				c.drain(l)
+				return
+			case <-l.stop:
+				c.handOver(l)
+				return
+			}
 		}
 		select {
 		case l.slots <- struct{}{}:
 		case <-c.done:
-			first.reply <- result{err: ErrClosed}
+			first.fail(ErrClosed)
 			c.drain(l)
 			return
 		}
 		batch := make([]*call, 1, min(c.cfg.MaxBatch, 1+len(l.queue)))
 		batch[0] = first
+		n := len(first.checks)
+		add := func(cl *call) bool {
+			if n+len(cl.checks) > c.cfg.MaxBatch {
+				next = cl
+				return false
+			}
+			batch = append(batch, cl)
+			n += len(cl.checks)
+			return true
+		}
 	drain:
-		for len(batch) < c.cfg.MaxBatch {
+		for n < c.cfg.MaxBatch {
 			select {
 			case cl := <-l.queue:
-				batch = append(batch, cl)
+				if !add(cl) {
+					break drain
+				}
 			default:
 				break drain
 			}
 		}
-		if timer != nil && len(batch) < c.cfg.MaxBatch {
+		if timer != nil && n < c.cfg.MaxBatch && next == nil {
 			timer.Reset(c.cfg.BatchWait)
 		wait:
-			for len(batch) < c.cfg.MaxBatch {
+			for n < c.cfg.MaxBatch {
 				select {
 				case cl := <-l.queue:
-					batch = append(batch, cl)
+					if !add(cl) {
+						break wait
+					}
 				case <-timer.C:
 					break wait
 				}
@@ -106,7 +135,7 @@ func (c *Client) batchLoop(l *lane) {
 			timer.Stop()
 		}
 		c.wg.Add(1)
-		go c.send(l, batch)
+		go c.send(l, batch, n)
 	}
 }
 
@@ -115,7 +144,7 @@ func (c *Client) drain(l *lane) {
 	for {
 		select {
 		case cl := <-l.queue:
-			cl.reply <- result{err: ErrClosed}
+			cl.fail(ErrClosed)
 		default:
 			return
 		}
@@ -133,7 +162,7 @@ func (c *Client) handOver(l *lane) {
 			select {
 			case c.seed.queue <- cl:
 			default:
-				cl.reply <- result{err: ErrClosed}
+				cl.fail(ErrClosed)
 			}
 		default:
 			return
@@ -141,10 +170,10 @@ func (c *Client) handOver(l *lane) {
 	}
 }
 
-// send makes one call to l's node of the batch's checks, under the latest
-// of their deadlines (each caller stops waiting at its own), and answers
-// each. Calls whose deadline already passed are left out.
-func (c *Client) send(l *lane, batch []*call) {
+// send makes one call to l's node of the batch's n checks, under the
+// latest of their deadlines (each caller stops waiting at its own), and
+// answers each. Calls whose deadline already passed are left out.
+func (c *Client) send(l *lane, batch []*call, n int) {
 	defer c.wg.Done()
 	defer func() { <-l.slots }()
 	now := time.Now()
@@ -152,7 +181,8 @@ func (c *Client) send(l *lane, batch []*call) {
 	var deadline time.Time
 	for _, cl := range batch {
 		if !cl.deadline.After(now) {
-			cl.reply <- result{err: context.DeadlineExceeded}
+			cl.fail(context.DeadlineExceeded)
+			n -= len(cl.checks)
 			continue
 		}
 		live = append(live, cl)
@@ -163,16 +193,20 @@ func (c *Client) send(l *lane, batch []*call) {
 	if len(live) == 0 {
 		return
 	}
-	pcs := make([]*sluicepb.Check, len(live))
-	msgs := make([]sluicepb.Check, len(live))
-	for i, cl := range live {
-		pcs[i] = toProto(&cl.check, &msgs[i])
+	pcs := make([]*sluicepb.Check, 0, n)
+	msgs := make([]sluicepb.Check, n)
+	for _, cl := range live {
+		for i := range cl.checks {
+			pcs = append(pcs, toProto(&cl.checks[i], &msgs[len(pcs)]))
+		}
 	}
-	out := make([]result, len(live))
+	out := make([]result, n)
 	ctx, cancel := context.WithDeadline(c.ctx, deadline)
-	c.sendPart(ctx, part{rl: l.rl, routed: l.routed}, pcs, false, out)
+	c.sendPart(ctx, l, pcs, false, out)
 	cancel()
-	for i, cl := range live {
-		cl.reply <- out[i]
+	off := 0
+	for _, cl := range live {
+		cl.reply <- out[off : off+len(cl.checks) : off+len(cl.checks)]
+		off += len(cl.checks)
 	}
 }

@@ -480,33 +480,44 @@ func (c *Client) Check(ctx context.Context, ch Check, opts ...Option) (Decision,
 		<-l.slots
 	default:
 	}
-	cl := &call{check: ch, deadline: s.deadline, reply: make(chan result, 1)}
+	cl := &call{checks: []Check{ch}, deadline: s.deadline, reply: make(chan []result, 1)}
 	timer := time.NewTimer(time.Until(s.deadline))
 	defer timer.Stop()
+	r := c.enqueue(ctx, l, cl, timer.C)
+	if r[0].err == nil {
+		return c.decided(&ch, r[0].dec, &r[0].info), nil
+	}
+	return c.failed(&ch, s.policy, r[0].err), fmt.Errorf("client: check %s: %w", quoteKey(ch.Key), r[0].err)
+}
+
+// enqueue queues cl on l and waits for its results, until timeout fires,
+// ctx ends or the client closes (then every check of cl gets that error).
+func (c *Client) enqueue(ctx context.Context, l *lane, cl *call, timeout <-chan time.Time) []result {
 	var err error
 	select {
 	case l.queue <- cl:
 		select {
 		case r := <-cl.reply:
-			if r.err == nil {
-				return c.decided(&ch, r.dec, &r.info), nil
-			}
-			err = r.err
-		case <-timer.C:
+			return r
+		case <-timeout:
 			err = context.DeadlineExceeded
 		case <-ctx.Done():
 			err = ctx.Err()
 		case <-c.done:
 			err = ErrClosed
 		}
-	case <-timer.C:
+	case <-timeout:
 		err = context.DeadlineExceeded
 	case <-ctx.Done():
 		err = ctx.Err()
 	case <-c.done:
 		err = ErrClosed
 	}
-	return c.failed(&ch, s.policy, err), fmt.Errorf("client: check %s: %w", quoteKey(ch.Key), err)
+	out := make([]result, len(cl.checks))
+	for i := range out {
+		out[i].err = err
+	}
+	return out
 }
 
 // CheckAll decides checks together, all or nothing: their hits are
@@ -555,13 +566,16 @@ func (c *Client) CheckAll(ctx context.Context, checks []Check, opts ...Option) (
 	return out, nil
 }
 
-// CheckEach decides checks each on its own, as if each were sent by
-// Check, in as few calls as it can: one per node when the client routes
-// (the calls go out in parallel and the decisions come back in the order
-// of checks), else one. It is not coalesced with other callers' checks,
-// and it does not use the local denial cache. A check whose call failed
-// gets its failure policy; err then says what went wrong for the first of
-// them, and the others' decisions stand.
+// CheckEach decides checks each on its own, as Check would, and returns
+// their decisions in the order of checks. They are coalesced with the
+// checks of concurrent callers (Check's and CheckEach's) into calls of up
+// to Config.MaxBatch checks; when the client routes, the checks of each
+// node go to that node, in parallel. The checks of one node stay in one
+// call, in order, so that a key checked twice in checks sees its first
+// check in its second (a part larger than Config.MaxBatch goes alone).
+// CheckEach does not use the local denial cache. A check whose call failed gets its
+// failure policy; err then says what went wrong for the first of them,
+// and the others' decisions stand.
 func (c *Client) CheckEach(ctx context.Context, checks []Check, opts ...Option) ([]Decision, error) {
 	c.stats.checks.Add(uint64(len(checks)))
 	out := make([]Decision, len(checks))
@@ -576,7 +590,33 @@ func (c *Client) CheckEach(ctx context.Context, checks []Check, opts ...Option) 
 			}
 		}
 	}
-	res, err := c.direct(ctx, checks, s.deadline, false)
+	var parts []part
+	if c.routes != nil {
+		parts = c.routes.split(len(checks), func(i int) string { return checks[i].Key })
+	} else {
+		parts = []part{{l: c.seed}}
+	}
+	timer := time.NewTimer(time.Until(s.deadline))
+	defer timer.Stop()
+	res := make([]result, len(checks))
+	if len(parts) == 1 {
+		copy(res, c.enqueue(ctx, parts[0].l, &call{checks: checks, deadline: s.deadline, reply: make(chan []result, 1)}, timer.C))
+	} else {
+		var wg sync.WaitGroup
+		for _, p := range parts {
+			sub := make([]Check, len(p.idx))
+			for j, i := range p.idx {
+				sub[j] = checks[i]
+			}
+			wg.Go(func() {
+				r := c.enqueue(ctx, p.l, &call{checks: sub, deadline: s.deadline, reply: make(chan []result, 1)}, timer.C)
+				for j, i := range p.idx {
+					res[i] = r[j]
+				}
+			})
+		}
+		wg.Wait()
+	}
 	var first error
 	for i := range checks {
 		if res[i].err != nil {
@@ -587,9 +627,6 @@ func (c *Client) CheckEach(ctx context.Context, checks []Check, opts ...Option) 
 			continue
 		}
 		out[i] = c.decided(&checks[i], res[i].dec, &res[i].info)
-	}
-	if first == nil && err != nil {
-		first = err
 	}
 	return out, first
 }
@@ -640,7 +677,7 @@ func (c *Client) sendOne(ctx context.Context, l *lane, ch *Check, deadline time.
 	defer stop()
 	var msg sluicepb.Check
 	out := make([]result, 1)
-	c.sendPart(ctx, part{rl: l.rl, routed: l.routed}, []*sluicepb.Check{toProto(ch, &msg)}, false, out)
+	c.sendPart(ctx, l, []*sluicepb.Check{toProto(ch, &msg)}, false, out)
 	return out[0]
 }
 
@@ -654,14 +691,14 @@ func (c *Client) sendParts(ctx context.Context, pcs []*sluicepb.Check, key func(
 	var parts []part
 	switch {
 	case c.routes == nil:
-		parts = []part{{rl: c.rl}}
+		parts = []part{{l: c.seed}}
 	case allOrNothing:
 		parts = []part{c.routes.majority(len(pcs), key)}
 	default:
 		parts = c.routes.split(len(pcs), key)
 	}
 	if len(parts) == 1 {
-		c.sendPart(ctx, parts[0], pcs, allOrNothing, out)
+		c.sendPart(ctx, parts[0].l, pcs, allOrNothing, out)
 		return
 	}
 	var wg sync.WaitGroup
@@ -672,7 +709,7 @@ func (c *Client) sendParts(ctx context.Context, pcs []*sluicepb.Check, key func(
 				sub[j] = pcs[i]
 			}
 			res := make([]result, len(p.idx))
-			c.sendPart(ctx, p, sub, false, res)
+			c.sendPart(ctx, p.l, sub, false, res)
 			for j, i := range p.idx {
 				out[i] = res[j]
 			}
@@ -690,17 +727,17 @@ func (c *Client) sendParts(ctx context.Context, pcs []*sluicepb.Check, key func(
 	wg.Wait()
 }
 
-// sendPart makes the call of one part and writes each check's result
-// into out.
-func (c *Client) sendPart(ctx context.Context, p part, pcs []*sluicepb.Check, allOrNothing bool, out []result) {
+// sendPart makes one call of the checks pcs to l's node and writes each
+// check's result into out.
+func (c *Client) sendPart(ctx context.Context, l *lane, pcs []*sluicepb.Check, allOrNothing bool, out []result) {
 	req := &sluicepb.CheckRequest{Checks: pcs, AllOrNothing: allOrNothing}
-	resp, info, err := c.invoke(ctx, p, req)
-	if err != nil && p.routed && neverSent(err) && ctx.Err() == nil {
+	resp, info, err := c.invoke(ctx, l, req)
+	if err != nil && l.routed && neverSent(err) && ctx.Err() == nil {
 		// The member could not be dialed (it stopped, or moved): nothing
 		// was sent, so the address given, whose node forwards, may have
 		// the checks instead; and the view is stale.
 		c.routes.stale()
-		resp, info, err = c.invoke(ctx, part{rl: c.rl}, req)
+		resp, info, err = c.invoke(ctx, c.seed, req)
 	}
 	if err == nil && len(resp.Decisions) != len(pcs) {
 		err = fmt.Errorf("client: %d decisions for %d checks", len(resp.Decisions), len(pcs))
@@ -846,15 +883,15 @@ type callInfo struct {
 	routes uint64    // the answer's routes_version: 0 from a single node
 }
 
-// invoke sends req to p's node, and sends it once more if the node
+// invoke sends req to l's node, and sends it once more if the node
 // answered that ownership of a key is moving and the deadline leaves time
 // for it. A routing client looks at the answer for signs that its view
 // is stale.
-func (c *Client) invoke(ctx context.Context, p part, req *sluicepb.CheckRequest) (*sluicepb.CheckResponse, callInfo, error) {
-	resp, info, err := c.invokeOnce(ctx, p.rl, req)
+func (c *Client) invoke(ctx context.Context, l *lane, req *sluicepb.CheckRequest) (*sluicepb.CheckResponse, callInfo, error) {
+	resp, info, err := c.invokeOnce(ctx, l.rl, req)
 	if err == nil {
 		info.routes = resp.RoutesVersion
-		if p.routed {
+		if l.routed {
 			c.stats.routed.Add(uint64(len(req.Checks)))
 		}
 		if c.routes != nil {

@@ -186,7 +186,7 @@ func (c *Client) wholeCall(checks []Check) sluicepb.RateLimitServiceClient {
 	if c.routes == nil {
 		return c.rl
 	}
-	return c.routes.majority(len(checks), func(i int) string { return checks[i].Key }).rl
+	return c.routes.majority(len(checks), func(i int) string { return checks[i].Key }).l.rl
 }
 
 // send makes one call of its own under deadline (Close cuts it), and once

@@ -346,11 +346,10 @@ func (r *router) stale() {
 	}
 }
 
-// part is the checks of a call that go to one node.
+// part is the checks of a call that go to one node, by its lane.
 type part struct {
-	rl     sluicepb.RateLimitServiceClient
-	idx    []int // indexes into the call's checks; nil means all of them
-	routed bool  // sent to the member the view names for them
+	l   *lane
+	idx []int // indexes into the call's checks; nil means all of them
 }
 
 // split groups n checks, whose keys key(i) gives, by the node each goes
@@ -361,7 +360,7 @@ type part struct {
 func (r *router) split(n int, key func(int) string) []part {
 	v := r.view.Load()
 	if v == nil || r.off.Load() {
-		return []part{{rl: r.c.rl}}
+		return []part{{l: r.c.seed}}
 	}
 	m0 := v.acting(key(0))
 	if n == 1 {
@@ -385,7 +384,7 @@ func (r *router) split(n int, key func(int) string) []part {
 		k := byMember[m+1]
 		if k == 0 {
 			p := r.target(v, m)
-			k = slices.IndexFunc(parts, func(q part) bool { return q.rl == p.rl }) + 1
+			k = slices.IndexFunc(parts, func(q part) bool { return q.l == p.l }) + 1
 			if k == 0 {
 				parts = append(parts, p)
 				k = len(parts)
@@ -401,8 +400,7 @@ func (r *router) split(n int, key func(int) string) []part {
 // ready, else to the seed's (a connection that is still connecting, or
 // failing, would only delay the checks; the seed's node forwards them).
 func (r *router) target(v *routeView, m int) part {
-	l := r.laneOf(v, m)
-	return part{rl: l.rl, routed: l.routed}
+	return part{l: r.laneOf(v, m)}
 }
 
 // laneOf returns member m's lane if its connection is ready, else the
