@@ -12,7 +12,8 @@
 # on a machine shared with other work the throughput moves with whatever else
 # runs, while the decisions per CPU-second of the nodes ("same CPU") move much
 # less. Then the medians per mode and the medians of the paired ratios
-# (routed / through one node) of each round.
+# (routed / through one node) of each round. What the client did (checks
+# routed, forwarded) goes to stderr after each run.
 #
 # Environment: SLUICE_CLUSTER_DIR and SLUICE_CLUSTER_PORT_BASE as for
 # scripts/cluster-up.sh (the nodes' pid files and gRPC ports).
@@ -61,6 +62,7 @@ run() { # round mode
     --concurrency "$conc" --batch "$batch" --keys "$keys" --duration "${secs}s" --warmup 1s -q -o json \
     >"$out/json" 2>"$out/err" || { cat "$out/err" >&2; exit 1; }
   after=$(node_cpu)
+  sed -n 's/^client: /  client (routing '"$mode"'): /p' "$out/err" >&2
   local dps p99 errs gen
   dps=$(grep -o '"decisions_per_s": *[0-9.e+]*' "$out/json" | awk '{print $2}')
   p99=$(grep -o '"p99_us": *[0-9.e+]*' "$out/json" | awk '{print $2 / 1000}')
