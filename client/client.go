@@ -539,12 +539,8 @@ func (c *Client) CheckAll(ctx context.Context, checks []Check, opts ...Option) (
 		return out, nil
 	}
 	s := c.settings(ctx, opts)
+	c.forgetRefunds(checks)
 	if c.cache != nil {
-		for i := range checks {
-			if checks[i].Refund {
-				c.cache.forget(checks[i].Key)
-			}
-		}
 		for i := range checks {
 			if d, ok := c.cache.lookup(&checks[i]); ok {
 				c.stats.cacheDenials.Add(uint64(len(checks)))
@@ -573,9 +569,9 @@ func (c *Client) CheckAll(ctx context.Context, checks []Check, opts ...Option) (
 // node go to that node, in parallel. The checks of one node stay in one
 // call, in order, so that a key checked twice in checks sees its first
 // check in its second (a part larger than Config.MaxBatch goes alone).
-// CheckEach does not use the local denial cache. A check whose call failed gets its
-// failure policy; err then says what went wrong for the first of them,
-// and the others' decisions stand.
+// CheckEach does not use the local denial cache. A check whose call
+// failed gets its failure policy; err then says what went wrong for the
+// first of them, and the others' decisions stand.
 func (c *Client) CheckEach(ctx context.Context, checks []Check, opts ...Option) ([]Decision, error) {
 	c.stats.checks.Add(uint64(len(checks)))
 	out := make([]Decision, len(checks))
@@ -583,13 +579,7 @@ func (c *Client) CheckEach(ctx context.Context, checks []Check, opts ...Option) 
 		return out, nil
 	}
 	s := c.settings(ctx, opts)
-	if c.cache != nil {
-		for i := range checks {
-			if checks[i].Refund {
-				c.cache.forget(checks[i].Key)
-			}
-		}
-	}
+	c.forgetRefunds(checks)
 	var parts []part
 	if c.routes != nil {
 		parts = c.routes.split(len(checks), func(i int) string { return checks[i].Key })
@@ -903,8 +893,9 @@ func (c *Client) invoke(ctx context.Context, l *lane, req *sluicepb.CheckRequest
 	return resp, info, err
 }
 
-// countForwarded counts the decisions of resp that were forwarded.
-func (c *Client) countForwarded(resp *sluicepb.CheckResponse) {
+// countForwarded counts the decisions of resp that were forwarded, and
+// returns how many.
+func (c *Client) countForwarded(resp *sluicepb.CheckResponse) int {
 	n := 0
 	for _, d := range resp.Decisions {
 		if d.Forwarded {
@@ -913,6 +904,20 @@ func (c *Client) countForwarded(resp *sluicepb.CheckResponse) {
 	}
 	if n > 0 {
 		c.stats.forwarded.Add(uint64(n))
+	}
+	return n
+}
+
+// forgetRefunds takes the keys of the refunds among checks out of the
+// denial cache.
+func (c *Client) forgetRefunds(checks []Check) {
+	if c.cache == nil {
+		return
+	}
+	for i := range checks {
+		if checks[i].Refund {
+			c.cache.forget(checks[i].Key)
+		}
 	}
 }
 

@@ -313,15 +313,7 @@ func (r *router) closeAll() {
 // version of the ownership, or checks the node had to forward. It asks
 // the loop for a refresh; it never blocks.
 func (r *router) seen(resp *sluicepb.CheckResponse) {
-	forwarded := 0
-	for _, d := range resp.Decisions {
-		if d.Forwarded {
-			forwarded++
-		}
-	}
-	if forwarded > 0 {
-		r.c.stats.forwarded.Add(uint64(forwarded))
-	}
+	forwarded := r.c.countForwarded(resp)
 	v := r.view.Load()
 	switch {
 	case resp.RoutesVersion != 0 && (v == nil || resp.RoutesVersion > v.version):
