@@ -60,7 +60,8 @@ type RateLimitServiceClient interface {
 	//
 	// Each check is decided by the node that owns its key: the node that
 	// receives the call forwards checks for other owners and gathers the
-	// answers, so a client may call any node.
+	// answers, so a client may call any node (or spare the forward by
+	// sending each check to its owner: see Routes).
 	//
 	// Errors (the call fails whole and nothing is recorded):
 	//   - INVALID_ARGUMENT: a check is malformed (empty or too long key, no
@@ -152,7 +153,8 @@ type RateLimitServiceServer interface {
 	//
 	// Each check is decided by the node that owns its key: the node that
 	// receives the call forwards checks for other owners and gathers the
-	// answers, so a client may call any node.
+	// answers, so a client may call any node (or spare the forward by
+	// sending each check to its owner: see Routes).
 	//
 	// Errors (the call fails whole and nothing is recorded):
 	//   - INVALID_ARGUMENT: a check is malformed (empty or too long key, no
