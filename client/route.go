@@ -106,6 +106,8 @@ type memberConn struct {
 	addr string
 	cc   *grpc.ClientConn
 	lane *lane
+	// warned is set once the client logged that it cannot connect.
+	warned atomic.Bool
 }
 
 type retiredConn struct {
@@ -407,6 +409,11 @@ func (r *router) laneOf(v *routeView, m int) *lane {
 		return mc.lane
 	case connectivity.Idle:
 		mc.cc.Connect()
+	case connectivity.TransientFailure:
+		if !mc.warned.Swap(true) {
+			r.c.log.Warn("client: cannot connect to a member; its keys go through the address given, which forwards them (is its address reachable from here, and does its certificate name it?)",
+				"member", mc.name, "addr", mc.addr)
+		}
 	}
 	return r.c.seed
 }
