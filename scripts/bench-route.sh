@@ -68,6 +68,9 @@ run() { # round mode
   p99=$(grep -o '"p99_us": *[0-9.e+]*' "$out/json" | awk '{print $2 / 1000}')
   errs=$(grep -o '"errors": *[0-9]*' "$out/json" | awk '{print $2}')
   gen=$(awk '{print $1 + $2}' "$out/time")
+  if [ "$errs" != 0 ]; then
+    grep -o '"first_error": *"[^"]*"' "$out/json" | sed 's/^/  /' >&2
+  fi
   # The node CPU covers the warmup too: scale the decisions to the whole run.
   awk -v r="$round" -v m="$mode" -v d="$dps" -v p="$p99" -v e="$errs" -v n="$(awk -v a="$after" -v b="$before" 'BEGIN{print a-b}')" \
     -v g="$gen" -v s="$secs" 'BEGIN {
