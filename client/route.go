@@ -73,8 +73,9 @@ const (
 	// forwardHintGap is the least time between two refreshes asked for by
 	// forwarded decisions alone (the answer's version being no newer).
 	forwardHintGap = time.Second
-	// retireAfter is how long the connection to a member that left the
-	// view stays open, for the calls still using it.
+	// retireAfter is how long, at least, the connection to a member that
+	// left the view stays open, for the calls still using it; it is
+	// closed when a later view is installed (or the client closes).
 	retireAfter = time.Minute
 )
 
@@ -249,7 +250,13 @@ func (r *router) install(resp *sluicepb.RoutesResponse) {
 		var mc *memberConn
 		if m.Addr != "" {
 			mc = r.conns[m.Addr]
-			if mc == nil || mc.name != m.Name {
+			if mc != nil && mc.name != m.Name {
+				// Another member took the address: a new connection.
+				r.retired = append(r.retired, retiredConn{mc: mc, at: time.Now()})
+				delete(r.conns, m.Addr)
+				mc = nil
+			}
+			if mc == nil {
 				mc = r.dial(m.Name, m.Addr)
 			}
 			if mc != nil {
