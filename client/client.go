@@ -480,19 +480,19 @@ func (c *Client) Check(ctx context.Context, ch Check, opts ...Option) (Decision,
 		<-l.slots
 	default:
 	}
-	cl := &call{checks: []Check{ch}, deadline: s.deadline, reply: make(chan []result, 1)}
-	timer := time.NewTimer(time.Until(s.deadline))
-	defer timer.Stop()
-	r := c.enqueue(ctx, l, cl, timer.C)
+	r := c.enqueue(ctx, l, &call{checks: []Check{ch}, deadline: s.deadline, reply: make(chan []result, 1)})
 	if r[0].err == nil {
 		return c.decided(&ch, r[0].dec, &r[0].info), nil
 	}
 	return c.failed(&ch, s.policy, r[0].err), fmt.Errorf("client: check %s: %w", quoteKey(ch.Key), r[0].err)
 }
 
-// enqueue queues cl on l and waits for its results, until timeout fires,
+// enqueue queues cl on l and waits for its results, until cl's deadline,
 // ctx ends or the client closes (then every check of cl gets that error).
-func (c *Client) enqueue(ctx context.Context, l *lane, cl *call, timeout <-chan time.Time) []result {
+func (c *Client) enqueue(ctx context.Context, l *lane, cl *call) []result {
+	timer := time.NewTimer(time.Until(cl.deadline))
+	defer timer.Stop()
+	timeout := timer.C
 	var err error
 	select {
 	case l.queue <- cl:
@@ -586,11 +586,9 @@ func (c *Client) CheckEach(ctx context.Context, checks []Check, opts ...Option) 
 	} else {
 		parts = []part{{l: c.seed}}
 	}
-	timer := time.NewTimer(time.Until(s.deadline))
-	defer timer.Stop()
 	res := make([]result, len(checks))
 	if len(parts) == 1 {
-		copy(res, c.enqueue(ctx, parts[0].l, &call{checks: checks, deadline: s.deadline, reply: make(chan []result, 1)}, timer.C))
+		copy(res, c.enqueue(ctx, parts[0].l, &call{checks: checks, deadline: s.deadline, reply: make(chan []result, 1)}))
 	} else {
 		var wg sync.WaitGroup
 		for _, p := range parts {
@@ -599,7 +597,7 @@ func (c *Client) CheckEach(ctx context.Context, checks []Check, opts ...Option) 
 				sub[j] = checks[i]
 			}
 			wg.Go(func() {
-				r := c.enqueue(ctx, p.l, &call{checks: sub, deadline: s.deadline, reply: make(chan []result, 1)}, timer.C)
+				r := c.enqueue(ctx, p.l, &call{checks: sub, deadline: s.deadline, reply: make(chan []result, 1)})
 				for j, i := range p.idx {
 					res[i] = r[j]
 				}
