@@ -66,13 +66,14 @@
 // # Batching
 //
 // Batches are where Sluice is fastest: one call decides many checks at
-// the cost of about one. Check coalesces the checks of concurrent callers:
-// at most Config.MaxInFlight calls are in flight, and the checks made
-// while they are busy leave together in the next call (to their node,
-// when the client routes), up to Config.MaxBatch of them. An idle client sends each check at once; a busy
-// one sends larger batches. Config.BatchWait makes a call wait a little
-// for more checks even when a slot is free. Each check of a coalesced call
-// is decided on its own; CheckAll sends its checks in a call of their own,
+// the cost of about one. Check (and CheckEach) coalesces the checks of
+// concurrent callers: at most Config.MaxInFlight calls are in flight, and
+// the checks made while they are busy leave together in the next call (to
+// their node, when the client routes), up to Config.MaxBatch of them. An
+// idle client sends each check at once; a busy one sends larger batches.
+// Config.BatchWait makes a call wait a little for more checks even when a
+// slot is free. Each check of a coalesced call is decided on its own;
+// CheckAll sends its checks in a call of their own,
 // all or nothing.
 //
 // # Checks go to their owners
@@ -94,8 +95,9 @@
 //     over all nodes together.
 //   - It finds a key's owner as the nodes do (rendezvous hashing of the
 //     member names, package shard): the first member of the key's order
-//     that is up. CheckEach splits its checks by owner, sends the parts in
-//     parallel and puts the decisions back in order; CheckAll and Reserve,
+//     that is up. CheckEach splits its checks by owner, queues each part
+//     on its node's lane and puts the decisions back in order; CheckAll
+//     and Reserve,
 //     which must stay in one call, go to the node that owns most of their
 //     keys.
 //   - Its view goes stale when members join, leave or fail. Every answer
