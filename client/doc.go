@@ -73,8 +73,7 @@
 // idle client sends each check at once; a busy one sends larger batches.
 // Config.BatchWait makes a call wait a little for more checks even when a
 // slot is free. Each check of a coalesced call is decided on its own;
-// CheckAll sends its checks in a call of their own,
-// all or nothing.
+// CheckAll sends its checks in a call of their own, all or nothing.
 //
 // # Checks go to their owners
 //
