@@ -148,7 +148,7 @@ The fields of -o json are stable:
 	fs.Var(newEnumValue(&routing, "auto", "auto", "on", "off"), "routing",
 		"--api client: send each check to its key's owner (auto: when --addr lists several addresses)")
 	fs.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "workers, each with one call in flight at most")
-	fs.IntVar(&cfg.Connections, "connections", cfg.Connections, "gRPC connections the workers share")
+	fs.IntVar(&cfg.Connections, "connections", cfg.Connections, "gRPC connections the workers share (not with --api client, whose client holds one per node)")
 	fs.Lookup("connections").DefValue = "min(--concurrency, 8)"
 	fs.Var(newDurationValue(&cfg.Duration, cfg.Duration), "duration", "how long calls are recorded, after the warmup")
 	fs.Var(newDurationValue(&cfg.Warmup, cfg.Warmup), "warmup", "how long calls are sent first without being recorded")
