@@ -65,6 +65,9 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest, t
 		return nil, err
 	}
 	resp := &sluicepb.CheckResponse{Decisions: make([]*sluicepb.Decision, len(out))}
+	if r := s.router(); r != nil {
+		resp.RoutesVersion = r.RoutesVersion()
+	}
 	// The messages of the decisions, allocated together.
 	decs := make([]sluicepb.Decision, len(out))
 	durs := make([]durationpb.Duration, 2*len(out))
@@ -77,6 +80,7 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest, t
 		}
 		pd := &decs[i]
 		pd.Allowed, pd.Limit, pd.Remaining, pd.Node = d.Allowed, d.Limit, d.Remaining, nodes[i]
+		pd.Forwarded = nodes[i] != s.cfg.NodeName
 		pd.RetryAfter = setDuration(&durs[2*i], d.RetryAfter)
 		pd.ResetAfter = setDuration(&durs[2*i+1], d.ResetAfter)
 		if checks[i].Reservation != nil && d.Allowed {
@@ -94,6 +98,32 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest, t
 	s.metrics.native.allowed.Add(float64(allowed))
 	s.metrics.native.denied.Add(float64(len(out) - allowed))
 	t.checks, t.out = checks, out
+	return resp, nil
+}
+
+// Routes lists the members a client hashes keys over, with their
+// addresses, so that it can send each check to the node that decides it.
+func (n *nativeService) Routes(ctx context.Context, _ *sluicepb.RoutesRequest) (*sluicepb.RoutesResponse, error) {
+	s := n.s
+	if err := s.joining(); err != nil {
+		return nil, toStatus(err)
+	}
+	r := s.router()
+	if r == nil {
+		return &sluicepb.RoutesResponse{Node: s.cfg.NodeName,
+			Members: []*sluicepb.RouteMember{{Name: s.cfg.NodeName, Addr: s.grpcAddr(), Up: true}}}, nil
+	}
+	version, routes := r.Routes()
+	resp := &sluicepb.RoutesResponse{Version: version, Node: s.cfg.NodeName, Members: make([]*sluicepb.RouteMember, len(routes))}
+	if m := r.Map(); m != nil {
+		resp.ClusterId = m.ClusterID
+	}
+	for i, x := range routes {
+		if x.Name == s.cfg.NodeName && x.Addr == "" {
+			x.Addr = s.grpcAddr()
+		}
+		resp.Members[i] = &sluicepb.RouteMember{Name: x.Name, Addr: x.Addr, Up: x.Up}
+	}
 	return resp, nil
 }
 

@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/resolver"
+	"google.golang.org/grpc/resolver/manual"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -50,16 +52,34 @@ const (
 // Config configures a Client. Build it with DefaultConfig and set Addr
 // (or Conn); it is not modified after New.
 type Config struct {
-	// Addr is the gRPC address of a Sluice node, host:port. Any node of a
-	// cluster will do: it forwards checks to their owners. Required unless
-	// Conn is set.
+	// Addr is the gRPC address of a Sluice node, host:port, or of several
+	// separated by commas ("sluice-0:8081,sluice-1:8081,sluice-2:8081").
+	// Any node of a cluster will do: it forwards checks to their owners.
+	// With several, the client calls the first that answers (another when
+	// that one fails) and, unless Routing says otherwise, sends each check
+	// straight to the node that decides its key. Required unless Conn is
+	// set.
 	Addr string
 	// Conn, if set, is used instead of dialing Addr: a connection the
-	// caller built and closes (Close leaves it open).
+	// caller built and closes (Close leaves it open). The client routes
+	// over it only with Routing RoutingOn.
 	Conn grpc.ClientConnInterface
-	// DialOptions are passed to grpc.NewClient when dialing Addr. Without
-	// transport credentials among them, the connection is plaintext.
+	// DialOptions are passed to grpc.NewClient when dialing Addr, and the
+	// members when routing. Without transport credentials among them, the
+	// connections are plaintext; with TLS, each node's certificate must
+	// name the address it announces (its --grpc-addr as the cluster
+	// lists it).
 	DialOptions []grpc.DialOption
+	// Routing says whether the client sends each check straight to the
+	// node that decides its key, learning the members and the ownership
+	// from the nodes (see "Checks go to their owners" in the package
+	// documentation). Default RoutingAuto: on when Addr lists several
+	// addresses. RoutingOff sends every check to Addr.
+	Routing Routing
+	// RoutesRefresh is how often a routing client asks a node for the
+	// members and the ownership when no answer told it they changed.
+	// Default DefaultRoutesRefresh (10s).
+	RoutesRefresh time.Duration
 	// Token, if set, is sent with every call as "authorization: Bearer
 	// <token>": the refund token (or admin token) a node with one requires
 	// for refunds. Without TLS it travels in clear. Default: none.
@@ -83,9 +103,9 @@ type Config struct {
 	// (MaxInFlight) were busy, so that batches grow with the load and an
 	// idle client adds no delay.
 	BatchWait time.Duration
-	// MaxInFlight is the most coalesced calls in flight at once; checks
-	// made while all of them are busy wait for the next call. Default
-	// DefaultMaxInFlight (4).
+	// MaxInFlight is the most coalesced calls in flight at once (over all
+	// nodes, when routing); checks made while all of them are busy wait
+	// for the next call. Default DefaultMaxInFlight (4).
 	MaxInFlight int
 	// CacheSize is the most keys the local denial cache holds (about;
 	// when full, entries are evicted, expired ones first). Default
@@ -132,6 +152,20 @@ func (c Config) Validate() error {
 	if c.MaxBatch < 0 || c.MaxInFlight < 0 || c.BatchWait < 0 {
 		errs = append(errs, errors.New("client: config: MaxBatch, MaxInFlight and BatchWait must not be negative"))
 	}
+	if c.Routing > RoutingOff {
+		errs = append(errs, fmt.Errorf("client: config: Routing %v: want RoutingAuto, RoutingOn or RoutingOff", c.Routing))
+	}
+	if c.RoutesRefresh < 0 {
+		errs = append(errs, fmt.Errorf("client: config: RoutesRefresh %v is negative", c.RoutesRefresh))
+	}
+	if c.Conn == nil && c.Addr != "" {
+		for _, a := range strings.Split(c.Addr, ",") {
+			if strings.TrimSpace(a) == "" {
+				errs = append(errs, fmt.Errorf("client: config: Addr %q has an empty address in its list", c.Addr))
+				break
+			}
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -148,7 +182,9 @@ type Client struct {
 	now    func() time.Time
 	log    *slog.Logger
 
-	queue chan *call
+	// seed is the lane to the address given (Addr or Conn).
+	seed *lane
+	// slots hold one token per coalesced call in flight, on any lane.
 	slots chan struct{}
 
 	ctx    context.Context // canceled by Close: cuts calls in flight
@@ -163,12 +199,16 @@ type Client struct {
 	learnOff atomic.Bool
 	learnAt  atomic.Int64 // unix ns of the last attempt
 
+	// routes is the view of the members when the client routes, else nil.
+	routes *router
+
 	stats stats
 }
 
 // stats are the counters behind Stats.
 type stats struct {
 	checks, calls, batched, retries, cacheDenials, failures atomic.Uint64
+	routed, forwarded, routeViews                           atomic.Uint64
 }
 
 // Stats counts what a Client did since New.
@@ -187,6 +227,21 @@ type Stats struct {
 	Failures uint64
 	// CacheKeys is the number of keys in the denial cache now.
 	CacheKeys int
+	// Routed is the number of checks sent straight to the member the
+	// client's view says decides them (0 unless routing).
+	Routed uint64
+	// Forwarded is the number of checks the node called forwarded to
+	// another, as their decisions said (Decision.Source
+	// SourceForwarded). A routing client sees few: while its view is
+	// stale, or a member's connection is not ready.
+	Forwarded uint64
+	// RouteViews is the number of views of the members and the ownership
+	// the client installed (0 unless routing).
+	RouteViews uint64
+	// RoutesVersion is the version of the client's current view (the
+	// cluster map version of the membership change it reflects); 0 when
+	// it has none or does not route.
+	RoutesVersion uint64
 }
 
 // New returns a Client of cfg. It does not connect: the first call does,
@@ -208,6 +263,9 @@ func New(cfg Config) (*Client, error) {
 	if cfg.CacheSize == 0 {
 		cfg.CacheSize = d.CacheSize
 	}
+	if cfg.RoutesRefresh == 0 {
+		cfg.RoutesRefresh = DefaultRoutesRefresh
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -219,9 +277,12 @@ func New(cfg Config) (*Client, error) {
 		c.log = slog.New(slog.DiscardHandler)
 	}
 	c.conn = cfg.Conn
+	var addrs []string
 	if c.conn == nil {
-		opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, cfg.DialOptions...)
-		cc, err := grpc.NewClient(cfg.Addr, opts...)
+		for _, a := range strings.Split(cfg.Addr, ",") {
+			addrs = append(addrs, strings.TrimSpace(a))
+		}
+		cc, err := dialSeeds(addrs, cfg.DialOptions)
 		if err != nil {
 			return nil, fmt.Errorf("client: dial %s: %w", cfg.Addr, err)
 		}
@@ -235,13 +296,34 @@ func New(cfg Config) (*Client, error) {
 	if cfg.CacheSize > 0 {
 		c.cache = newDenialCache(cfg.CacheSize, c.now)
 	}
-	c.queue = make(chan *call, cfg.MaxBatch*cfg.MaxInFlight*2)
 	c.slots = make(chan struct{}, cfg.MaxInFlight)
+	c.seed = c.newLane(c.rl, false)
 	c.ctx, c.cancel = context.WithCancel(context.Background())
 	c.done = make(chan struct{})
 	c.wg.Add(1)
-	go c.batchLoop()
+	go c.batchLoop(c.seed)
+	if cfg.Routing == RoutingOn || cfg.Routing == RoutingAuto && len(addrs) > 1 {
+		c.routes = newRouter(c)
+		c.wg.Add(1)
+		go c.routes.loop()
+	}
 	return c, nil
+}
+
+// dialSeeds returns a connection to the first of addrs that answers (gRPC's
+// pick_first over them, in order).
+func dialSeeds(addrs []string, dialOpts []grpc.DialOption) (*grpc.ClientConn, error) {
+	opts := append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, dialOpts...)
+	if len(addrs) == 1 {
+		return grpc.NewClient(addrs[0], opts...)
+	}
+	rb := manual.NewBuilderWithScheme("sluice-seeds")
+	state := resolver.State{}
+	for _, a := range addrs {
+		state.Addresses = append(state.Addresses, resolver.Address{Addr: a})
+	}
+	rb.InitialState(state)
+	return grpc.NewClient(rb.Scheme()+":///seeds", append(opts, grpc.WithResolvers(rb))...)
 }
 
 // Close stops the client: checks in flight and later ones fail with
@@ -266,16 +348,24 @@ func (c *Client) Close() error {
 
 // Connect connects to Addr now and waits until the connection is ready,
 // or ctx ends: call it at startup so that the first checks do not pay for
-// the connection (and a wrong address shows at once). It returns nil at
-// once for a Config.Conn, which the caller connects.
+// the connection (and a wrong address shows at once). A routing client
+// then waits for the first view of the members and for its connections
+// to the members that are up to be ready (or to have failed once). It
+// does not connect a Config.Conn, which the caller connects.
 func (c *Client) Connect(ctx context.Context) error {
 	if c.owned == nil {
+		if c.routes != nil {
+			return c.routes.waitReady(ctx)
+		}
 		return nil
 	}
 	for {
 		s := c.owned.GetState()
 		switch s {
 		case connectivity.Ready:
+			if c.routes != nil {
+				return c.routes.waitReady(ctx)
+			}
 			return nil
 		case connectivity.Idle:
 			c.owned.Connect()
@@ -297,6 +387,14 @@ func (c *Client) Stats() Stats {
 		Retries:      c.stats.retries.Load(),
 		CacheDenials: c.stats.cacheDenials.Load(),
 		Failures:     c.stats.failures.Load(),
+		Routed:       c.stats.routed.Load(),
+		Forwarded:    c.stats.forwarded.Load(),
+		RouteViews:   c.stats.routeViews.Load(),
+	}
+	if c.routes != nil {
+		if v := c.routes.view.Load(); v != nil {
+			s.RoutesVersion = v.version
+		}
 	}
 	if c.cache != nil {
 		s.CacheKeys = c.cache.len()
@@ -365,52 +463,61 @@ func (c *Client) Check(ctx context.Context, ch Check, opts ...Option) (Decision,
 	// BatchWait asked for), send the check at once from this goroutine,
 	// sparing the hand-offs to the batcher. Under load the slots are busy
 	// and checks queue up into batches.
-	select {
-	case c.slots <- struct{}{}:
-		if len(c.queue) == 0 && c.cfg.BatchWait == 0 {
-			resp, info, err := c.direct(ctx, []Check{ch}, s.deadline, false)
-			<-c.slots
-			if err == nil {
-				err = undecided(resp.Decisions[0])
-			}
-			if err == nil {
-				return c.decided(&ch, resp.Decisions[0], &info), nil
-			}
-			return c.failed(&ch, s.policy, err), fmt.Errorf("client: check %s: %w", quoteKey(ch.Key), err)
-		}
-		<-c.slots
-	default:
+	l := c.seed
+	if c.routes != nil {
+		l = c.routes.lane(ch.Key)
 	}
-	cl := &call{check: ch, deadline: s.deadline, reply: make(chan result, 1)}
-	timer := time.NewTimer(time.Until(s.deadline))
-	defer timer.Stop()
-	var err error
 	select {
-	case c.queue <- cl:
-		select {
-		case r := <-cl.reply:
-			if r.err == nil {
-				r.err = undecided(r.dec)
-			}
+	case l.slots <- struct{}{}:
+		if len(l.queue) == 0 && c.cfg.BatchWait == 0 {
+			r := c.sendOne(ctx, l, &ch, s.deadline)
+			<-l.slots
 			if r.err == nil {
 				return c.decided(&ch, r.dec, &r.info), nil
 			}
-			err = r.err
-		case <-timer.C:
+			return c.failed(&ch, s.policy, r.err), fmt.Errorf("client: check %s: %w", quoteKey(ch.Key), r.err)
+		}
+		<-l.slots
+	default:
+	}
+	r := c.enqueue(ctx, l, &call{checks: []Check{ch}, deadline: s.deadline, reply: make(chan []result, 1)})
+	if r[0].err == nil {
+		return c.decided(&ch, r[0].dec, &r[0].info), nil
+	}
+	return c.failed(&ch, s.policy, r[0].err), fmt.Errorf("client: check %s: %w", quoteKey(ch.Key), r[0].err)
+}
+
+// enqueue queues cl on l and waits for its results, until cl's deadline,
+// ctx ends or the client closes (then every check of cl gets that error).
+func (c *Client) enqueue(ctx context.Context, l *lane, cl *call) []result {
+	timer := time.NewTimer(time.Until(cl.deadline))
+	defer timer.Stop()
+	timeout := timer.C
+	var err error
+	select {
+	case l.queue <- cl:
+		select {
+		case r := <-cl.reply:
+			return r
+		case <-timeout:
 			err = context.DeadlineExceeded
 		case <-ctx.Done():
 			err = ctx.Err()
 		case <-c.done:
 			err = ErrClosed
 		}
-	case <-timer.C:
+	case <-timeout:
 		err = context.DeadlineExceeded
 	case <-ctx.Done():
 		err = ctx.Err()
 	case <-c.done:
 		err = ErrClosed
 	}
-	return c.failed(&ch, s.policy, err), fmt.Errorf("client: check %s: %w", quoteKey(ch.Key), err)
+	out := make([]result, len(cl.checks))
+	for i := range out {
+		out[i].err = err
+	}
+	return out
 }
 
 // CheckAll decides checks together, all or nothing: their hits are
@@ -432,12 +539,8 @@ func (c *Client) CheckAll(ctx context.Context, checks []Check, opts ...Option) (
 		return out, nil
 	}
 	s := c.settings(ctx, opts)
+	c.forgetRefunds(checks)
 	if c.cache != nil {
-		for i := range checks {
-			if checks[i].Refund {
-				c.cache.forget(checks[i].Key)
-			}
-		}
 		for i := range checks {
 			if d, ok := c.cache.lookup(&checks[i]); ok {
 				c.stats.cacheDenials.Add(uint64(len(checks)))
@@ -449,18 +552,194 @@ func (c *Client) CheckAll(ctx context.Context, checks []Check, opts ...Option) (
 			}
 		}
 	}
-	resp, info, err := c.direct(ctx, checks, s.deadline, true)
+	res, err := c.direct(ctx, checks, s.deadline, true)
 	if err != nil {
 		return c.failedAll(checks, out, s.policy, err)
 	}
 	for i := range checks {
-		if err := undecided(resp.Decisions[i]); err != nil {
-			out[i] = c.failed(&checks[i], s.policy, err)
-			continue
-		}
-		out[i] = c.decided(&checks[i], resp.Decisions[i], &info)
+		out[i] = c.decided(&checks[i], res[i].dec, &res[i].info)
 	}
 	return out, nil
+}
+
+// CheckEach decides checks each on its own, as Check would, and returns
+// their decisions in the order of checks. They are coalesced with the
+// checks of concurrent callers (Check's and CheckEach's) into calls of up
+// to Config.MaxBatch checks; when the client routes, the checks of each
+// node go to that node, in parallel. The checks of one node stay in one
+// call, in order, so that a key checked twice in checks sees its first
+// check in its second (a part larger than Config.MaxBatch goes alone).
+// CheckEach does not use the local denial cache. A check whose call
+// failed gets its failure policy; err then says what went wrong for the
+// first of them, and the others' decisions stand.
+func (c *Client) CheckEach(ctx context.Context, checks []Check, opts ...Option) ([]Decision, error) {
+	c.stats.checks.Add(uint64(len(checks)))
+	out := make([]Decision, len(checks))
+	if len(checks) == 0 {
+		return out, nil
+	}
+	s := c.settings(ctx, opts)
+	c.forgetRefunds(checks)
+	var parts []part
+	if c.routes != nil {
+		parts = c.routes.split(len(checks), func(i int) string { return checks[i].Key })
+	} else {
+		parts = []part{{l: c.seed}}
+	}
+	res := make([]result, len(checks))
+	if len(parts) == 1 {
+		copy(res, c.enqueue(ctx, parts[0].l, &call{checks: checks, deadline: s.deadline, reply: make(chan []result, 1)}))
+	} else {
+		var wg sync.WaitGroup
+		for _, p := range parts {
+			sub := make([]Check, len(p.idx))
+			for j, i := range p.idx {
+				sub[j] = checks[i]
+			}
+			wg.Go(func() {
+				r := c.enqueue(ctx, p.l, &call{checks: sub, deadline: s.deadline, reply: make(chan []result, 1)})
+				for j, i := range p.idx {
+					res[i] = r[j]
+				}
+			})
+		}
+		wg.Wait()
+	}
+	var first error
+	for i := range checks {
+		if res[i].err != nil {
+			out[i] = c.failed(&checks[i], s.policy, res[i].err)
+			if first == nil {
+				first = fmt.Errorf("client: check %s: %w", quoteKey(checks[i].Key), res[i].err)
+			}
+			continue
+		}
+		out[i] = c.decided(&checks[i], res[i].dec, &res[i].info)
+	}
+	return out, first
+}
+
+// direct sends checks in calls of their own, on the caller's goroutine,
+// under deadline; Close cuts them. With allOrNothing they go in one call;
+// else, when the client routes, in one call per node (see sendParts). It
+// returns each check's result, and the first error among them.
+func (c *Client) direct(ctx context.Context, checks []Check, deadline time.Time, allOrNothing bool) ([]result, error) {
+	out := make([]result, len(checks))
+	select {
+	case <-c.done:
+		for i := range out {
+			out[i].err = ErrClosed
+		}
+		return out, ErrClosed
+	default:
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	stop := context.AfterFunc(c.ctx, cancel)
+	defer stop()
+	pcs := make([]*sluicepb.Check, len(checks))
+	msgs := make([]sluicepb.Check, len(checks))
+	for i := range checks {
+		pcs[i] = toProto(&checks[i], &msgs[i])
+	}
+	c.sendParts(ctx, pcs, func(i int) string { return checks[i].Key }, allOrNothing, out)
+	for i := range out {
+		if out[i].err != nil {
+			return out, out[i].err
+		}
+	}
+	return out, nil
+}
+
+// sendOne sends one check to l's node in a call of its own, on the
+// caller's goroutine, under deadline; Close cuts it.
+func (c *Client) sendOne(ctx context.Context, l *lane, ch *Check, deadline time.Time) result {
+	select {
+	case <-c.done:
+		return result{err: ErrClosed}
+	default:
+	}
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	stop := context.AfterFunc(c.ctx, cancel)
+	defer stop()
+	var msg sluicepb.Check
+	out := make([]result, 1)
+	c.sendPart(ctx, l, []*sluicepb.Check{toProto(ch, &msg)}, false, out)
+	return out[0]
+}
+
+// sendParts decides the checks pcs, whose keys key gives, and writes each
+// one's result into out. A client that does not route sends them in one
+// call; one that routes sends each to the node that decides its key, one
+// call per node, in parallel (the last on this goroutine), unless
+// allOrNothing keeps them in one call (to the node most of them go to,
+// which forwards the others).
+func (c *Client) sendParts(ctx context.Context, pcs []*sluicepb.Check, key func(int) string, allOrNothing bool, out []result) {
+	var parts []part
+	switch {
+	case c.routes == nil:
+		parts = []part{{l: c.seed}}
+	case allOrNothing:
+		parts = []part{c.routes.majority(len(pcs), key)}
+	default:
+		parts = c.routes.split(len(pcs), key)
+	}
+	if len(parts) == 1 {
+		c.sendPart(ctx, parts[0].l, pcs, allOrNothing, out)
+		return
+	}
+	var wg sync.WaitGroup
+	for pi, p := range parts {
+		run := func() {
+			sub := make([]*sluicepb.Check, len(p.idx))
+			for j, i := range p.idx {
+				sub[j] = pcs[i]
+			}
+			res := make([]result, len(p.idx))
+			c.sendPart(ctx, p.l, sub, false, res)
+			for j, i := range p.idx {
+				out[i] = res[j]
+			}
+		}
+		if pi == len(parts)-1 {
+			run()
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			run()
+		}()
+	}
+	wg.Wait()
+}
+
+// sendPart makes one call of the checks pcs to l's node and writes each
+// check's result into out.
+func (c *Client) sendPart(ctx context.Context, l *lane, pcs []*sluicepb.Check, allOrNothing bool, out []result) {
+	req := &sluicepb.CheckRequest{Checks: pcs, AllOrNothing: allOrNothing}
+	resp, info, err := c.invoke(ctx, l, req)
+	if err != nil && l.routed && neverSent(err) && ctx.Err() == nil {
+		// The member could not be dialed (it stopped, or moved): nothing
+		// was sent, so the address given, whose node forwards, may have
+		// the checks instead; and the view is stale.
+		c.routes.stale()
+		resp, info, err = c.invoke(ctx, c.seed, req)
+	}
+	if err == nil && len(resp.Decisions) != len(pcs) {
+		err = fmt.Errorf("client: %d decisions for %d checks", len(resp.Decisions), len(pcs))
+	}
+	if err != nil && c.ctx.Err() != nil {
+		err = ErrClosed
+	}
+	for i := range out {
+		if err != nil {
+			out[i] = result{err: err}
+		} else {
+			out[i] = result{dec: resp.Decisions[i], info: info, err: undecided(resp.Decisions[i])}
+		}
+	}
 }
 
 // undecided returns the status of a check the node could not decide while
@@ -470,33 +749,6 @@ func undecided(pd *sluicepb.Decision) error {
 		return nil
 	}
 	return status.Error(codes.Code(pd.ErrorCode), pd.ErrorMessage)
-}
-
-// direct sends checks in a call of their own, on the caller's goroutine,
-// under deadline; Close cuts it.
-func (c *Client) direct(ctx context.Context, checks []Check, deadline time.Time, allOrNothing bool) (*sluicepb.CheckResponse, callInfo, error) {
-	select {
-	case <-c.done:
-		return nil, callInfo{}, ErrClosed
-	default:
-	}
-	ctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	stop := context.AfterFunc(c.ctx, cancel)
-	defer stop()
-	req := &sluicepb.CheckRequest{Checks: make([]*sluicepb.Check, len(checks)), AllOrNothing: allOrNothing}
-	pcs := make([]sluicepb.Check, len(checks))
-	for i := range checks {
-		req.Checks[i] = toProto(&checks[i], &pcs[i])
-	}
-	resp, info, err := c.invoke(ctx, req)
-	if err == nil && len(resp.Decisions) != len(checks) {
-		err = fmt.Errorf("client: %d decisions for %d checks", len(resp.Decisions), len(checks))
-	}
-	if err != nil && c.ctx.Err() != nil {
-		err = ErrClosed
-	}
-	return resp, info, err
 }
 
 func (c *Client) failedAll(checks []Check, out []Decision, policy Policy, err error) ([]Decision, error) {
@@ -516,7 +768,7 @@ func (c *Client) decided(ch *Check, pd *sluicepb.Decision, info *callInfo) Decis
 		RetryAfter: pd.RetryAfter.AsDuration(),
 		ResetAfter: pd.ResetAfter.AsDuration(),
 		Node:       pd.Node,
-		Source:     c.source(info, pd.Node),
+		Source:     c.source(info, pd),
 	}
 	if c.cache != nil {
 		c.cache.store(ch, &d, info.sent)
@@ -614,21 +866,77 @@ func moving(err error) bool {
 	return strings.HasPrefix(st.Message(), "cluster: ownership moving")
 }
 
-// callInfo is what a call's decisions share.
-type callInfo struct {
-	sent time.Time // when the call (or its retry) left
-	peer peer.Peer // the connection it went over
+// neverSent reports whether err is gRPC's failure to connect, before the
+// call left: the node never saw it, so sending it elsewhere cannot count
+// its hits twice. Other failures of the connection (reset, closed while
+// the call was out) may come after the node decided, and are not retried.
+func neverSent(err error) bool {
+	st, ok := status.FromError(err)
+	return ok && st.Code() == codes.Unavailable && !fromNode(st) && strings.Contains(st.Message(), "while dialing")
 }
 
-// invoke sends req, and sends it once more if the node answered that
-// ownership of a key is moving and the deadline leaves time for it.
-func (c *Client) invoke(ctx context.Context, req *sluicepb.CheckRequest) (*sluicepb.CheckResponse, callInfo, error) {
+// callInfo is what a call's decisions share.
+type callInfo struct {
+	sent   time.Time // when the call (or its retry) left
+	peer   peer.Peer // the connection it went over
+	routes uint64    // the answer's routes_version: 0 from a single node
+}
+
+// invoke sends req to l's node, and sends it once more if the node
+// answered that ownership of a key is moving and the deadline leaves time
+// for it. A routing client looks at the answer for signs that its view
+// is stale.
+func (c *Client) invoke(ctx context.Context, l *lane, req *sluicepb.CheckRequest) (*sluicepb.CheckResponse, callInfo, error) {
+	resp, info, err := c.invokeOnce(ctx, l.rl, req)
+	if err == nil {
+		info.routes = resp.RoutesVersion
+		if l.routed {
+			c.stats.routed.Add(uint64(len(req.Checks)))
+		}
+		if c.routes != nil {
+			c.routes.seen(resp)
+		} else {
+			c.countForwarded(resp)
+		}
+	}
+	return resp, info, err
+}
+
+// countForwarded counts the decisions of resp that were forwarded, and
+// returns how many.
+func (c *Client) countForwarded(resp *sluicepb.CheckResponse) int {
+	n := 0
+	for _, d := range resp.Decisions {
+		if d.Forwarded {
+			n++
+		}
+	}
+	if n > 0 {
+		c.stats.forwarded.Add(uint64(n))
+	}
+	return n
+}
+
+// forgetRefunds takes the keys of the refunds among checks out of the
+// denial cache.
+func (c *Client) forgetRefunds(checks []Check) {
+	if c.cache == nil {
+		return
+	}
+	for i := range checks {
+		if checks[i].Refund {
+			c.cache.forget(checks[i].Key)
+		}
+	}
+}
+
+func (c *Client) invokeOnce(ctx context.Context, rl sluicepb.RateLimitServiceClient, req *sluicepb.CheckRequest) (*sluicepb.CheckResponse, callInfo, error) {
 	var info callInfo
 	opts := append(c.callOp[:len(c.callOp):len(c.callOp)], grpc.Peer(&info.peer))
 	info.sent = c.now()
 	c.stats.calls.Add(1)
 	c.stats.batched.Add(uint64(len(req.Checks)))
-	resp, err := c.rl.Check(ctx, req, opts...)
+	resp, err := rl.Check(ctx, req, opts...)
 	if err != nil && moving(err) {
 		// The new owner is waiting for the key's state: give it a moment,
 		// within the deadline.
@@ -647,7 +955,7 @@ func (c *Client) invoke(ctx context.Context, req *sluicepb.CheckRequest) (*sluic
 		c.stats.calls.Add(1)
 		c.stats.batched.Add(uint64(len(req.Checks)))
 		info.sent = c.now()
-		resp, err = c.rl.Check(ctx, req, opts...)
+		resp, err = rl.Check(ctx, req, opts...)
 	}
 	return resp, info, err
 }
@@ -705,9 +1013,17 @@ func (c *Client) Node() string {
 }
 
 // source says whether a decision that went over the connection of info
-// was made by the node called or forwarded, if the client knows that
+// was made by the node called or forwarded: from the decision itself when
+// a node of a cluster answered, else if the client knows the called
 // node's name; else it starts learning it.
-func (c *Client) source(info *callInfo, owner string) Source {
+func (c *Client) source(info *callInfo, pd *sluicepb.Decision) Source {
+	if info.routes != 0 {
+		if pd.Forwarded {
+			return SourceForwarded
+		}
+		return SourceOwner
+	}
+	owner := pd.Node
 	n := c.named.Load()
 	if n != nil && sameAddr(n.remote, info.peer.Addr) && sameAddr(n.local, info.peer.LocalAddr) {
 		if owner == n.name {

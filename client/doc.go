@@ -6,7 +6,7 @@
 // Make one Client per process and share it between goroutines:
 //
 //	cfg := client.DefaultConfig()
-//	cfg.Addr = "127.0.0.1:8081" // any node of the cluster
+//	cfg.Addr = "127.0.0.1:8081" // any node of the cluster, or every one of them, comma-separated
 //	c, err := client.New(cfg)
 //	...
 //	d, err := c.Check(ctx, client.Check{Key: "user:42", Limit: 100, Window: time.Minute})
@@ -66,24 +66,65 @@
 // # Batching
 //
 // Batches are where Sluice is fastest: one call decides many checks at
-// the cost of about one. Check coalesces the checks of concurrent callers:
-// at most Config.MaxInFlight calls are in flight, and the checks made
-// while they are busy leave together in the next call, up to
-// Config.MaxBatch of them. An idle client sends each check at once; a busy
-// one sends larger batches. Config.BatchWait makes a call wait a little
-// for more checks even when a slot is free. Each check of a coalesced call
-// is decided on its own; CheckAll sends its checks in a call of their own,
-// all or nothing.
+// the cost of about one. Check (and CheckEach) coalesces the checks of
+// concurrent callers: at most Config.MaxInFlight calls are in flight, and
+// the checks made while they are busy leave together in the next call (to
+// their node, when the client routes), up to Config.MaxBatch of them. An
+// idle client sends each check at once; a busy one sends larger batches.
+// Config.BatchWait makes a call wait a little for more checks even when a
+// slot is free. Each check of a coalesced call is decided on its own;
+// CheckAll sends its checks in a call of their own, all or nothing.
+//
+// # Checks go to their owners
+//
+// Any node accepts any check and forwards it to the node that decides its
+// key (its owner), which costs the check a second gRPC call inside the
+// cluster: two checks in three, in a cluster of three. Given several
+// addresses (Config.Addr "sluice-0:8081,sluice-1:8081,sluice-2:8081"),
+// or Config.Routing RoutingOn with one (a Kubernetes Service in front of
+// the nodes), the client sends each check straight to its owner instead,
+// as a token-aware Cassandra driver or a Redis Cluster client does:
+//
+//   - It asks a node for the routes (RateLimitService.Routes, no
+//     credential needed): the members that own keys, whether each is up,
+//     and where each serves this API, with the version of that ownership.
+//     It connects to each member and keeps a lane per member: the checks
+//     of concurrent Check calls bound for one node are coalesced into
+//     calls to that node. Config.MaxInFlight bounds the calls in flight
+//     over all nodes together.
+//   - It finds a key's owner as the nodes do (rendezvous hashing of the
+//     member names, package shard): the first member of the key's order
+//     that is up. CheckEach splits its checks by owner, queues each part
+//     on its node's lane and puts the decisions back in order; CheckAll
+//     and Reserve,
+//     which must stay in one call, go to the node that owns most of their
+//     keys.
+//   - Its view goes stale when members join, leave or fail. Every answer
+//     carries the version of the ownership the node routed under, and says
+//     of each check whether the node had to forward it
+//     (Decision.Source SourceForwarded); a newer version, or a forward,
+//     makes the client ask for the routes again at once (at most one
+//     question per 100 ms, one per second for forwards alone), besides
+//     every Config.RoutesRefresh (10 s). A check sent to a member whose
+//     connection is not ready goes to the address given; one whose member
+//     could not even be dialed is sent there instead (it never left).
+//
+// A mistake costs a forward, never a wrong decision: the client only picks
+// the node a check enters by, and the node that decides is always the
+// key's owner, exactly as without routing. Config.Routing RoutingOff (or
+// one address and RoutingAuto, the default) sends every check to Addr.
+// Stats counts the checks routed and those forwarded anyway.
 //
 // # Owner or forwarded
 //
-// Any node accepts any check and forwards it to the key's owner, whose name
-// is in Decision.Node. To say whether the node it called decided itself
-// (SourceOwner) or forwarded (SourceForwarded), the client learns that
-// node's name: once per connection it asks the node (AdminService
-// ListMembers), in the background. Until it knows, and always when the node
-// requires an admin token that Config.Token is not, decisions say
-// SourceSluice. Config.LearnNode turns this off.
+// A node of a cluster says of each decision whether it forwarded the
+// check (SourceForwarded) or decided it itself (SourceOwner); the owner's
+// name is in Decision.Node. A single node, or a node of an older release,
+// does not: the client then learns the name of the node it calls, once
+// per connection (AdminService ListMembers, in the background). Until it
+// knows, and always when the node requires an admin token that
+// Config.Token is not, decisions say SourceSluice. Config.LearnNode turns
+// this off.
 //
 // # Budgets spent after the fact
 //

@@ -129,3 +129,54 @@ func ExampleFailClosed() {
 	// open: allowed true, source failure, failure unreachable, error true
 	// closed: allowed false, source failure, failure unreachable, error true
 }
+
+// A batch of independent checks, say one per item of a bulk request: each
+// is decided on its own, in one call per node when the client routes, and
+// the decisions come back in the order of the checks.
+func ExampleClient_CheckEach() {
+	cfg := client.DefaultConfig()
+	cfg.Addr = sluiceAddr
+	cfg.Timeout = time.Second
+	c, err := client.New(cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+
+	var checks []client.Check
+	for _, tenant := range []string{"acme", "globex", "initech"} {
+		checks = append(checks, client.Check{Key: "bulk:" + tenant, Limit: 2, Window: time.Minute, Cost: 2})
+	}
+	checks = append(checks, client.Check{Key: "bulk:acme", Limit: 2, Window: time.Minute}) // acme again: its 2 are spent
+	ds, err := c.CheckEach(context.Background(), checks)
+	if err != nil {
+		log.Print(err) // some checks were not decided: their decisions are their failure policy's
+	}
+	for i, d := range ds {
+		fmt.Println(checks[i].Key, d.Allowed, d.Remaining)
+	}
+	// Output:
+	// bulk:acme true 0
+	// bulk:globex true 0
+	// bulk:initech true 0
+	// bulk:acme false 0
+}
+
+// A client of a cluster given every node's address sends each check to the
+// node that decides its key (see "Checks go to their owners").
+// RoutingOff would send them all to the first address that answers.
+func ExampleConfig_routing() {
+	cfg := client.DefaultConfig()
+	cfg.Addr = "sluice-0.sluice:8081,sluice-1.sluice:8081,sluice-2.sluice:8081"
+	// Or one address (a Service) and: cfg.Routing = client.RoutingOn
+	c, err := client.New(cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	d, err := c.Check(context.Background(), client.Check{Key: "user:42", Limit: 100, Window: time.Minute})
+	if err != nil {
+		log.Print(err)
+	}
+	fmt.Println(d.Allowed, d.Source) // SourceOwner: decided by the node the client called
+}

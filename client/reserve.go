@@ -97,8 +97,9 @@ func (c *Client) Reserve(ctx context.Context, ttl time.Duration, checks []Check,
 		req.Checks[i] = toProto(&checks[i], &pcs[i])
 		req.Checks[i].ReserveFor = durationpb.New(ttl)
 	}
+	rl := c.wholeCall(checks)
 	resp, info, err := send(c, ctx, s.deadline, func(ctx context.Context, o []grpc.CallOption) (*sluicepb.CheckResponse, error) {
-		return c.rl.Check(ctx, req, o...)
+		return rl.Check(ctx, req, o...)
 	}, len(checks))
 	if err == nil && len(resp.Decisions) != len(checks) {
 		err = fmt.Errorf("client: %d decisions for %d checks", len(resp.Decisions), len(checks))
@@ -149,12 +150,12 @@ func (c *Client) Settle(ctx context.Context, r *Reservation, cost int64, opts ..
 		for i, ch := range r.checks {
 			usage[i] = Check{Key: ch.Key, Limit: ch.Limit, Window: ch.Window, Algorithm: ch.Algorithm, Cost: cost, Peek: cost == 0, Usage: true}
 		}
-		resp, _, err := c.direct(ctx, usage, s.deadline, false)
+		res, err := c.direct(ctx, usage, s.deadline, false)
 		if err != nil {
 			return out, fmt.Errorf("client: settle %s as usage: %w", quoteKey(r.checks[0].Key), err)
 		}
-		for i, pd := range resp.Decisions {
-			o := &out[i]
+		for i := range res {
+			pd, o := res[i].dec, &out[i]
 			o.Reported, o.Remaining, o.Node = true, pd.Remaining, pd.Node
 			o.RetryAfter, o.ResetAfter = pd.RetryAfter.AsDuration(), pd.ResetAfter.AsDuration()
 		}
@@ -164,8 +165,9 @@ func (c *Client) Settle(ctx context.Context, r *Reservation, cost int64, opts ..
 	for i, h := range r.handles {
 		req.Settlements[i] = &sluicepb.Settlement{Reservation: h, Cost: cost}
 	}
+	rl := c.wholeCall(r.checks)
 	resp, _, err := send(c, ctx, s.deadline, func(ctx context.Context, o []grpc.CallOption) (*sluicepb.SettleResponse, error) {
-		return c.rl.Settle(ctx, req, o...)
+		return rl.Settle(ctx, req, o...)
 	}, len(r.handles))
 	if err == nil && len(resp.Results) != len(r.handles) {
 		err = fmt.Errorf("client: %d results for %d settlements", len(resp.Results), len(r.handles))
@@ -180,6 +182,16 @@ func (c *Client) Settle(ctx context.Context, r *Reservation, cost int64, opts ..
 		o.RetryAfter, o.ResetAfter = res.RetryAfter.AsDuration(), res.ResetAfter.AsDuration()
 	}
 	return out, nil
+}
+
+// wholeCall returns where a call that must stay whole goes: the node that
+// decides most of checks when the client routes (it forwards the others),
+// else the address given.
+func (c *Client) wholeCall(checks []Check) sluicepb.RateLimitServiceClient {
+	if c.routes == nil {
+		return c.rl
+	}
+	return c.routes.majority(len(checks), func(i int) string { return checks[i].Key }).l.rl
 }
 
 // send makes one call of its own under deadline (Close cuts it), and once

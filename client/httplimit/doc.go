@@ -18,6 +18,13 @@
 // (net/http's ServeMux per route, chi's Use, ...). A Limiter per route
 // gives each route its own rules.
 //
+// Give the client every node of a cluster (client.Config.Addr
+// "sluice-0:8081,sluice-1:8081,sluice-2:8081") and it sends each
+// request's check straight to the node that decides its key; a request
+// under several rules is decided all or nothing, in one call to the node
+// that owns most of its keys (see package client, "Checks go to their
+// owners").
+//
 // # Keys
 //
 // Header (an API key), Account (the authenticated account an earlier

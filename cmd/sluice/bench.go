@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
+	sluiceclient "github.com/sluice-io/sluice/client"
 	"github.com/sluice-io/sluice/cmd/sluice/loadgen"
 )
 
@@ -44,6 +45,7 @@ func (c *cli) benchCommand() *cobra.Command {
 		api       string
 		dist      string
 		algorithm string
+		routing   string
 		quiet     bool
 	)
 	cmd := &cobra.Command{
@@ -51,7 +53,11 @@ func (c *cli) benchCommand() *cobra.Command {
 		Short: "Drive a node with checks and report decisions/s and latency",
 		Long: `Drive the node at --addr with checks through the native API or Envoy's
 RLS v3 API for --duration, after --warmup, and report the throughput, the
-decisions and the latency of the calls. It talks to --addr only.
+decisions and the latency of the calls. It talks to --addr only, except
+with --api client given several addresses (--addr a:8081,b:8081,c:8081):
+Sluice's Go client then learns the members and sends each check to the
+node that decides its key (--routing off sends them all to the first
+address that answers, as --api native does).
 
 Closed loop (the default): --concurrency workers each send a call, wait for
 the answer, and send the next: this measures capacity. Open loop (--rate):
@@ -111,7 +117,16 @@ The fields of -o json are stable:
 			if !quiet {
 				cfg.Progress = func(p loadgen.Progress) { printProgress(cmd.ErrOrStderr(), p) }
 			}
-			rep, err := runBench(cmd.Context(), &co, cfg)
+			if fs.Changed("routing") && cfg.API != loadgen.Client {
+				return errors.New("--routing applies to --api client")
+			}
+			var rep *loadgen.Report
+			var err error
+			if cfg.API == loadgen.Client {
+				rep, err = runClientBench(cmd.Context(), &co, cfg, routing, cmd.ErrOrStderr())
+			} else {
+				rep, err = runBench(cmd.Context(), &co, cfg)
+			}
 			if err != nil {
 				return err
 			}
@@ -128,10 +143,12 @@ The fields of -o json are stable:
 	}
 	fs := cmd.Flags()
 	fs.SortFlags = false
-	fs.Var(newEnumValue(&api, string(cfg.API), string(loadgen.Native), string(loadgen.Envoy)), "api",
-		"API of the calls: native (sluice.v1 Check) or envoy (RLS v3 ShouldRateLimit)")
+	fs.Var(newEnumValue(&api, string(cfg.API), string(loadgen.Native), string(loadgen.Envoy), string(loadgen.Client)), "api",
+		"API of the calls: native (sluice.v1 Check), envoy (RLS v3 ShouldRateLimit) or client (the Go client, shared by the workers)")
+	fs.Var(newEnumValue(&routing, "auto", "auto", "on", "off"), "routing",
+		"--api client: send each check to its key's owner (auto: when --addr lists several addresses)")
 	fs.IntVar(&cfg.Concurrency, "concurrency", cfg.Concurrency, "workers, each with one call in flight at most")
-	fs.IntVar(&cfg.Connections, "connections", cfg.Connections, "gRPC connections the workers share")
+	fs.IntVar(&cfg.Connections, "connections", cfg.Connections, "gRPC connections the workers share (not with --api client, whose client holds one per node)")
 	fs.Lookup("connections").DefValue = "min(--concurrency, 8)"
 	fs.Var(newDurationValue(&cfg.Duration, cfg.Duration), "duration", "how long calls are recorded, after the warmup")
 	fs.Var(newDurationValue(&cfg.Warmup, cfg.Warmup), "warmup", "how long calls are sent first without being recorded")
@@ -230,6 +247,54 @@ func runBench(ctx context.Context, co *clientOptions, cfg loadgen.Config) (*load
 			return nil, err
 		}
 		return nil, fmt.Errorf("stopped: %w", errs.callError(err))
+	}
+	return rep, nil
+}
+
+// runClientBench runs the load through one client.Client of --addr (one
+// address or several, comma-separated), connected first.
+// It writes what the client did to stderr.
+func runClientBench(ctx context.Context, co *clientOptions, cfg loadgen.Config, routing string, stderr io.Writer) (*loadgen.Report, error) {
+	for _, a := range strings.Split(co.addr, ",") {
+		if err := checkAddr(strings.TrimSpace(a)); err != nil {
+			return nil, err
+		}
+	}
+	creds, err := co.transportCredentials()
+	if err != nil {
+		return nil, err
+	}
+	ccfg := sluiceclient.DefaultConfig()
+	ccfg.Addr = co.addr
+	ccfg.Timeout = co.timeout
+	ccfg.Token = co.adminToken
+	ccfg.CacheSize = -1 // measure Sluice, not the client's denial cache
+	ccfg.DialOptions = []grpc.DialOption{grpc.WithTransportCredentials(creds), grpc.WithUserAgent("sluice-bench/" + buildVersion().Version)}
+	if ccfg.Routing, err = sluiceclient.ParseRouting(routing); err != nil {
+		return nil, err
+	}
+	c, err := sluiceclient.New(ccfg)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	cctx, cancel := context.WithTimeout(ctx, max(co.timeout, 5*time.Second))
+	err = c.Connect(cctx)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	rep, err := loadgen.RunClient(ctx, cfg, c)
+	if err != nil {
+		var ce *loadgen.ConfigError
+		if errors.As(err, &ce) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("stopped: %w", err)
+	}
+	if s := c.Stats(); s.Calls > 0 {
+		fmt.Fprintf(stderr, "client: %d calls, %.1f checks/call, %d checks routed to their owner, %d forwarded by the node called, %d views of the members\n",
+			s.Calls, float64(s.Batched)/float64(s.Calls), s.Routed, s.Forwarded, s.RouteViews)
 	}
 	return rep, nil
 }

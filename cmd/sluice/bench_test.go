@@ -82,6 +82,8 @@ func TestBench(t *testing.T) {
 		{"closed native hot token bucket", []string{"--dist", "hot", "--algorithm", "token_bucket"}},
 		{"closed envoy hot", []string{"--api", "envoy", "--dist", "hot"}},
 		{"closed envoy uniform batch 10", []string{"--api", "envoy", "--batch", "10", "--keys", "100"}},
+		{"closed client uniform", []string{"--api", "client"}},
+		{"closed client batch 10 routing on", []string{"--api", "client", "--batch", "10", "--routing", "on"}},
 		// Open loop: a call the workers cannot send on time is not sent;
 		// a second leaves a loaded machine time to send some.
 		{"open native hot batch 10", []string{"--rate", "300", "--dist", "hot", "--batch", "10", "--duration", "1s"}},
@@ -152,6 +154,7 @@ func TestBenchExact(t *testing.T) {
 		{"native open hot", []string{"--rate", "400", "--dist", "hot", "--limit", "30"}, 30, "exact-native-open-hot:0"},
 		{"native uniform 5 keys batch 10", []string{"--keys", "5", "--limit", "10", "--batch", "10"}, 5 * 10, ""},
 		{"envoy zipf 3 keys", []string{"--api", "envoy", "--dist", "zipf", "--keys", "3", "--limit", "10"}, 3 * 10, ""},
+		{"client uniform 5 keys batch 10", []string{"--api", "client", "--keys", "5", "--limit", "10", "--batch", "10"}, 5 * 10, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -315,7 +318,9 @@ func TestBenchBadInput(t *testing.T) {
 		args []string
 		want string // in stderr
 	}{
-		{[]string{"--api", "grpc"}, `invalid argument "grpc" for "--api" flag: want native or envoy`},
+		{[]string{"--api", "grpc"}, `invalid argument "grpc" for "--api" flag: want native, envoy or client`},
+		{[]string{"--routing", "on"}, "--routing applies to --api client"},
+		{[]string{"--api", "client", "--routing", "sideways"}, `invalid argument "sideways" for "--routing" flag: want auto, on or off`},
 		{[]string{"--concurrency", "0"}, "--concurrency 0: want at least 1 worker"},
 		{[]string{"--concurrency", "4", "--connections", "8"}, "--connections 8: more connections than the 4 workers"},
 		{[]string{"--duration", "0"}, "--duration 0s: want a positive duration"},

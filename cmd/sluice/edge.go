@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 
+	sluiceclient "github.com/sluice-io/sluice/client"
 	"github.com/sluice-io/sluice/cmd/sluice/edge"
 )
 
@@ -26,6 +27,8 @@ type edgeOptions struct {
 	cfg            edge.Config
 	trustedProxies string
 	sluiceTLSCA    string
+	// routing is --sluice-routing.
+	routing string
 	// One rule from flags, when there is no rules file.
 	key string
 	// responseCost is --response-cost.
@@ -86,7 +89,8 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	cfg := &o.cfg
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "address the proxy listens on; port 0 picks a free port")
 	fs.StringVar(&cfg.Origin, "origin", "", "URL of the server to protect, e.g. http://127.0.0.1:3000 (required)")
-	fs.StringVar(&cfg.Client.Addr, "sluice", cfg.Client.Addr, "gRPC address of a Sluice node (any node of a cluster)")
+	fs.StringVar(&cfg.Client.Addr, "sluice", cfg.Client.Addr, "gRPC address of a Sluice node (any node of a cluster), or of several, comma-separated: each check then goes straight to the node that decides its key")
+	fs.Var(newEnumValue(&o.routing, "auto", "auto", "on", "off"), "sluice-routing", "send each check to the node that decides its key: auto (when --sluice lists several addresses), on (learn the members from one address, e.g. a Kubernetes Service), off (every check to --sluice, which forwards)")
 	fs.StringVar(&o.sluiceTLSCA, "sluice-tls-ca", "", "connect to Sluice with TLS, verifying it against this CA file (PEM)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "address of /metrics and /healthz; empty disables them")
 	fs.StringVar(&cfg.RulesFile, "rules", "", "YAML rules file (routes → rules), reloaded when it changes")
@@ -163,6 +167,11 @@ func (o *edgeOptions) config(cmd *cobra.Command) (edge.Config, error) {
 		creds := credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool})
 		cfg.Client.DialOptions = append(cfg.Client.DialOptions, grpc.WithTransportCredentials(creds))
 	}
+	routing, err := sluiceclient.ParseRouting(o.routing)
+	if err != nil {
+		return cfg, fmt.Errorf("--sluice-routing: %w", err)
+	}
+	cfg.Client.Routing = routing
 	if cfg.Client.Timeout <= 0 {
 		return cfg, fmt.Errorf("--decision-timeout %v: want a positive duration", cfg.Client.Timeout)
 	}

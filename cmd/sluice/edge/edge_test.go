@@ -498,3 +498,46 @@ func TestTrustedProxyChain(t *testing.T) {
 		t.Errorf("198.51.100.1 again: %d; want 429", r.status)
 	}
 }
+
+// TestProxyRoutesToOwners: an edge given every node of a cluster sends
+// each request's check to the node that decides its key: 30 API keys,
+// each allowed exactly its limit of 2, and no node forwards a check.
+func TestProxyRoutesToOwners(t *testing.T) {
+	tc := nodetest.StartCluster(t, 3, nil)
+	o := newOrigin(t)
+	e := startEdge(t, o.url, tc.Addrs(), func(c *Config) { c.Rules = oneRule("header:X-API-Key", 2, "1m", "") })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	url := "http://" + e.Addr()
+	// The client learns the routes in the background: wait until a
+	// request is decided by the node it entered.
+	for i := 0; ; i++ {
+		get(t, "GET", url+"/x", map[string]string{"X-API-Key": fmt.Sprintf("warm-%d", i)}, "")
+		if st := e.Client().Stats(); st.RoutesVersion != 0 && st.Routed > 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the edge's client never routed a check: %+v", e.Client().Stats())
+		}
+	}
+	before := 0.0
+	for _, n := range tc.Nodes {
+		before += n.Forwarded()
+	}
+	for k := range 30 {
+		key := fmt.Sprintf("tenant-%d", k)
+		for i := range 3 {
+			r := get(t, "GET", url+"/x", map[string]string{"X-API-Key": key}, "")
+			if want := map[bool]int{true: 200, false: 429}[i < 2]; r.status != want {
+				t.Errorf("key %s, request %d: %d %q; want %d", key, i+1, r.status, r.body, want)
+			}
+		}
+	}
+	after := 0.0
+	for _, n := range tc.Nodes {
+		after += n.Forwarded()
+	}
+	if after != before {
+		t.Errorf("the nodes forwarded %v checks of an edge given every node; want none", after-before)
+	}
+}

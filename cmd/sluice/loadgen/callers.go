@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluice-io/sluice/client"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -75,6 +76,51 @@ func (c *nativeCaller) call(ctx context.Context, keys []int) (int, error) {
 		}
 	}
 	return allowed, nil
+}
+
+// clientCaller decides its checks through a client.Client, which the
+// workers share.
+type clientCaller struct {
+	c      *client.Client
+	prefix string
+	checks []client.Check
+}
+
+func newClientCaller(cfg *Config, c *client.Client) *clientCaller {
+	cc := &clientCaller{c: c, prefix: cfg.KeyPrefix, checks: make([]client.Check, cfg.Batch)}
+	for i := range cc.checks {
+		cc.checks[i] = client.Check{Limit: cfg.Limit, Window: cfg.Window, Algorithm: client.Algorithm(cfg.Algorithm)}
+	}
+	return cc
+}
+
+func (c *clientCaller) call(ctx context.Context, keys []int) (int, error) {
+	for i, k := range keys {
+		c.checks[i].Key = c.prefix + strconv.Itoa(k)
+	}
+	if len(keys) == 1 {
+		d, err := c.c.Check(ctx, c.checks[0])
+		if err != nil {
+			return 0, err
+		}
+		return b2i(d.Allowed), nil
+	}
+	ds, err := c.c.CheckEach(ctx, c.checks[:len(keys)])
+	if err != nil {
+		return 0, err
+	}
+	allowed := 0
+	for _, d := range ds {
+		allowed += b2i(d.Allowed)
+	}
+	return allowed, nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // envoyCaller calls envoy.service.ratelimit.v3.RateLimitService/

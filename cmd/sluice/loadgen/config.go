@@ -18,6 +18,12 @@ const (
 	// Envoy is envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit:
 	// one call carries a descriptor per check, each with an inline limit.
 	Envoy API = "envoy"
+	// Client is Sluice's Go client (package client), shared by the
+	// workers: it coalesces their checks into calls and, given several
+	// addresses, sends each check to the node that decides its key. A call
+	// of one check is Client.Check; of several, Client.CheckEach. It takes
+	// the checks sluice.v1 takes (native).
+	Client API = "client"
 )
 
 // Dist is how the workers pick the key of each check among Config.Keys
@@ -146,8 +152,8 @@ func (c *Config) Validate() error {
 		return &ConfigError{Field: field, Value: value, Reason: fmt.Sprintf(format, args...)}
 	}
 	switch {
-	case c.API != Native && c.API != Envoy:
-		return bad("API", c.API, "want %s or %s", Native, Envoy)
+	case c.API != Native && c.API != Envoy && c.API != Client:
+		return bad("API", c.API, "want %s, %s or %s", Native, Envoy, Client)
 	case c.Concurrency < 1:
 		return bad("Concurrency", c.Concurrency, "want at least 1 worker")
 	case c.Connections < 1:

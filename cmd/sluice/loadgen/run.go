@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/sluice-io/sluice/client"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -156,6 +157,12 @@ func Run(ctx context.Context, cfg Config, conns []grpc.ClientConnInterface) (*Re
 	return run(ctx, cfg, func(worker int) caller {
 		return newCaller(&cfg, conns[worker%len(conns)])
 	})
+}
+
+// RunClient is Run through c, which every worker shares (cfg.API is
+// Client; cfg.Connections is not used: c has its own).
+func RunClient(ctx context.Context, cfg Config, c *client.Client) (*Report, error) {
+	return run(ctx, cfg, func(int) caller { return newClientCaller(&cfg, c) })
 }
 
 // run is Run with the callers of newCaller, one per worker.

@@ -370,7 +370,12 @@ func (x *Check) GetSettle() bool {
 type CheckResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// One decision per check, in the order of CheckRequest.checks.
-	Decisions     []*Decision `protobuf:"bytes,1,rep,name=decisions,proto3" json:"decisions,omitempty"`
+	Decisions []*Decision `protobuf:"bytes,1,rep,name=decisions,proto3" json:"decisions,omitempty"`
+	// The version of the ownership the answering node routed the checks
+	// under (the cluster map version of its last membership change); 0 for a
+	// single node. A client that routes checks itself (see Routes) refreshes
+	// its view when this is newer than the view's version.
+	RoutesVersion uint64 `protobuf:"varint,2,opt,name=routes_version,json=routesVersion,proto3" json:"routes_version,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -412,6 +417,13 @@ func (x *CheckResponse) GetDecisions() []*Decision {
 	return nil
 }
 
+func (x *CheckResponse) GetRoutesVersion() uint64 {
+	if x != nil {
+		return x.RoutesVersion
+	}
+	return 0
+}
+
 // Decision is the answer to one Check. All durations are measured from the
 // moment the owner decided.
 type Decision struct {
@@ -450,7 +462,12 @@ type Decision struct {
 	// otherwise.
 	ErrorCode uint32 `protobuf:"varint,8,opt,name=error_code,json=errorCode,proto3" json:"error_code,omitempty"`
 	// Why the check could not be decided, when error_code is set.
-	ErrorMessage  string `protobuf:"bytes,9,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	ErrorMessage string `protobuf:"bytes,9,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	// Whether the node that received the call forwarded this check to
+	// another node (node) to decide: the client sent it to a node that does
+	// not act for its key. A client that sends each check to its owner (see
+	// Routes) sees false, except while ownership moves.
+	Forwarded     bool `protobuf:"varint,10,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -546,6 +563,13 @@ func (x *Decision) GetErrorMessage() string {
 		return x.ErrorMessage
 	}
 	return ""
+}
+
+func (x *Decision) GetForwarded() bool {
+	if x != nil {
+		return x.Forwarded
+	}
+	return false
 }
 
 // SettleRequest is a batch of settlements, each decided on its own.
@@ -811,6 +835,186 @@ func (x *SettleResult) GetNode() string {
 	return ""
 }
 
+// RoutesRequest asks for the routes.
+type RoutesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoutesRequest) Reset() {
+	*x = RoutesRequest{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoutesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoutesRequest) ProtoMessage() {}
+
+func (x *RoutesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoutesRequest.ProtoReflect.Descriptor instead.
+func (*RoutesRequest) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+}
+
+// RoutesResponse is the ownership as the answering node applied it.
+type RoutesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The version of this ownership: the cluster map version of its last
+	// membership change (0 for a single node). Versions only grow; every
+	// node reaches the same ones in the same order.
+	Version uint64 `protobuf:"varint,1,opt,name=version,proto3" json:"version,omitempty"`
+	// The members whose names a key's rendezvous order runs over, sorted by
+	// name: the owners (up or down), and members that left without handing
+	// their keys over (their keys wait for them).
+	Members []*RouteMember `protobuf:"bytes,2,rep,name=members,proto3" json:"members,omitempty"`
+	// Name of the node that answered.
+	Node string `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// The cluster's ID (empty for a single node): versions of two clusters
+	// do not compare.
+	ClusterId     string `protobuf:"bytes,4,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RoutesResponse) Reset() {
+	*x = RoutesResponse{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RoutesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RoutesResponse) ProtoMessage() {}
+
+func (x *RoutesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RoutesResponse.ProtoReflect.Descriptor instead.
+func (*RoutesResponse) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *RoutesResponse) GetVersion() uint64 {
+	if x != nil {
+		return x.Version
+	}
+	return 0
+}
+
+func (x *RoutesResponse) GetMembers() []*RouteMember {
+	if x != nil {
+		return x.Members
+	}
+	return nil
+}
+
+func (x *RoutesResponse) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *RoutesResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+// RouteMember is one member of a key's rendezvous order.
+type RouteMember struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The node's name (its --node-name): ownership hashes it.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Where it serves RateLimitService, host:port; empty when not known.
+	Addr string `protobuf:"bytes,2,opt,name=addr,proto3" json:"addr,omitempty"`
+	// Whether it decides its keys now (its epoch is live and it owns keys).
+	// A key's checks go to the first member of its order that is up.
+	Up            bool `protobuf:"varint,3,opt,name=up,proto3" json:"up,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RouteMember) Reset() {
+	*x = RouteMember{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RouteMember) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RouteMember) ProtoMessage() {}
+
+func (x *RouteMember) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RouteMember.ProtoReflect.Descriptor instead.
+func (*RouteMember) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RouteMember) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RouteMember) GetAddr() string {
+	if x != nil {
+		return x.Addr
+	}
+	return ""
+}
+
+func (x *RouteMember) GetUp() bool {
+	if x != nil {
+		return x.Up
+	}
+	return false
+}
+
 // ForgetMemberRequest names the member to forget.
 type ForgetMemberRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -822,7 +1026,7 @@ type ForgetMemberRequest struct {
 
 func (x *ForgetMemberRequest) Reset() {
 	*x = ForgetMemberRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -834,7 +1038,7 @@ func (x *ForgetMemberRequest) String() string {
 func (*ForgetMemberRequest) ProtoMessage() {}
 
 func (x *ForgetMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[8]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +1051,7 @@ func (x *ForgetMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetMemberRequest.ProtoReflect.Descriptor instead.
 func (*ForgetMemberRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{8}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ForgetMemberRequest) GetName() string {
@@ -869,7 +1073,7 @@ type ForgetMemberResponse struct {
 
 func (x *ForgetMemberResponse) Reset() {
 	*x = ForgetMemberResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -881,7 +1085,7 @@ func (x *ForgetMemberResponse) String() string {
 func (*ForgetMemberResponse) ProtoMessage() {}
 
 func (x *ForgetMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[9]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -894,7 +1098,7 @@ func (x *ForgetMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetMemberResponse.ProtoReflect.Descriptor instead.
 func (*ForgetMemberResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{9}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ForgetMemberResponse) GetFromCopies() bool {
@@ -913,7 +1117,7 @@ type ListMembersRequest struct {
 
 func (x *ListMembersRequest) Reset() {
 	*x = ListMembersRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -925,7 +1129,7 @@ func (x *ListMembersRequest) String() string {
 func (*ListMembersRequest) ProtoMessage() {}
 
 func (x *ListMembersRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[10]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -938,7 +1142,7 @@ func (x *ListMembersRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMembersRequest.ProtoReflect.Descriptor instead.
 func (*ListMembersRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{10}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
 }
 
 // ListMembersResponse is the membership as one node sees it.
@@ -963,7 +1167,7 @@ type ListMembersResponse struct {
 
 func (x *ListMembersResponse) Reset() {
 	*x = ListMembersResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1179,7 @@ func (x *ListMembersResponse) String() string {
 func (*ListMembersResponse) ProtoMessage() {}
 
 func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[11]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1192,7 @@ func (x *ListMembersResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListMembersResponse.ProtoReflect.Descriptor instead.
 func (*ListMembersResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{11}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListMembersResponse) GetMembers() []*ClusterMember {
@@ -1066,7 +1270,7 @@ type ClusterMember struct {
 
 func (x *ClusterMember) Reset() {
 	*x = ClusterMember{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1078,7 +1282,7 @@ func (x *ClusterMember) String() string {
 func (*ClusterMember) ProtoMessage() {}
 
 func (x *ClusterMember) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[12]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1091,7 +1295,7 @@ func (x *ClusterMember) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ClusterMember.ProtoReflect.Descriptor instead.
 func (*ClusterMember) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{12}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ClusterMember) GetName() string {
@@ -1202,7 +1406,7 @@ type GetKeyRequest struct {
 
 func (x *GetKeyRequest) Reset() {
 	*x = GetKeyRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1214,7 +1418,7 @@ func (x *GetKeyRequest) String() string {
 func (*GetKeyRequest) ProtoMessage() {}
 
 func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[13]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1227,7 +1431,7 @@ func (x *GetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyRequest.ProtoReflect.Descriptor instead.
 func (*GetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{13}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetKeyRequest) GetKey() []byte {
@@ -1259,7 +1463,7 @@ type GetKeyResponse struct {
 
 func (x *GetKeyResponse) Reset() {
 	*x = GetKeyResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1271,7 +1475,7 @@ func (x *GetKeyResponse) String() string {
 func (*GetKeyResponse) ProtoMessage() {}
 
 func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[14]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1284,7 +1488,7 @@ func (x *GetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetKeyResponse.ProtoReflect.Descriptor instead.
 func (*GetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{14}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetKeyResponse) GetState() *KeyState {
@@ -1362,7 +1566,7 @@ type KeyState struct {
 
 func (x *KeyState) Reset() {
 	*x = KeyState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1374,7 +1578,7 @@ func (x *KeyState) String() string {
 func (*KeyState) ProtoMessage() {}
 
 func (x *KeyState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[15]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1387,7 +1591,7 @@ func (x *KeyState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyState.ProtoReflect.Descriptor instead.
 func (*KeyState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{15}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *KeyState) GetKey() []byte {
@@ -1573,7 +1777,7 @@ type SlidingLogState struct {
 
 func (x *SlidingLogState) Reset() {
 	*x = SlidingLogState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1585,7 +1789,7 @@ func (x *SlidingLogState) String() string {
 func (*SlidingLogState) ProtoMessage() {}
 
 func (x *SlidingLogState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[16]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1598,7 +1802,7 @@ func (x *SlidingLogState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlidingLogState.ProtoReflect.Descriptor instead.
 func (*SlidingLogState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{16}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *SlidingLogState) GetRuns() []*LogRun {
@@ -1621,7 +1825,7 @@ type LogRun struct {
 
 func (x *LogRun) Reset() {
 	*x = LogRun{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1633,7 +1837,7 @@ func (x *LogRun) String() string {
 func (*LogRun) ProtoMessage() {}
 
 func (x *LogRun) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[17]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1646,7 +1850,7 @@ func (x *LogRun) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogRun.ProtoReflect.Descriptor instead.
 func (*LogRun) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{17}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *LogRun) GetTime() *timestamppb.Timestamp {
@@ -1680,7 +1884,7 @@ type SlidingWindowState struct {
 
 func (x *SlidingWindowState) Reset() {
 	*x = SlidingWindowState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1692,7 +1896,7 @@ func (x *SlidingWindowState) String() string {
 func (*SlidingWindowState) ProtoMessage() {}
 
 func (x *SlidingWindowState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[18]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1705,7 +1909,7 @@ func (x *SlidingWindowState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlidingWindowState.ProtoReflect.Descriptor instead.
 func (*SlidingWindowState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{18}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *SlidingWindowState) GetBucketStart() *timestamppb.Timestamp {
@@ -1743,7 +1947,7 @@ type TokenBucketState struct {
 
 func (x *TokenBucketState) Reset() {
 	*x = TokenBucketState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1755,7 +1959,7 @@ func (x *TokenBucketState) String() string {
 func (*TokenBucketState) ProtoMessage() {}
 
 func (x *TokenBucketState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1768,7 +1972,7 @@ func (x *TokenBucketState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenBucketState.ProtoReflect.Descriptor instead.
 func (*TokenBucketState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *TokenBucketState) GetTokens() float64 {
@@ -1804,7 +2008,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1816,7 +2020,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1829,7 +2033,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListKeysRequest) GetPrefix() []byte {
@@ -1866,7 +2070,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1878,7 +2082,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1891,7 +2095,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeySummary {
@@ -1929,7 +2133,7 @@ type KeySummary struct {
 
 func (x *KeySummary) Reset() {
 	*x = KeySummary{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1941,7 +2145,7 @@ func (x *KeySummary) String() string {
 func (*KeySummary) ProtoMessage() {}
 
 func (x *KeySummary) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1954,7 +2158,7 @@ func (x *KeySummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeySummary.ProtoReflect.Descriptor instead.
 func (*KeySummary) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *KeySummary) GetKey() []byte {
@@ -2003,7 +2207,7 @@ type ResetKeyRequest struct {
 
 func (x *ResetKeyRequest) Reset() {
 	*x = ResetKeyRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2015,7 +2219,7 @@ func (x *ResetKeyRequest) String() string {
 func (*ResetKeyRequest) ProtoMessage() {}
 
 func (x *ResetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2028,7 +2232,7 @@ func (x *ResetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetKeyRequest.ProtoReflect.Descriptor instead.
 func (*ResetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ResetKeyRequest) GetKey() []byte {
@@ -2049,7 +2253,7 @@ type ResetKeyResponse struct {
 
 func (x *ResetKeyResponse) Reset() {
 	*x = ResetKeyResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2061,7 +2265,7 @@ func (x *ResetKeyResponse) String() string {
 func (*ResetKeyResponse) ProtoMessage() {}
 
 func (x *ResetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2074,7 +2278,7 @@ func (x *ResetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetKeyResponse.ProtoReflect.Descriptor instead.
 func (*ResetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ResetKeyResponse) GetExisted() bool {
@@ -2124,7 +2328,7 @@ type Override struct {
 
 func (x *Override) Reset() {
 	*x = Override{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2136,7 +2340,7 @@ func (x *Override) String() string {
 func (*Override) ProtoMessage() {}
 
 func (x *Override) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2149,7 +2353,7 @@ func (x *Override) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Override.ProtoReflect.Descriptor instead.
 func (*Override) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *Override) GetKey() []byte {
@@ -2219,7 +2423,7 @@ type SetOverrideRequest struct {
 
 func (x *SetOverrideRequest) Reset() {
 	*x = SetOverrideRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2231,7 +2435,7 @@ func (x *SetOverrideRequest) String() string {
 func (*SetOverrideRequest) ProtoMessage() {}
 
 func (x *SetOverrideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2244,7 +2448,7 @@ func (x *SetOverrideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetOverrideRequest.ProtoReflect.Descriptor instead.
 func (*SetOverrideRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SetOverrideRequest) GetOverride() *Override {
@@ -2265,7 +2469,7 @@ type SetOverrideResponse struct {
 
 func (x *SetOverrideResponse) Reset() {
 	*x = SetOverrideResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2277,7 +2481,7 @@ func (x *SetOverrideResponse) String() string {
 func (*SetOverrideResponse) ProtoMessage() {}
 
 func (x *SetOverrideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2290,7 +2494,7 @@ func (x *SetOverrideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetOverrideResponse.ProtoReflect.Descriptor instead.
 func (*SetOverrideResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SetOverrideResponse) GetOverride() *Override {
@@ -2318,7 +2522,7 @@ type ListOverridesRequest struct {
 
 func (x *ListOverridesRequest) Reset() {
 	*x = ListOverridesRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2330,7 +2534,7 @@ func (x *ListOverridesRequest) String() string {
 func (*ListOverridesRequest) ProtoMessage() {}
 
 func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2343,7 +2547,7 @@ func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesRequest.ProtoReflect.Descriptor instead.
 func (*ListOverridesRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListOverridesRequest) GetPrefix() []byte {
@@ -2381,7 +2585,7 @@ type ListOverridesResponse struct {
 
 func (x *ListOverridesResponse) Reset() {
 	*x = ListOverridesResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2393,7 +2597,7 @@ func (x *ListOverridesResponse) String() string {
 func (*ListOverridesResponse) ProtoMessage() {}
 
 func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2406,7 +2610,7 @@ func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesResponse.ProtoReflect.Descriptor instead.
 func (*ListOverridesResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListOverridesResponse) GetOverrides() []*Override {
@@ -2437,7 +2641,7 @@ type DeleteOverrideRequest struct {
 
 func (x *DeleteOverrideRequest) Reset() {
 	*x = DeleteOverrideRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2449,7 +2653,7 @@ func (x *DeleteOverrideRequest) String() string {
 func (*DeleteOverrideRequest) ProtoMessage() {}
 
 func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2462,7 +2666,7 @@ func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOverrideRequest.ProtoReflect.Descriptor instead.
 func (*DeleteOverrideRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *DeleteOverrideRequest) GetKey() []byte {
@@ -2490,7 +2694,7 @@ type DeleteOverrideResponse struct {
 
 func (x *DeleteOverrideResponse) Reset() {
 	*x = DeleteOverrideResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2502,7 +2706,7 @@ func (x *DeleteOverrideResponse) String() string {
 func (*DeleteOverrideResponse) ProtoMessage() {}
 
 func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2515,7 +2719,7 @@ func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOverrideResponse.ProtoReflect.Descriptor instead.
 func (*DeleteOverrideResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteOverrideResponse) GetExisted() bool {
@@ -2539,7 +2743,7 @@ type EnvoyKeyRequest struct {
 
 func (x *EnvoyKeyRequest) Reset() {
 	*x = EnvoyKeyRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2551,7 +2755,7 @@ func (x *EnvoyKeyRequest) String() string {
 func (*EnvoyKeyRequest) ProtoMessage() {}
 
 func (x *EnvoyKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2564,7 +2768,7 @@ func (x *EnvoyKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvoyKeyRequest.ProtoReflect.Descriptor instead.
 func (*EnvoyKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *EnvoyKeyRequest) GetDomain() string {
@@ -2594,7 +2798,7 @@ type DescriptorEntry struct {
 
 func (x *DescriptorEntry) Reset() {
 	*x = DescriptorEntry{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2606,7 +2810,7 @@ func (x *DescriptorEntry) String() string {
 func (*DescriptorEntry) ProtoMessage() {}
 
 func (x *DescriptorEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2619,7 +2823,7 @@ func (x *DescriptorEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescriptorEntry.ProtoReflect.Descriptor instead.
 func (*DescriptorEntry) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *DescriptorEntry) GetKey() string {
@@ -2651,7 +2855,7 @@ type EnvoyKeyResponse struct {
 
 func (x *EnvoyKeyResponse) Reset() {
 	*x = EnvoyKeyResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2663,7 +2867,7 @@ func (x *EnvoyKeyResponse) String() string {
 func (*EnvoyKeyResponse) ProtoMessage() {}
 
 func (x *EnvoyKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2676,7 +2880,7 @@ func (x *EnvoyKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvoyKeyResponse.ProtoReflect.Descriptor instead.
 func (*EnvoyKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *EnvoyKeyResponse) GetKey() []byte {
@@ -2723,7 +2927,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2735,7 +2939,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2748,7 +2952,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *ReplicateRequest) GetFromNode() string {
@@ -2824,7 +3028,7 @@ type StoreRecord struct {
 
 func (x *StoreRecord) Reset() {
 	*x = StoreRecord{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2836,7 +3040,7 @@ func (x *StoreRecord) String() string {
 func (*StoreRecord) ProtoMessage() {}
 
 func (x *StoreRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2849,7 +3053,7 @@ func (x *StoreRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreRecord.ProtoReflect.Descriptor instead.
 func (*StoreRecord) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{36}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *StoreRecord) GetKey() []byte {
@@ -2900,7 +3104,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2912,7 +3116,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2925,7 +3129,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{37}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *ReplicateResponse) GetMissing() [][]byte {
@@ -2975,7 +3179,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2987,7 +3191,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3000,7 +3204,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{38}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ForwardRequest) GetChecks() []*Check {
@@ -3044,7 +3248,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3056,7 +3260,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3069,7 +3273,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{39}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ForwardResponse) GetDecisions() []*Decision {
@@ -3100,7 +3304,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3112,7 +3316,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3125,7 +3329,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{40}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ReleaseRequest) GetChecks() []*Check {
@@ -3151,7 +3355,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3163,7 +3367,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3176,7 +3380,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{41}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{44}
 }
 
 // HandoffRequest is one part of a handoff from one node to another.
@@ -3210,7 +3414,7 @@ type HandoffRequest struct {
 
 func (x *HandoffRequest) Reset() {
 	*x = HandoffRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3222,7 +3426,7 @@ func (x *HandoffRequest) String() string {
 func (*HandoffRequest) ProtoMessage() {}
 
 func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3235,7 +3439,7 @@ func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffRequest.ProtoReflect.Descriptor instead.
 func (*HandoffRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{42}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *HandoffRequest) GetKeys() []*KeyRecord {
@@ -3314,7 +3518,7 @@ type KeyRecord struct {
 
 func (x *KeyRecord) Reset() {
 	*x = KeyRecord{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3326,7 +3530,7 @@ func (x *KeyRecord) String() string {
 func (*KeyRecord) ProtoMessage() {}
 
 func (x *KeyRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3339,7 +3543,7 @@ func (x *KeyRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRecord.ProtoReflect.Descriptor instead.
 func (*KeyRecord) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{43}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *KeyRecord) GetKey() []byte {
@@ -3367,7 +3571,7 @@ type HandoffResponse struct {
 
 func (x *HandoffResponse) Reset() {
 	*x = HandoffResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3379,7 +3583,7 @@ func (x *HandoffResponse) String() string {
 func (*HandoffResponse) ProtoMessage() {}
 
 func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3392,7 +3596,7 @@ func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffResponse.ProtoReflect.Descriptor instead.
 func (*HandoffResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{44}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *HandoffResponse) GetMerged() int64 {
@@ -3415,7 +3619,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[45]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3427,7 +3631,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[45]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3440,7 +3644,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{45}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RenewRequest) GetFromNode() string {
@@ -3473,7 +3677,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[46]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3485,7 +3689,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[46]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3498,7 +3702,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{46}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RenewResponse) GetGranted() bool {
@@ -3535,7 +3739,7 @@ type ProposeRequest struct {
 
 func (x *ProposeRequest) Reset() {
 	*x = ProposeRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[47]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3547,7 +3751,7 @@ func (x *ProposeRequest) String() string {
 func (*ProposeRequest) ProtoMessage() {}
 
 func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[47]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3560,7 +3764,7 @@ func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeRequest.ProtoReflect.Descriptor instead.
 func (*ProposeRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{47}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *ProposeRequest) GetFromNode() string {
@@ -3588,7 +3792,7 @@ type ProposeResponse struct {
 
 func (x *ProposeResponse) Reset() {
 	*x = ProposeResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[48]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3600,7 +3804,7 @@ func (x *ProposeResponse) String() string {
 func (*ProposeResponse) ProtoMessage() {}
 
 func (x *ProposeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[48]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3613,7 +3817,7 @@ func (x *ProposeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeResponse.ProtoReflect.Descriptor instead.
 func (*ProposeResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{48}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ProposeResponse) GetResult() []byte {
@@ -3646,9 +3850,10 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"reserveFor\x12%\n" +
 	"\x0ereservation_id\x18\v \x01(\fR\rreservationId\x12\x16\n" +
 	"\x06settle\x18\f \x01(\bR\x06settleB\a\n" +
-	"\x05_cost\"B\n" +
+	"\x05_cost\"i\n" +
 	"\rCheckResponse\x121\n" +
-	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\"\xca\x02\n" +
+	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\x12%\n" +
+	"\x0eroutes_version\x18\x02 \x01(\x04R\rroutesVersion\"\xe8\x02\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -3661,7 +3866,9 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\vreservation\x18\a \x01(\fR\vreservation\x12\x1d\n" +
 	"\n" +
 	"error_code\x18\b \x01(\rR\terrorCode\x12#\n" +
-	"\rerror_message\x18\t \x01(\tR\ferrorMessage\"H\n" +
+	"\rerror_message\x18\t \x01(\tR\ferrorMessage\x12\x1c\n" +
+	"\tforwarded\x18\n" +
+	" \x01(\bR\tforwarded\"H\n" +
 	"\rSettleRequest\x127\n" +
 	"\vsettlements\x18\x01 \x03(\v2\x15.sluice.v1.SettlementR\vsettlements\"B\n" +
 	"\n" +
@@ -3680,7 +3887,18 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"retryAfter\x12:\n" +
 	"\vreset_after\x18\a \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"resetAfter\x12\x12\n" +
-	"\x04node\x18\b \x01(\tR\x04node\")\n" +
+	"\x04node\x18\b \x01(\tR\x04node\"\x0f\n" +
+	"\rRoutesRequest\"\x8f\x01\n" +
+	"\x0eRoutesResponse\x12\x18\n" +
+	"\aversion\x18\x01 \x01(\x04R\aversion\x120\n" +
+	"\amembers\x18\x02 \x03(\v2\x16.sluice.v1.RouteMemberR\amembers\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x04 \x01(\tR\tclusterId\"E\n" +
+	"\vRouteMember\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04addr\x18\x02 \x01(\tR\x04addr\x12\x0e\n" +
+	"\x02up\x18\x03 \x01(\bR\x02up\")\n" +
 	"\x13ForgetMemberRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"=\n" +
 	"\x14ForgetMemberResponse\x12\x1f\n" +
@@ -3881,10 +4099,11 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x15ALGORITHM_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15ALGORITHM_SLIDING_LOG\x10\x01\x12\x1c\n" +
 	"\x18ALGORITHM_SLIDING_WINDOW\x10\x02\x12\x1a\n" +
-	"\x16ALGORITHM_TOKEN_BUCKET\x10\x032\x8d\x01\n" +
+	"\x16ALGORITHM_TOKEN_BUCKET\x10\x032\xcc\x01\n" +
 	"\x10RateLimitService\x12:\n" +
 	"\x05Check\x12\x17.sluice.v1.CheckRequest\x1a\x18.sluice.v1.CheckResponse\x12=\n" +
-	"\x06Settle\x12\x18.sluice.v1.SettleRequest\x1a\x19.sluice.v1.SettleResponse2\xb4\x05\n" +
+	"\x06Settle\x12\x18.sluice.v1.SettleRequest\x1a\x19.sluice.v1.SettleResponse\x12=\n" +
+	"\x06Routes\x12\x18.sluice.v1.RoutesRequest\x1a\x19.sluice.v1.RoutesResponse2\xb4\x05\n" +
 	"\fAdminService\x12=\n" +
 	"\x06GetKey\x12\x18.sluice.v1.GetKeyRequest\x1a\x19.sluice.v1.GetKeyResponse\x12C\n" +
 	"\bListKeys\x12\x1a.sluice.v1.ListKeysRequest\x1a\x1b.sluice.v1.ListKeysResponse\x12C\n" +
@@ -3916,7 +4135,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 49)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),                 // 0: sluice.v1.Algorithm
 	(*CheckRequest)(nil),           // 1: sluice.v1.CheckRequest
@@ -3927,132 +4146,138 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*Settlement)(nil),             // 6: sluice.v1.Settlement
 	(*SettleResponse)(nil),         // 7: sluice.v1.SettleResponse
 	(*SettleResult)(nil),           // 8: sluice.v1.SettleResult
-	(*ForgetMemberRequest)(nil),    // 9: sluice.v1.ForgetMemberRequest
-	(*ForgetMemberResponse)(nil),   // 10: sluice.v1.ForgetMemberResponse
-	(*ListMembersRequest)(nil),     // 11: sluice.v1.ListMembersRequest
-	(*ListMembersResponse)(nil),    // 12: sluice.v1.ListMembersResponse
-	(*ClusterMember)(nil),          // 13: sluice.v1.ClusterMember
-	(*GetKeyRequest)(nil),          // 14: sluice.v1.GetKeyRequest
-	(*GetKeyResponse)(nil),         // 15: sluice.v1.GetKeyResponse
-	(*KeyState)(nil),               // 16: sluice.v1.KeyState
-	(*SlidingLogState)(nil),        // 17: sluice.v1.SlidingLogState
-	(*LogRun)(nil),                 // 18: sluice.v1.LogRun
-	(*SlidingWindowState)(nil),     // 19: sluice.v1.SlidingWindowState
-	(*TokenBucketState)(nil),       // 20: sluice.v1.TokenBucketState
-	(*ListKeysRequest)(nil),        // 21: sluice.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),       // 22: sluice.v1.ListKeysResponse
-	(*KeySummary)(nil),             // 23: sluice.v1.KeySummary
-	(*ResetKeyRequest)(nil),        // 24: sluice.v1.ResetKeyRequest
-	(*ResetKeyResponse)(nil),       // 25: sluice.v1.ResetKeyResponse
-	(*Override)(nil),               // 26: sluice.v1.Override
-	(*SetOverrideRequest)(nil),     // 27: sluice.v1.SetOverrideRequest
-	(*SetOverrideResponse)(nil),    // 28: sluice.v1.SetOverrideResponse
-	(*ListOverridesRequest)(nil),   // 29: sluice.v1.ListOverridesRequest
-	(*ListOverridesResponse)(nil),  // 30: sluice.v1.ListOverridesResponse
-	(*DeleteOverrideRequest)(nil),  // 31: sluice.v1.DeleteOverrideRequest
-	(*DeleteOverrideResponse)(nil), // 32: sluice.v1.DeleteOverrideResponse
-	(*EnvoyKeyRequest)(nil),        // 33: sluice.v1.EnvoyKeyRequest
-	(*DescriptorEntry)(nil),        // 34: sluice.v1.DescriptorEntry
-	(*EnvoyKeyResponse)(nil),       // 35: sluice.v1.EnvoyKeyResponse
-	(*ReplicateRequest)(nil),       // 36: sluice.v1.ReplicateRequest
-	(*StoreRecord)(nil),            // 37: sluice.v1.StoreRecord
-	(*ReplicateResponse)(nil),      // 38: sluice.v1.ReplicateResponse
-	(*ForwardRequest)(nil),         // 39: sluice.v1.ForwardRequest
-	(*ForwardResponse)(nil),        // 40: sluice.v1.ForwardResponse
-	(*ReleaseRequest)(nil),         // 41: sluice.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),        // 42: sluice.v1.ReleaseResponse
-	(*HandoffRequest)(nil),         // 43: sluice.v1.HandoffRequest
-	(*KeyRecord)(nil),              // 44: sluice.v1.KeyRecord
-	(*HandoffResponse)(nil),        // 45: sluice.v1.HandoffResponse
-	(*RenewRequest)(nil),           // 46: sluice.v1.RenewRequest
-	(*RenewResponse)(nil),          // 47: sluice.v1.RenewResponse
-	(*ProposeRequest)(nil),         // 48: sluice.v1.ProposeRequest
-	(*ProposeResponse)(nil),        // 49: sluice.v1.ProposeResponse
-	(*durationpb.Duration)(nil),    // 50: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 51: google.protobuf.Timestamp
+	(*RoutesRequest)(nil),          // 9: sluice.v1.RoutesRequest
+	(*RoutesResponse)(nil),         // 10: sluice.v1.RoutesResponse
+	(*RouteMember)(nil),            // 11: sluice.v1.RouteMember
+	(*ForgetMemberRequest)(nil),    // 12: sluice.v1.ForgetMemberRequest
+	(*ForgetMemberResponse)(nil),   // 13: sluice.v1.ForgetMemberResponse
+	(*ListMembersRequest)(nil),     // 14: sluice.v1.ListMembersRequest
+	(*ListMembersResponse)(nil),    // 15: sluice.v1.ListMembersResponse
+	(*ClusterMember)(nil),          // 16: sluice.v1.ClusterMember
+	(*GetKeyRequest)(nil),          // 17: sluice.v1.GetKeyRequest
+	(*GetKeyResponse)(nil),         // 18: sluice.v1.GetKeyResponse
+	(*KeyState)(nil),               // 19: sluice.v1.KeyState
+	(*SlidingLogState)(nil),        // 20: sluice.v1.SlidingLogState
+	(*LogRun)(nil),                 // 21: sluice.v1.LogRun
+	(*SlidingWindowState)(nil),     // 22: sluice.v1.SlidingWindowState
+	(*TokenBucketState)(nil),       // 23: sluice.v1.TokenBucketState
+	(*ListKeysRequest)(nil),        // 24: sluice.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),       // 25: sluice.v1.ListKeysResponse
+	(*KeySummary)(nil),             // 26: sluice.v1.KeySummary
+	(*ResetKeyRequest)(nil),        // 27: sluice.v1.ResetKeyRequest
+	(*ResetKeyResponse)(nil),       // 28: sluice.v1.ResetKeyResponse
+	(*Override)(nil),               // 29: sluice.v1.Override
+	(*SetOverrideRequest)(nil),     // 30: sluice.v1.SetOverrideRequest
+	(*SetOverrideResponse)(nil),    // 31: sluice.v1.SetOverrideResponse
+	(*ListOverridesRequest)(nil),   // 32: sluice.v1.ListOverridesRequest
+	(*ListOverridesResponse)(nil),  // 33: sluice.v1.ListOverridesResponse
+	(*DeleteOverrideRequest)(nil),  // 34: sluice.v1.DeleteOverrideRequest
+	(*DeleteOverrideResponse)(nil), // 35: sluice.v1.DeleteOverrideResponse
+	(*EnvoyKeyRequest)(nil),        // 36: sluice.v1.EnvoyKeyRequest
+	(*DescriptorEntry)(nil),        // 37: sluice.v1.DescriptorEntry
+	(*EnvoyKeyResponse)(nil),       // 38: sluice.v1.EnvoyKeyResponse
+	(*ReplicateRequest)(nil),       // 39: sluice.v1.ReplicateRequest
+	(*StoreRecord)(nil),            // 40: sluice.v1.StoreRecord
+	(*ReplicateResponse)(nil),      // 41: sluice.v1.ReplicateResponse
+	(*ForwardRequest)(nil),         // 42: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),        // 43: sluice.v1.ForwardResponse
+	(*ReleaseRequest)(nil),         // 44: sluice.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 45: sluice.v1.ReleaseResponse
+	(*HandoffRequest)(nil),         // 46: sluice.v1.HandoffRequest
+	(*KeyRecord)(nil),              // 47: sluice.v1.KeyRecord
+	(*HandoffResponse)(nil),        // 48: sluice.v1.HandoffResponse
+	(*RenewRequest)(nil),           // 49: sluice.v1.RenewRequest
+	(*RenewResponse)(nil),          // 50: sluice.v1.RenewResponse
+	(*ProposeRequest)(nil),         // 51: sluice.v1.ProposeRequest
+	(*ProposeResponse)(nil),        // 52: sluice.v1.ProposeResponse
+	(*durationpb.Duration)(nil),    // 53: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 54: google.protobuf.Timestamp
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	2,  // 0: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.Check
-	50, // 1: sluice.v1.Check.window:type_name -> google.protobuf.Duration
+	53, // 1: sluice.v1.Check.window:type_name -> google.protobuf.Duration
 	0,  // 2: sluice.v1.Check.algorithm:type_name -> sluice.v1.Algorithm
-	50, // 3: sluice.v1.Check.reserve_for:type_name -> google.protobuf.Duration
+	53, // 3: sluice.v1.Check.reserve_for:type_name -> google.protobuf.Duration
 	4,  // 4: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
-	50, // 5: sluice.v1.Decision.retry_after:type_name -> google.protobuf.Duration
-	50, // 6: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
+	53, // 5: sluice.v1.Decision.retry_after:type_name -> google.protobuf.Duration
+	53, // 6: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
 	6,  // 7: sluice.v1.SettleRequest.settlements:type_name -> sluice.v1.Settlement
 	8,  // 8: sluice.v1.SettleResponse.results:type_name -> sluice.v1.SettleResult
-	50, // 9: sluice.v1.SettleResult.retry_after:type_name -> google.protobuf.Duration
-	50, // 10: sluice.v1.SettleResult.reset_after:type_name -> google.protobuf.Duration
-	13, // 11: sluice.v1.ListMembersResponse.members:type_name -> sluice.v1.ClusterMember
-	16, // 12: sluice.v1.GetKeyResponse.state:type_name -> sluice.v1.KeyState
-	16, // 13: sluice.v1.GetKeyResponse.replica:type_name -> sluice.v1.KeyState
-	0,  // 14: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
-	50, // 15: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
-	17, // 16: sluice.v1.KeyState.sliding_log:type_name -> sluice.v1.SlidingLogState
-	19, // 17: sluice.v1.KeyState.sliding_window:type_name -> sluice.v1.SlidingWindowState
-	20, // 18: sluice.v1.KeyState.token_bucket:type_name -> sluice.v1.TokenBucketState
-	50, // 19: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
-	50, // 20: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
-	51, // 21: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
-	51, // 22: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
-	18, // 23: sluice.v1.SlidingLogState.runs:type_name -> sluice.v1.LogRun
-	51, // 24: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
-	51, // 25: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
-	51, // 26: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
-	23, // 27: sluice.v1.ListKeysResponse.keys:type_name -> sluice.v1.KeySummary
-	51, // 28: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
-	50, // 29: sluice.v1.Override.window:type_name -> google.protobuf.Duration
-	0,  // 30: sluice.v1.Override.algorithm:type_name -> sluice.v1.Algorithm
-	51, // 31: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
-	51, // 32: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
-	26, // 33: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
-	26, // 34: sluice.v1.SetOverrideResponse.override:type_name -> sluice.v1.Override
-	26, // 35: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
-	34, // 36: sluice.v1.EnvoyKeyRequest.entries:type_name -> sluice.v1.DescriptorEntry
-	37, // 37: sluice.v1.ReplicateRequest.records:type_name -> sluice.v1.StoreRecord
-	2,  // 38: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.Check
-	4,  // 39: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
-	2,  // 40: sluice.v1.ReleaseRequest.checks:type_name -> sluice.v1.Check
-	44, // 41: sluice.v1.HandoffRequest.keys:type_name -> sluice.v1.KeyRecord
-	1,  // 42: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
-	5,  // 43: sluice.v1.RateLimitService.Settle:input_type -> sluice.v1.SettleRequest
-	14, // 44: sluice.v1.AdminService.GetKey:input_type -> sluice.v1.GetKeyRequest
-	21, // 45: sluice.v1.AdminService.ListKeys:input_type -> sluice.v1.ListKeysRequest
-	24, // 46: sluice.v1.AdminService.ResetKey:input_type -> sluice.v1.ResetKeyRequest
-	27, // 47: sluice.v1.AdminService.SetOverride:input_type -> sluice.v1.SetOverrideRequest
-	29, // 48: sluice.v1.AdminService.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
-	31, // 49: sluice.v1.AdminService.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
-	33, // 50: sluice.v1.AdminService.EnvoyKey:input_type -> sluice.v1.EnvoyKeyRequest
-	11, // 51: sluice.v1.AdminService.ListMembers:input_type -> sluice.v1.ListMembersRequest
-	9,  // 52: sluice.v1.AdminService.ForgetMember:input_type -> sluice.v1.ForgetMemberRequest
-	39, // 53: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
-	41, // 54: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
-	43, // 55: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
-	46, // 56: sluice.v1.PeerService.Renew:input_type -> sluice.v1.RenewRequest
-	48, // 57: sluice.v1.PeerService.Propose:input_type -> sluice.v1.ProposeRequest
-	36, // 58: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
-	3,  // 59: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
-	7,  // 60: sluice.v1.RateLimitService.Settle:output_type -> sluice.v1.SettleResponse
-	15, // 61: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
-	22, // 62: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
-	25, // 63: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
-	28, // 64: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
-	30, // 65: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
-	32, // 66: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
-	35, // 67: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
-	12, // 68: sluice.v1.AdminService.ListMembers:output_type -> sluice.v1.ListMembersResponse
-	10, // 69: sluice.v1.AdminService.ForgetMember:output_type -> sluice.v1.ForgetMemberResponse
-	40, // 70: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
-	42, // 71: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
-	45, // 72: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
-	47, // 73: sluice.v1.PeerService.Renew:output_type -> sluice.v1.RenewResponse
-	49, // 74: sluice.v1.PeerService.Propose:output_type -> sluice.v1.ProposeResponse
-	38, // 75: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
-	59, // [59:76] is the sub-list for method output_type
-	42, // [42:59] is the sub-list for method input_type
-	42, // [42:42] is the sub-list for extension type_name
-	42, // [42:42] is the sub-list for extension extendee
-	0,  // [0:42] is the sub-list for field type_name
+	53, // 9: sluice.v1.SettleResult.retry_after:type_name -> google.protobuf.Duration
+	53, // 10: sluice.v1.SettleResult.reset_after:type_name -> google.protobuf.Duration
+	11, // 11: sluice.v1.RoutesResponse.members:type_name -> sluice.v1.RouteMember
+	16, // 12: sluice.v1.ListMembersResponse.members:type_name -> sluice.v1.ClusterMember
+	19, // 13: sluice.v1.GetKeyResponse.state:type_name -> sluice.v1.KeyState
+	19, // 14: sluice.v1.GetKeyResponse.replica:type_name -> sluice.v1.KeyState
+	0,  // 15: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
+	53, // 16: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
+	20, // 17: sluice.v1.KeyState.sliding_log:type_name -> sluice.v1.SlidingLogState
+	22, // 18: sluice.v1.KeyState.sliding_window:type_name -> sluice.v1.SlidingWindowState
+	23, // 19: sluice.v1.KeyState.token_bucket:type_name -> sluice.v1.TokenBucketState
+	53, // 20: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
+	53, // 21: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
+	54, // 22: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
+	54, // 23: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
+	21, // 24: sluice.v1.SlidingLogState.runs:type_name -> sluice.v1.LogRun
+	54, // 25: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
+	54, // 26: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
+	54, // 27: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
+	26, // 28: sluice.v1.ListKeysResponse.keys:type_name -> sluice.v1.KeySummary
+	54, // 29: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
+	53, // 30: sluice.v1.Override.window:type_name -> google.protobuf.Duration
+	0,  // 31: sluice.v1.Override.algorithm:type_name -> sluice.v1.Algorithm
+	54, // 32: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
+	54, // 33: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
+	29, // 34: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
+	29, // 35: sluice.v1.SetOverrideResponse.override:type_name -> sluice.v1.Override
+	29, // 36: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
+	37, // 37: sluice.v1.EnvoyKeyRequest.entries:type_name -> sluice.v1.DescriptorEntry
+	40, // 38: sluice.v1.ReplicateRequest.records:type_name -> sluice.v1.StoreRecord
+	2,  // 39: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.Check
+	4,  // 40: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
+	2,  // 41: sluice.v1.ReleaseRequest.checks:type_name -> sluice.v1.Check
+	47, // 42: sluice.v1.HandoffRequest.keys:type_name -> sluice.v1.KeyRecord
+	1,  // 43: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
+	5,  // 44: sluice.v1.RateLimitService.Settle:input_type -> sluice.v1.SettleRequest
+	9,  // 45: sluice.v1.RateLimitService.Routes:input_type -> sluice.v1.RoutesRequest
+	17, // 46: sluice.v1.AdminService.GetKey:input_type -> sluice.v1.GetKeyRequest
+	24, // 47: sluice.v1.AdminService.ListKeys:input_type -> sluice.v1.ListKeysRequest
+	27, // 48: sluice.v1.AdminService.ResetKey:input_type -> sluice.v1.ResetKeyRequest
+	30, // 49: sluice.v1.AdminService.SetOverride:input_type -> sluice.v1.SetOverrideRequest
+	32, // 50: sluice.v1.AdminService.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
+	34, // 51: sluice.v1.AdminService.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
+	36, // 52: sluice.v1.AdminService.EnvoyKey:input_type -> sluice.v1.EnvoyKeyRequest
+	14, // 53: sluice.v1.AdminService.ListMembers:input_type -> sluice.v1.ListMembersRequest
+	12, // 54: sluice.v1.AdminService.ForgetMember:input_type -> sluice.v1.ForgetMemberRequest
+	42, // 55: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
+	44, // 56: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
+	46, // 57: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
+	49, // 58: sluice.v1.PeerService.Renew:input_type -> sluice.v1.RenewRequest
+	51, // 59: sluice.v1.PeerService.Propose:input_type -> sluice.v1.ProposeRequest
+	39, // 60: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
+	3,  // 61: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
+	7,  // 62: sluice.v1.RateLimitService.Settle:output_type -> sluice.v1.SettleResponse
+	10, // 63: sluice.v1.RateLimitService.Routes:output_type -> sluice.v1.RoutesResponse
+	18, // 64: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
+	25, // 65: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
+	28, // 66: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
+	31, // 67: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
+	33, // 68: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
+	35, // 69: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
+	38, // 70: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
+	15, // 71: sluice.v1.AdminService.ListMembers:output_type -> sluice.v1.ListMembersResponse
+	13, // 72: sluice.v1.AdminService.ForgetMember:output_type -> sluice.v1.ForgetMemberResponse
+	43, // 73: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
+	45, // 74: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
+	48, // 75: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
+	50, // 76: sluice.v1.PeerService.Renew:output_type -> sluice.v1.RenewResponse
+	52, // 77: sluice.v1.PeerService.Propose:output_type -> sluice.v1.ProposeResponse
+	41, // 78: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
+	61, // [61:79] is the sub-list for method output_type
+	43, // [43:61] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -4061,7 +4286,7 @@ func file_sluice_v1_sluice_proto_init() {
 		return
 	}
 	file_sluice_v1_sluice_proto_msgTypes[1].OneofWrappers = []any{}
-	file_sluice_v1_sluice_proto_msgTypes[15].OneofWrappers = []any{
+	file_sluice_v1_sluice_proto_msgTypes[18].OneofWrappers = []any{
 		(*KeyState_SlidingLog)(nil),
 		(*KeyState_SlidingWindow)(nil),
 		(*KeyState_TokenBucket)(nil),
@@ -4072,7 +4297,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   49,
+			NumMessages:   52,
 			NumExtensions: 0,
 			NumServices:   3,
 		},

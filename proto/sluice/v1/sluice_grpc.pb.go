@@ -45,6 +45,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	RateLimitService_Check_FullMethodName  = "/sluice.v1.RateLimitService/Check"
 	RateLimitService_Settle_FullMethodName = "/sluice.v1.RateLimitService/Settle"
+	RateLimitService_Routes_FullMethodName = "/sluice.v1.RateLimitService/Routes"
 )
 
 // RateLimitServiceClient is the client API for RateLimitService service.
@@ -59,7 +60,8 @@ type RateLimitServiceClient interface {
 	//
 	// Each check is decided by the node that owns its key: the node that
 	// receives the call forwards checks for other owners and gathers the
-	// answers, so a client may call any node.
+	// answers, so a client may call any node (or spare the forward by
+	// sending each check to its owner: see Routes).
 	//
 	// Errors (the call fails whole and nothing is recorded):
 	//   - INVALID_ARGUMENT: a check is malformed (empty or too long key, no
@@ -87,6 +89,18 @@ type RateLimitServiceClient interface {
 	// malformed handle, a negative cost, an empty or too large batch; the
 	// others as for Check.
 	Settle(ctx context.Context, in *SettleRequest, opts ...grpc.CallOption) (*SettleResponse, error)
+	// Routes returns what a client needs to send each check straight to the
+	// node that decides its key: the members that own keys, whether each is
+	// up, and where each serves this API, with the version of the ownership
+	// they describe. A client hashes each key over the members the way the
+	// nodes do (rendezvous hashing of the member names, docs/cluster.md) and
+	// sends it to the first member of the key's order that is up. A check
+	// sent elsewhere is still decided by its owner, one forward away; the
+	// answer says so (Decision.forwarded), and CheckResponse.routes_version
+	// says when the view a client routed with is older than the node's.
+	//
+	// A single node lists itself. Like Check, it needs no credential.
+	Routes(ctx context.Context, in *RoutesRequest, opts ...grpc.CallOption) (*RoutesResponse, error)
 }
 
 type rateLimitServiceClient struct {
@@ -117,6 +131,16 @@ func (c *rateLimitServiceClient) Settle(ctx context.Context, in *SettleRequest, 
 	return out, nil
 }
 
+func (c *rateLimitServiceClient) Routes(ctx context.Context, in *RoutesRequest, opts ...grpc.CallOption) (*RoutesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RoutesResponse)
+	err := c.cc.Invoke(ctx, RateLimitService_Routes_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RateLimitServiceServer is the server API for RateLimitService service.
 // All implementations must embed UnimplementedRateLimitServiceServer
 // for forward compatibility.
@@ -129,7 +153,8 @@ type RateLimitServiceServer interface {
 	//
 	// Each check is decided by the node that owns its key: the node that
 	// receives the call forwards checks for other owners and gathers the
-	// answers, so a client may call any node.
+	// answers, so a client may call any node (or spare the forward by
+	// sending each check to its owner: see Routes).
 	//
 	// Errors (the call fails whole and nothing is recorded):
 	//   - INVALID_ARGUMENT: a check is malformed (empty or too long key, no
@@ -157,6 +182,18 @@ type RateLimitServiceServer interface {
 	// malformed handle, a negative cost, an empty or too large batch; the
 	// others as for Check.
 	Settle(context.Context, *SettleRequest) (*SettleResponse, error)
+	// Routes returns what a client needs to send each check straight to the
+	// node that decides its key: the members that own keys, whether each is
+	// up, and where each serves this API, with the version of the ownership
+	// they describe. A client hashes each key over the members the way the
+	// nodes do (rendezvous hashing of the member names, docs/cluster.md) and
+	// sends it to the first member of the key's order that is up. A check
+	// sent elsewhere is still decided by its owner, one forward away; the
+	// answer says so (Decision.forwarded), and CheckResponse.routes_version
+	// says when the view a client routed with is older than the node's.
+	//
+	// A single node lists itself. Like Check, it needs no credential.
+	Routes(context.Context, *RoutesRequest) (*RoutesResponse, error)
 	mustEmbedUnimplementedRateLimitServiceServer()
 }
 
@@ -172,6 +209,9 @@ func (UnimplementedRateLimitServiceServer) Check(context.Context, *CheckRequest)
 }
 func (UnimplementedRateLimitServiceServer) Settle(context.Context, *SettleRequest) (*SettleResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Settle not implemented")
+}
+func (UnimplementedRateLimitServiceServer) Routes(context.Context, *RoutesRequest) (*RoutesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Routes not implemented")
 }
 func (UnimplementedRateLimitServiceServer) mustEmbedUnimplementedRateLimitServiceServer() {}
 func (UnimplementedRateLimitServiceServer) testEmbeddedByValue()                          {}
@@ -230,6 +270,24 @@ func _RateLimitService_Settle_Handler(srv interface{}, ctx context.Context, dec 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _RateLimitService_Routes_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RoutesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RateLimitServiceServer).Routes(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: RateLimitService_Routes_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RateLimitServiceServer).Routes(ctx, req.(*RoutesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // RateLimitService_ServiceDesc is the grpc.ServiceDesc for RateLimitService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -244,6 +302,10 @@ var RateLimitService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Settle",
 			Handler:    _RateLimitService_Settle_Handler,
+		},
+		{
+			MethodName: "Routes",
+			Handler:    _RateLimitService_Routes_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

@@ -1,6 +1,6 @@
 // Package nodetest starts what the tests of the client, the HTTP
 // middleware and sluice edge talk to: a real Sluice node in-process on
-// 127.0.0.1:0, a gate in front of it that can stall or refuse
+// 127.0.0.1:0 (or a cluster of them), a gate in front of it that can stall or refuse
 // connections (Sluice slow, Sluice killed), and a gRPC server that answers
 // every check with a given error first (a node answering UNAVAILABLE).
 // Tests only.
@@ -8,8 +8,11 @@ package nodetest
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -18,6 +21,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
+	"github.com/sluice-io/sluice/cluster"
+	"github.com/sluice-io/sluice/cluster/clustertest"
 	"github.com/sluice-io/sluice/cmd/sluice/node"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
@@ -29,6 +34,8 @@ type Node struct {
 	srv  *node.Node
 	Addr string // its gRPC address
 	once sync.Once
+	// stopped is set by Stop.
+	stopped atomic.Bool
 }
 
 // Start starts a node named name; edit, if not nil, may change its config.
@@ -65,6 +72,7 @@ func Start(t testing.TB, name string, edit func(*node.Config)) *Node {
 // Stop shuts the node down (idempotent): Sluice killed.
 func (n *Node) Stop() {
 	n.once.Do(func() {
+		n.stopped.Store(true)
 		if err := n.srv.Shutdown(context.Background()); err != nil {
 			n.t.Errorf("node Shutdown: %v", err)
 		}
@@ -244,4 +252,139 @@ func (r *Refuser) Check(ctx context.Context, req *sluicepb.CheckRequest) (*sluic
 		return nil, r.Err
 	}
 	return r.next.Check(ctx, req)
+}
+
+// Server returns the node itself, for what a test needs to look at (its
+// router, its metrics registry).
+func (n *Node) Server() *node.Node { return n.srv }
+
+// Forwarded returns how many checks this node forwarded to other nodes
+// (sluice_forwarded_checks_total, every result).
+func (n *Node) Forwarded() float64 {
+	n.t.Helper()
+	mfs, err := n.srv.Registry().Gather()
+	if err != nil {
+		n.t.Fatalf("gather metrics: %v", err)
+	}
+	total := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != "sluice_forwarded_checks_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			total += m.GetCounter().GetValue()
+		}
+	}
+	return total
+}
+
+// Cluster is nodes of one cluster in this process (memory mode, the wall
+// clock), joined through the first one's gossip address. Nodes are named
+// node-0, node-1, ...
+type Cluster struct {
+	t      testing.TB
+	Nodes  []*Node
+	seed   string
+	expect int
+	edit   func(*node.Config)
+}
+
+// StartCluster starts n nodes, waits until each sees the others and holds
+// a lease, and stops them at the end of the test; edit, if not nil, may
+// change every node's config.
+func StartCluster(t testing.TB, n int, edit func(*node.Config)) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t, expect: n, edit: edit}
+	for range n {
+		c.Add()
+	}
+	c.WaitReady()
+	return c
+}
+
+// Add starts one more node, which joins the cluster; WaitReady waits
+// until it is part of it.
+func (c *Cluster) Add() *Node {
+	c.t.Helper()
+	gossip := "127.0.0.1:" + strconv.Itoa(clustertest.FreePort(c.t))
+	if c.seed == "" {
+		c.seed = gossip
+	}
+	name := fmt.Sprintf("node-%d", len(c.Nodes))
+	n := Start(c.t, name, func(cfg *node.Config) {
+		cc := cluster.DefaultConfig()
+		cc.GossipAddr = gossip
+		cc.Join = []string{c.seed}
+		cc.Expect = c.expect
+		cfg.Cluster = &cc
+		if c.edit != nil {
+			c.edit(cfg)
+		}
+	})
+	c.Nodes = append(c.Nodes, n)
+	return n
+}
+
+// Addrs returns the gRPC addresses of the nodes, comma-separated, as
+// client.Config.Addr takes them.
+func (c *Cluster) Addrs() string {
+	var addrs []string
+	for _, n := range c.Nodes {
+		addrs = append(addrs, n.Addr)
+	}
+	return strings.Join(addrs, ",")
+}
+
+// Running returns the nodes not stopped.
+func (c *Cluster) Running() []*Node {
+	var out []*Node
+	for _, n := range c.Nodes {
+		if !n.stopped.Load() {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// WaitReady waits (20 s at most) until every running node applied a map
+// that lists every running node as up and is ready: it holds a lease and
+// every key it acts for is here.
+func (c *Cluster) WaitReady() {
+	c.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		why := c.notReady()
+		if why == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("cluster not ready: %s", why)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (c *Cluster) notReady() string {
+	running := c.Running()
+	for _, n := range running {
+		name := n.srv.Config().NodeName
+		if w := n.srv.NotReady(); w != "" {
+			return name + ": " + w
+		}
+		r := n.srv.Router()
+		if r == nil {
+			return name + ": no router yet"
+		}
+		_, routes := r.Routes()
+		up := 0
+		for _, x := range routes {
+			if x.Up {
+				up++
+			}
+		}
+		if up != len(running) {
+			return fmt.Sprintf("%s: %d members up, want %d", name, up, len(running))
+		}
+	}
+	return ""
 }
