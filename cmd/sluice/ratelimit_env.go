@@ -147,6 +147,18 @@ func applyRatelimitEnv(fs *pflag.FlagSet, getenv func(string) string) (ratelimit
 	set("limit-remaining-header", get("LIMIT_REMAINING_HEADER"), "LIMIT_REMAINING_HEADER")
 	set("limit-reset-header", get("LIMIT_RESET_HEADER"), "LIMIT_RESET_HEADER")
 
+	// Tracing: OTLP to OTEL_EXPORTER_OTLP_ENDPOINT (OpenTelemetry's
+	// variable, which ratelimit's exporter reads; its default is the
+	// local collector's).
+	if on, ok := boolean("TRACING_ENABLED"); ok && on {
+		proto := strings.ToLower(cmp.Or(get("TRACING_EXPORTER_PROTOCOL"), "http"))
+		port := map[string]string{"http": "4318", "grpc": "4317"}[proto]
+		endpoint := cmp.Or(get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), get("OTEL_EXPORTER_OTLP_ENDPOINT"), "http://localhost:"+port)
+		set("otlp-endpoint", endpoint, "TRACING_ENABLED, OTEL_EXPORTER_OTLP_ENDPOINT")
+		set("otlp-protocol", proto, "TRACING_EXPORTER_PROTOCOL")
+		set("trace-sample-ratio", get("TRACING_SAMPLING_RATE"), "TRACING_SAMPLING_RATE")
+		set("trace-service-name", get("TRACING_SERVICE_NAME"), "TRACING_SERVICE_NAME")
+	}
 	for _, name := range ratelimitIgnored {
 		if getenv(name) != "" {
 			r.ignored = append(r.ignored, name)
