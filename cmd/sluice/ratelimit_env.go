@@ -151,11 +151,11 @@ func applyRatelimitEnv(fs *pflag.FlagSet, getenv func(string) string) (ratelimit
 	// variable, which ratelimit's exporter reads; its default is the
 	// local collector's).
 	if on, ok := boolean("TRACING_ENABLED"); ok && on {
-		proto := strings.ToLower(cmp.Or(get("TRACING_EXPORTER_PROTOCOL"), "http"))
-		port := map[string]string{"http": "4318", "grpc": "4317"}[proto]
-		endpoint := cmp.Or(get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), get("OTEL_EXPORTER_OTLP_ENDPOINT"), "http://localhost:"+port)
+		if proto := strings.ToLower(get("TRACING_EXPORTER_PROTOCOL")); proto != "" && proto != "http" {
+			errs = append(errs, fmt.Sprintf("environment variable TRACING_EXPORTER_PROTOCOL=%q: Sluice exports OTLP over HTTP only; set it to http and OTEL_EXPORTER_OTLP_ENDPOINT to the collector's HTTP port (4318)", proto))
+		}
+		endpoint := cmp.Or(get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), get("OTEL_EXPORTER_OTLP_ENDPOINT"), "http://localhost:4318")
 		set("otlp-endpoint", endpoint, "TRACING_ENABLED, OTEL_EXPORTER_OTLP_ENDPOINT")
-		set("otlp-protocol", proto, "TRACING_EXPORTER_PROTOCOL")
 		set("trace-sample-ratio", get("TRACING_SAMPLING_RATE"), "TRACING_SAMPLING_RATE")
 		set("trace-service-name", get("TRACING_SERVICE_NAME"), "TRACING_SERVICE_NAME")
 	}

@@ -2,7 +2,10 @@ package node
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"slices"
 	"sync"
 	"testing"
@@ -12,16 +15,15 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	collectorpb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
-// collector is an OTLP/gRPC trace collector on 127.0.0.1:0 that keeps
-// what the nodes export.
+// collector is an OTLP/HTTP trace collector on 127.0.0.1:0 that keeps
+// what the nodes export to /v1/traces.
 type collector struct {
-	collectorpb.UnimplementedTraceServiceServer
 	addr string
 
 	mu    sync.Mutex
@@ -34,21 +36,31 @@ type exported struct {
 	span *tracepb.Span
 }
 
-func newCollector(t *testing.T) *collector {
+func newCollector(t testing.TB) *collector {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := &collector{addr: lis.Addr().String()}
-	srv := grpc.NewServer()
-	collectorpb.RegisterTraceServiceServer(srv, c)
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/traces", c.export)
+	srv := &http.Server{Handler: mux}
 	go srv.Serve(lis)
-	t.Cleanup(srv.Stop)
+	t.Cleanup(func() { srv.Close() })
 	return c
 }
 
-func (c *collector) Export(_ context.Context, req *collectorpb.ExportTraceServiceRequest) (*collectorpb.ExportTraceServiceResponse, error) {
+func (c *collector) export(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	var req collectorpb.ExportTraceServiceRequest
+	if err == nil {
+		err = proto.Unmarshal(body, &req)
+	}
+	if err != nil || r.Header.Get("Content-Type") != "application/x-protobuf" {
+		http.Error(w, fmt.Sprintf("not an OTLP protobuf request (%s): %v", r.Header.Get("Content-Type"), err), http.StatusBadRequest)
+		return
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, rs := range req.ResourceSpans {
@@ -64,7 +76,7 @@ func (c *collector) Export(_ context.Context, req *collectorpb.ExportTraceServic
 			}
 		}
 	}
-	return &collectorpb.ExportTraceServiceResponse{}, nil
+	w.Header().Set("Content-Type", "application/x-protobuf")
 }
 
 // trace returns the spans of the trace id.
@@ -153,4 +165,42 @@ func TestTracing(t *testing.T) {
 		}
 	}
 	col.mu.Unlock()
+}
+
+// BenchmarkCheckTracing measures a native check of one key through a
+// node's gRPC API, in memory mode, from 16 concurrent callers: with
+// tracing off (the default), on with no call sampled (the cost of the
+// instrumentation alone), and on with every call sampled and exported to a
+// collector.
+func BenchmarkCheckTracing(b *testing.B) {
+	for _, mode := range []string{"off", "unsampled", "sampled"} {
+		b.Run(mode, func(b *testing.B) {
+			var col *collector
+			ts := newTestServer(b, func(c *Config) {
+				c.Engine.Store = nil
+				c.Durability = "memory"
+				switch mode {
+				case "unsampled":
+					c.Tracing = TracingConfig{Endpoint: "http://127.0.0.1:1", SampleRatio: 1e-12}
+				case "sampled":
+					col = newCollector(b)
+					c.Tracing = TracingConfig{Endpoint: "http://" + col.addr, SampleRatio: 1}
+				}
+			})
+			client := sluicepb.NewRateLimitServiceClient(ts.conn)
+			req := &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck("bench", 1<<40, time.Hour, 1)}}
+			ctx := ts.ctx()
+			b.SetParallelism(8) // 16 callers on 2 CPUs
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if _, err := client.Check(ctx, req); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
 }
