@@ -83,10 +83,17 @@ func applyRatelimitEnv(fs *pflag.FlagSet, getenv func(string) string) (ratelimit
 			set(flag, strconv.FormatBool(b), name)
 		}
 	}
-	// Addresses: ratelimit listens on 0.0.0.0 by default.
+	// Addresses: ratelimit listens on 0.0.0.0 by default. A port that is
+	// not a number is not ratelimit's (Kubernetes sets GRPC_PORT to
+	// tcp://IP:PORT in the pods of a namespace with a Service named
+	// grpc): it is listed as ignored, and so is its host.
 	addr := func(flag, hostVar, portVar, port string) {
 		h, p := get(hostVar), get(portVar)
 		if h == "" && p == "" {
+			return
+		}
+		if _, err := strconv.ParseUint(cmp.Or(p, port), 10, 16); err != nil {
+			r.ignored = append(r.ignored, portVar)
 			return
 		}
 		set(flag, net.JoinHostPort(cmp.Or(h, "0.0.0.0"), cmp.Or(p, port)), hostVar+", "+portVar)

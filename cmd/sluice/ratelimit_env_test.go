@@ -36,6 +36,7 @@ func TestRatelimitEnv(t *testing.T) {
 		"LOG_FORMAT":                     "json",
 		"USE_STATSD":                     "true", "REDIS_URL": "redis:6379",
 		"TRACING_ENABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1",
+		"PORT": "tcp://10.0.0.1:80", // a Kubernetes service link, not ratelimit's
 	}
 	n := startNode(t, e)
 	// The limits of the runtime directory are in force: 1 a minute.
@@ -99,7 +100,7 @@ func TestRatelimitEnv(t *testing.T) {
 	if rl == nil {
 		t.Fatalf("no log line about ratelimit's variables:\n%s", n.logs)
 	}
-	if got, want := strs(rl["ignored"]), []string{"REDIS_URL", "USE_STATSD"}; !slices.Equal(got, want) {
+	if got, want := strs(rl["ignored"]), []string{"PORT", "REDIS_URL", "USE_STATSD"}; !slices.Equal(got, want) {
 		t.Errorf("ignored = %v; want %v", got, want)
 	}
 	if got := strs(rl["read"]); !slices.Contains(got, "LIMIT_RESPONSE_HEADERS_ENABLED") || slices.Contains(got, "SHADOW_MODE") || slices.Contains(got, "GRPC_HOST, GRPC_PORT") {
