@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/sluice-io/sluice/actor/clock"
 	"github.com/sluice-io/sluice/persist"
 )
@@ -233,6 +235,13 @@ func (a *actor) handle() {
 		a.wrote = append(a.wrote, wrote)
 	}
 	e.cfg.Observer.Batch(int(a.id), checks, len(a.mailbox))
+	if e.cfg.Trace {
+		for _, c := range a.batch {
+			if c.op == opCheck {
+				traceEvent(c, "decided")
+			}
+		}
+	}
 
 	if e.store == nil || len(a.dirty) == 0 {
 		for _, ent := range a.dirty {
@@ -966,6 +975,7 @@ func (f *flush) finishStore(err error) {
 		f.acknowledge(fmt.Errorf("actor: store: %w", err))
 		return
 	}
+	f.trace("committed")
 	if rep := f.a.e.cfg.Replicator; rep != nil {
 		rep.Replicate(f.recs, f.replicaDone)
 		return
@@ -973,10 +983,27 @@ func (f *flush) finishStore(err error) {
 	f.acknowledge(nil)
 }
 
+// trace adds the event to the spans of the calls of the write, when the
+// engine traces.
+func (f *flush) trace(event string) {
+	if f.a.e.cfg.Trace {
+		for _, c := range f.calls {
+			traceEvent(c, event)
+		}
+	}
+}
+
+// traceEvent adds the event to the span of c's context, if it has one.
+func traceEvent(c *call, event string) {
+	trace.SpanFromContext(c.ctx).AddEvent(event)
+}
+
 // finishReplica is the Replicator's answer, after the commit.
 func (f *flush) finishReplica(err error) {
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrReplication, err)
+	} else {
+		f.trace("copied to standby")
 	}
 	f.acknowledge(err)
 }

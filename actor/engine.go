@@ -121,6 +121,12 @@ type Config struct {
 	// once the Replicator confirmed it too (see Replicator). Nil: none. It
 	// is not used in memory mode (no Store: there are no writes).
 	Replicator Replicator
+	// Trace adds an event to the span of each call's context (the
+	// OpenTelemetry span a traced gRPC call carries) when the call is
+	// decided ("decided"), when its hits are committed ("committed") and
+	// when its standby confirmed them ("copied to standby"). False: the
+	// contexts are not read.
+	Trace bool
 }
 
 // Replicator keeps copies of what the engine writes elsewhere (the

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -311,7 +312,9 @@ func (p *peer) send(batch []*pending, n int) {
 			deadline = d
 		}
 	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	// The batch's call carries the first caller's trace context: its
+	// trace shows the forward (the others' do not).
+	ctx, cancel := context.WithDeadline(trace.ContextWithSpanContext(context.Background(), trace.SpanContextFromContext(live[0].ctx)), deadline)
 	defer cancel()
 	go func() {
 		// Give up the call once every caller is gone.

@@ -83,10 +83,17 @@ func applyRatelimitEnv(fs *pflag.FlagSet, getenv func(string) string) (ratelimit
 			set(flag, strconv.FormatBool(b), name)
 		}
 	}
-	// Addresses: ratelimit listens on 0.0.0.0 by default.
+	// Addresses: ratelimit listens on 0.0.0.0 by default. A port that is
+	// not a number is not ratelimit's (Kubernetes sets GRPC_PORT to
+	// tcp://IP:PORT in the pods of a namespace with a Service named
+	// grpc): it is listed as ignored, and so is its host.
 	addr := func(flag, hostVar, portVar, port string) {
 		h, p := get(hostVar), get(portVar)
 		if h == "" && p == "" {
+			return
+		}
+		if _, err := strconv.ParseUint(cmp.Or(p, port), 10, 16); err != nil {
+			r.ignored = append(r.ignored, portVar)
 			return
 		}
 		set(flag, net.JoinHostPort(cmp.Or(h, "0.0.0.0"), cmp.Or(p, port)), hostVar+", "+portVar)
@@ -147,6 +154,18 @@ func applyRatelimitEnv(fs *pflag.FlagSet, getenv func(string) string) (ratelimit
 	set("limit-remaining-header", get("LIMIT_REMAINING_HEADER"), "LIMIT_REMAINING_HEADER")
 	set("limit-reset-header", get("LIMIT_RESET_HEADER"), "LIMIT_RESET_HEADER")
 
+	// Tracing: OTLP to OTEL_EXPORTER_OTLP_ENDPOINT (OpenTelemetry's
+	// variable, which ratelimit's exporter reads; its default is the
+	// local collector's).
+	if on, ok := boolean("TRACING_ENABLED"); ok && on {
+		if proto := strings.ToLower(get("TRACING_EXPORTER_PROTOCOL")); proto != "" && proto != "http" {
+			errs = append(errs, fmt.Sprintf("environment variable TRACING_EXPORTER_PROTOCOL=%q: Sluice exports OTLP over HTTP only; set it to http and OTEL_EXPORTER_OTLP_ENDPOINT to the collector's HTTP port (4318)", proto))
+		}
+		endpoint := cmp.Or(get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"), get("OTEL_EXPORTER_OTLP_ENDPOINT"), "http://localhost:4318")
+		set("otlp-endpoint", endpoint, "TRACING_ENABLED, OTEL_EXPORTER_OTLP_ENDPOINT")
+		set("trace-sample-ratio", get("TRACING_SAMPLING_RATE"), "TRACING_SAMPLING_RATE")
+		set("trace-service-name", get("TRACING_SERVICE_NAME"), "TRACING_SERVICE_NAME")
+	}
 	for _, name := range ratelimitIgnored {
 		if getenv(name) != "" {
 			r.ignored = append(r.ignored, name)

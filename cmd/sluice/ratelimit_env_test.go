@@ -35,6 +35,8 @@ func TestRatelimitEnv(t *testing.T) {
 		"SLUICE_SHADOW":                  "false",
 		"LOG_FORMAT":                     "json",
 		"USE_STATSD":                     "true", "REDIS_URL": "redis:6379",
+		"TRACING_ENABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1",
+		"PORT": "tcp://10.0.0.1:80", // a Kubernetes service link, not ratelimit's
 	}
 	n := startNode(t, e)
 	// The limits of the runtime directory are in force: 1 a minute.
@@ -79,6 +81,9 @@ func TestRatelimitEnv(t *testing.T) {
 			t.Errorf("start-up line %s = %v; want %v", key, start[key], want)
 		}
 	}
+	if tr, _ := start["tracing"].(map[string]any); tr["otlp_endpoint"] != "http://127.0.0.1:1" {
+		t.Errorf("start-up line tracing = %v; want otlp_endpoint from OTEL_EXPORTER_OTLP_ENDPOINT (TRACING_ENABLED)", start["tracing"])
+	}
 	if transport["max_connection_age"] != "2m0s" {
 		t.Errorf("start-up line transport.max_connection_age = %v; want 2m0s (GRPC_MAX_CONNECTION_AGE)", transport["max_connection_age"])
 	}
@@ -95,19 +100,25 @@ func TestRatelimitEnv(t *testing.T) {
 	if rl == nil {
 		t.Fatalf("no log line about ratelimit's variables:\n%s", n.logs)
 	}
-	if got, want := strs(rl["ignored"]), []string{"REDIS_URL", "USE_STATSD"}; !slices.Equal(got, want) {
+	if got, want := strs(rl["ignored"]), []string{"PORT", "REDIS_URL", "USE_STATSD"}; !slices.Equal(got, want) {
 		t.Errorf("ignored = %v; want %v", got, want)
 	}
 	if got := strs(rl["read"]); !slices.Contains(got, "LIMIT_RESPONSE_HEADERS_ENABLED") || slices.Contains(got, "SHADOW_MODE") || slices.Contains(got, "GRPC_HOST, GRPC_PORT") {
 		t.Errorf("read = %v; want LIMIT_RESPONSE_HEADERS_ENABLED, and neither SHADOW_MODE nor GRPC_PORT (overridden)", got)
 	}
 
-	for _, bad := range []env{{"MERGE_DOMAIN_CONFIG": "yes"}, {"CONFIG_TYPE": "REDIS"}, {"GRPC_MAX_CONNECTION_AGE": "soon"}} {
-		r := mustRun(t, exitError, bad, "serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "", "--durability", "memory")
-		for name := range bad {
-			if !strings.Contains(r.stderr, "environment variable "+name) {
-				t.Errorf("serve with %v: stderr %q; want the variable named", bad, r.stderr)
-			}
+	for _, tt := range []struct {
+		env  env
+		name string
+	}{
+		{env{"MERGE_DOMAIN_CONFIG": "yes"}, "MERGE_DOMAIN_CONFIG"},
+		{env{"CONFIG_TYPE": "REDIS"}, "CONFIG_TYPE"},
+		{env{"GRPC_MAX_CONNECTION_AGE": "soon"}, "GRPC_MAX_CONNECTION_AGE"},
+		{env{"TRACING_ENABLED": "true", "TRACING_EXPORTER_PROTOCOL": "grpc"}, "TRACING_EXPORTER_PROTOCOL"},
+	} {
+		r := mustRun(t, exitError, tt.env, "serve", "--grpc-addr", "127.0.0.1:0", "--http-addr", "", "--durability", "memory")
+		if !strings.Contains(r.stderr, "environment variable "+tt.name) {
+			t.Errorf("serve with %v: stderr %q; want %s named", tt.env, r.stderr, tt.name)
 		}
 	}
 }

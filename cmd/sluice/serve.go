@@ -134,6 +134,9 @@ docs/envoy.md), and those without one are listed in one log line.`,
 	fs.Float64Var(&cfg.NearLimitRatio, "near-limit-ratio", api.DefaultNearLimitRatio, "share of a limit above which allowed hits count as near the limit in the per-rule statistics (envoyproxy/ratelimit's NEAR_LIMIT_RATIO)")
 	fs.StringSliceVar(&cfg.UsageDomains, "usage-domain", nil, "Envoy domain whose every descriptor reports usage already spent (token budgets: hits_addend of apply_on_stream_done), recorded even over the limit; repeatable, or comma-separated; \"*\" for every domain")
 	fs.BoolVar(&cfg.ShadowMode, "shadow", false, "every limit of Envoy requests in shadow mode: counted and reported, never OVER_LIMIT (envoyproxy/ratelimit's SHADOW_MODE)")
+	fs.StringVar(&cfg.Tracing.Endpoint, "otlp-endpoint", "", "export OpenTelemetry traces of the decisions to this OTLP/HTTP collector: http://host:4318 (to /v1/traces unless the URL has a path), https:// for TLS; empty: no tracing, at no cost")
+	fs.Float64Var(&cfg.Tracing.SampleRatio, "trace-sample-ratio", 0.01, "share of the calls without a sampling decision from their caller that are traced (a caller's traceparent decides for its calls)")
+	fs.StringVar(&cfg.Tracing.ServiceName, "trace-service-name", "sluice", "service.name of the spans")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles on --http-addr under /debug/pprof/ (for profiling; off by default)")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest gRPC request, in bytes")
 	fs.IntVar(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "most connections each listener (gRPC, peer, admin, HTTP) holds open; past it new ones wait, unanswered, until one closes")
@@ -510,6 +513,8 @@ func (o *serveOptions) attrs(cluster bool) []any {
 			"max_connection_age_grace", cfg.MaxConnectionAgeGrace,
 			"keepalive_min_time", cfg.KeepaliveMinTime,
 		),
+		slog.Group("tracing", "otlp_endpoint", cfg.Tracing.Endpoint,
+			"sample_ratio", cfg.Tracing.SampleRatio, "service_name", cfg.Tracing.ServiceName),
 		"pprof", cfg.Pprof,
 		"insecure", o.insecure,
 		"shutdown_timeout", cfg.ShutdownTimeout,

@@ -61,6 +61,9 @@ func (n *Node) startCluster() error {
 	if creds := n.api.PeerCredentials(n.certs != nil); creds != nil {
 		dial = append(dial, grpc.WithPerRPCCredentials(creds))
 	}
+	if n.traces != nil {
+		dial = append(dial, n.traces.dialOption()) // forwards carry the trace context
+	}
 	local := m.Local()
 	ctl := n.cfg.Control
 	ctl.NodeName, ctl.DataDir, ctl.Expect, ctl.Settings = n.cfg.NodeName, n.cfg.DataDir, ccfg.Expect, settings

@@ -199,6 +199,9 @@ type Config struct {
 	// data directory, expect, replicas, policy, addresses, gossip and
 	// transport are set by Start.
 	Control control.Config
+	// Tracing exports OpenTelemetry traces of the decisions; the zero
+	// value traces nothing, at no cost (see TracingConfig).
+	Tracing TracingConfig
 	// Clock tells the time; nil is the wall clock.
 	Clock clock.Clock
 	// Logger receives the node's logs; nil discards them.
@@ -284,6 +287,8 @@ func (c Config) Validate() error {
 		c.MaxConnections < 0 || c.MaxConcurrentStreams < 0 || c.KeepaliveTime < 0 || c.KeepaliveTimeout < 0 ||
 		c.MaxConnectionIdle < 0 || c.KeepaliveMinTime < 0 || c.MaxConnectionAge < 0 || c.MaxConnectionAgeGrace < 0:
 		return errors.New("node: config: sizes and durations must not be negative")
+	case c.Tracing.validate() != nil:
+		return c.Tracing.validate()
 	case c.KeepaliveTime != 0 && c.KeepaliveTime < time.Second:
 		return fmt.Errorf("node: config: --keepalive-time %v: at least 1s (gRPC pings no more often)", c.KeepaliveTime)
 	case c.MaxConcurrentStreams > math.MaxUint32:

@@ -66,7 +66,8 @@ type Node struct {
 	gRPCs  []*listener
 	health *health.Server
 	http   *http.Server
-	certs  *certs // TLS material, nil without TLS
+	certs  *certs   // TLS material, nil without TLS
+	traces *tracing // nil when the node does not trace
 
 	membership atomic.Pointer[cluster.Membership]
 	control    atomic.Pointer[control.Control]
@@ -172,6 +173,7 @@ func New(cfg Config) (n *Node, err error) {
 	ecfg.Store, ecfg.Clock = n.store, cfg.Clock
 	ecfg.Logger = n.log.With("component", "actor")
 	ecfg.Observer = n.metrics
+	ecfg.Trace = cfg.Tracing.Enabled()
 	if cfg.Cluster != nil {
 		// Calls routed before the ownership changed are checked again in
 		// the actors (see actor.Config.Owns), and writes go to the keys'
@@ -260,6 +262,12 @@ func New(cfg Config) (n *Node, err error) {
 	}, n.api.Interceptors()...)
 	if n.certs != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.certs.serverConfig(false))))
+	}
+	if n.traces, err = newTracing(cfg.Tracing, cfg.NodeName, cfg.Build.Version); err != nil {
+		return nil, err
+	}
+	if n.traces != nil {
+		opts = append(opts, grpc.StatsHandler(n.traces.serverHandler(cfg.NodeName)))
 	}
 	newListener := func(name, addr string) *listener {
 		l := &listener{name: name, addr: addr, srv: grpc.NewServer(opts...)}
@@ -550,7 +558,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 			}
 		}
 		n.wg.Wait()
-		n.shutdownErr = n.closeStorage()
+		n.shutdownErr = errors.Join(n.closeStorage(), n.traces.shutdown())
 		n.log.Info("stopped")
 	})
 	return n.shutdownErr
@@ -569,6 +577,8 @@ func (n *Node) Crash() {
 		}
 		n.wg.Wait()
 		n.shutdownErr = n.closeStorage()
+		n.traces.shutdown() //nolint:errcheck // what a crash loses
+
 	})
 }
 
