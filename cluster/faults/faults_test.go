@@ -497,12 +497,13 @@ func stopNode(t *testing.T, c *cluster, n *node, observers []*node) *fault {
 	return f
 }
 
-// contNode continues n, stopped by stopNode.
+// contNode continues n, stopped by stopNode. The fault ends before the
+// signal, so that nothing n answers once it runs again falls within it.
 func contNode(t *testing.T, n *node, f *fault) {
+	f.heal()
 	if err := n.signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
-	f.heal()
 }
 
 // oneWayCut makes nodes 1 and 3 drop what they send to node 2 for the
