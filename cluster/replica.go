@@ -200,6 +200,11 @@ type replicaLane struct {
 	mu    sync.Mutex
 	queue []*replItem
 	st    *laneStream // nil before the first call, and after a failure
+	// retiring is the stream before st, closed for sending (see
+	// RouterConfig.ReplicaStreamAge) while its last calls are answered: st sends
+	// nothing before, so that the standby applies the lane's calls in
+	// order.
+	retiring *laneStream
 }
 
 // laneStream is one Replicate stream of a lane and its calls not yet
@@ -209,6 +214,7 @@ type laneStream struct {
 	cancel   context.CancelFunc
 	inflight []*laneCall
 	broken   bool
+	opened   time.Time
 }
 
 // laneCall is a call sent on a lane's stream and not yet answered.
@@ -277,11 +283,13 @@ func (l *replicaLane) run() {
 			l.mu.Lock()
 			left := l.queue
 			l.queue = nil
-			st := l.st
+			st, rt := l.st, l.retiring
 			l.mu.Unlock()
 			err := fmt.Errorf("%w: %s: sender closed", errStandby, l.s.name)
-			if st != nil {
-				l.broke(st, err)
+			for _, x := range []*laneStream{st, rt} {
+				if x != nil {
+					l.broke(x, err)
+				}
 			}
 			for _, it := range left {
 				it.finish(err)
@@ -301,6 +309,21 @@ func (l *replicaLane) sendBatch() bool {
 	s := l.s
 	now := time.Now()
 	l.mu.Lock()
+	if r := l.retiring; r != nil {
+		if len(r.inflight) > 0 && !r.broken {
+			l.mu.Unlock()
+			return false // its answers wake the lane
+		}
+		l.retiring = nil
+	}
+	if st := l.st; st != nil && now.Sub(st.opened) > s.r.cfg.ReplicaStreamAge {
+		// Retire it: no more calls on it; the next one opens a new stream
+		// once its calls in flight are answered (its answers end in EOF).
+		l.st, l.retiring = nil, st
+		l.mu.Unlock()
+		st.stream.CloseSend()
+		return true
+	}
 	if l.st != nil && len(l.st.inflight) >= maxReplicaInflight {
 		l.mu.Unlock()
 		return false
@@ -380,7 +403,7 @@ func (l *replicaLane) stream() (*laneStream, error) {
 		cancel()
 		return nil, err
 	}
-	st = &laneStream{stream: stream, cancel: cancel}
+	st = &laneStream{stream: stream, cancel: cancel, opened: time.Now()}
 	l.mu.Lock()
 	l.st = st
 	l.mu.Unlock()

@@ -80,6 +80,11 @@ type RouterConfig struct {
 	// past it the decision is refused (UNAVAILABLE), its hits recorded but
 	// not acknowledged. Default 500ms.
 	ReplicaTimeout time.Duration
+	// ReplicaStreamAge is how long a lane sends its copies on one Replicate
+	// stream before it opens another, after the old one's calls are
+	// answered; it stays below the listeners' --max-connection-age-grace,
+	// so that a connection sent away never cuts a stream. Default 10s.
+	ReplicaStreamAge time.Duration
 	// Clock measures waits; nil is the wall clock.
 	Clock clock.Clock
 	// DialOptions are used to reach peers (TLS credentials); default
@@ -218,6 +223,9 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	}
 	if cfg.ReplicaTimeout <= 0 {
 		cfg.ReplicaTimeout = 500 * time.Millisecond
+	}
+	if cfg.ReplicaStreamAge <= 0 {
+		cfg.ReplicaStreamAge = 10 * time.Second
 	}
 	if cfg.HandoffWait <= 0 {
 		cfg.HandoffWait = 2 * time.Second

@@ -225,3 +225,26 @@ func TestClusterReplicateStream(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterStandbyStreamsOutliveConnectionAge: with every connection
+// sent away half a second after it opened and closed a second later (a
+// short --max-connection-age and grace), a lane replaces its Replicate stream
+// before the grace cuts it, so a steady run of checks on a key with a
+// standby sees no error (a cut stream would fail its calls in flight:
+// "standby did not confirm").
+func TestClusterStandbyStreamsOutliveConnectionAge(t *testing.T) {
+	tc := newTestClusterWith(t, 2, func(c *Config) {
+		c.Router.Replicas = 2
+		c.Router.ReplicaStreamAge = 50 * time.Millisecond
+		c.MaxConnectionAge, c.MaxConnectionAgeGrace = 500*time.Millisecond, time.Second
+	})
+	key := tc.keyOwnedBy("age-", "node-0")
+	n := 0
+	for deadline := time.Now().Add(4 * time.Second); time.Now().Before(deadline); n++ {
+		resp, err := tc.client(0).Check(tc.nodes[0].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, 1<<30, time.Hour, 1)}})
+		if err != nil || !resp.Decisions[0].Allowed {
+			t.Fatalf("check %d of %s = %v, %v; want allowed", n, key, resp, err)
+		}
+	}
+	t.Logf("%d checks over about 3 connection lifetimes", n)
+}

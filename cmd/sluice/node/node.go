@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -269,15 +270,21 @@ func New(cfg Config) (n *Node, err error) {
 	if n.traces != nil {
 		opts = append(opts, grpc.StatsHandler(n.traces.serverHandler(cfg.NodeName)))
 	}
-	newListener := func(name, addr string) *listener {
-		l := &listener{name: name, addr: addr, srv: grpc.NewServer(opts...)}
+	newListener := func(name, addr string, extra ...grpc.ServerOption) *listener {
+		l := &listener{name: name, addr: addr, srv: grpc.NewServer(append(slices.Clip(opts), extra...)...)}
 		n.gRPCs = append(n.gRPCs, l)
 		return l
 	}
 	n.grpc = newListener("grpc", cfg.GRPCAddr)
 	n.peer, n.admin = n.grpc, n.grpc
 	if cfg.PeerAddr != "" {
-		n.peer = newListener("peer", cfg.PeerAddr)
+		// Nodes' connections to each other need no rebalancing: a listener
+		// of its own keeps them for as long as they live (no maximum age).
+		n.peer = newListener("peer", cfg.PeerAddr, grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionIdle: cfg.MaxConnectionIdle,
+			Time:              cfg.KeepaliveTime,
+			Timeout:           cfg.KeepaliveTimeout,
+		}))
 	}
 	if cfg.AdminAddr != "" {
 		n.admin = newListener("admin", cfg.AdminAddr)
