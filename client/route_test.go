@@ -331,6 +331,19 @@ func TestRoutingExactWhileMembersChange(t *testing.T) {
 	tc.Add()
 	tc.WaitReady()
 	waitView(t, tc, c, v0)
+	// Then until every key was decided past its limit (on a loaded
+	// machine the join may be over after a few checks), or a deadline.
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		mu.Lock()
+		done := true
+		for k := range keys {
+			done = done && decided[fmt.Sprintf("exact:%d", k)] > limit
+		}
+		mu.Unlock()
+		if done {
+			break
+		}
+	}
 	close(stop)
 	wg.Wait()
 	for k := range keys {
