@@ -154,9 +154,16 @@ func TestTracing(t *testing.T) {
 	if want := []string{"decided", "committed", "copied to standby"}; !slices.Equal(events, want) {
 		t.Errorf("the owner's span has events %q; want %q", events, want)
 	}
-	if received.EndTimeUnixNano < owner.EndTimeUnixNano || received.StartTimeUnixNano > owner.StartTimeUnixNano {
-		t.Errorf("node-0's span [%d, %d] does not enclose the owner's [%d, %d]", received.StartTimeUnixNano, received.EndTimeUnixNano,
-			owner.StartTimeUnixNano, owner.EndTimeUnixNano)
+	// node-0's span starts before the owner's and ends after the owner
+	// decided (the owner's span itself ends once its answer is written,
+	// which on a loaded machine may be after node-0 has read it).
+	if received.StartTimeUnixNano > owner.StartTimeUnixNano {
+		t.Errorf("node-0's span starts at %d, after the owner's at %d", received.StartTimeUnixNano, owner.StartTimeUnixNano)
+	}
+	for _, ev := range owner.Events {
+		if ev.Name != "message" && ev.TimeUnixNano > received.EndTimeUnixNano {
+			t.Errorf("the owner's event %q at %d comes after node-0's span ended at %d", ev.Name, ev.TimeUnixNano, received.EndTimeUnixNano)
+		}
 	}
 	col.mu.Lock()
 	for _, e := range col.spans {
