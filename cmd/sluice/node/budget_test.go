@@ -12,6 +12,8 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -79,6 +81,24 @@ func budgetCtx(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// shouldRateLimit sends req until a node decides it: a node that holds
+// no lease (a CPU-starved cluster's lease lapsed) refuses with
+// Unavailable before deciding anything, so the call is sent again, until
+// ctx ends.
+func shouldRateLimit(ctx context.Context, rls rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	for {
+		resp, err := rls.ShouldRateLimit(ctx, req)
+		if status.Code(err) != codes.Unavailable {
+			return resp, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
 }
 
 // maxInWindow returns the most tokens spent within one window, over every
@@ -153,7 +173,7 @@ func TestTokenBudgetEnvoy(t *testing.T) {
 							rng := rand.New(rand.NewPCG(uint64(round), uint64(u*budgetCallers+c)))
 							rls := rlsv3.NewRateLimitServiceClient(b.conns[(u+c)%len(b.conns)])
 							for range 6 {
-								resp, err := rls.ShouldRateLimit(ctx, envoyBudget(u, 0))
+								resp, err := shouldRateLimit(ctx, rls, envoyBudget(u, 0))
 								if err != nil {
 									t.Errorf("request path check of u%d: %v", u, err)
 									return
@@ -165,7 +185,7 @@ func TestTokenBudgetEnvoy(t *testing.T) {
 									return
 								}
 								tokens := 1 + rng.Int64N(budgetMaxCost)
-								if _, err := rls.ShouldRateLimit(ctx, envoyBudget(u, uint64(tokens))); err != nil {
+								if _, err := shouldRateLimit(ctx, rls, envoyBudget(u, uint64(tokens))); err != nil {
 									t.Errorf("usage report of u%d (%d tokens): %v", u, tokens, err)
 									return
 								}
@@ -217,7 +237,7 @@ func TestTokenBudgetEnvoy(t *testing.T) {
 			rls := rlsv3.NewRateLimitServiceClient(b.conns[0])
 			ask := func(u int) rlsv3.RateLimitResponse_Code {
 				t.Helper()
-				resp, err := rls.ShouldRateLimit(ctx, envoyBudget(u, 0))
+				resp, err := shouldRateLimit(ctx, rls, envoyBudget(u, 0))
 				if err != nil {
 					t.Fatalf("check of u%d: %v", u, err)
 				}
