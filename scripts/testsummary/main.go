@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -42,6 +43,20 @@ type pkg struct {
 	last    map[string]string // test → the last line it logged
 }
 
+// timed is a top-level test that ended, and how long it took.
+type timed struct {
+	pkg, test string
+	elapsed   float64 // seconds
+}
+
+// slowAfter is how long a top-level test runs before the summary names
+// it among the slowest, and slowest how many it names: where a run's time
+// goes, for whoever keeps CI short.
+const (
+	slowAfter = 10.0
+	slowest   = 8
+)
+
 // skip is a skipped test and its reason.
 type skip struct {
 	pkg, test, reason string
@@ -77,6 +92,7 @@ type summary struct {
 	failed      []string // packages
 	tests       struct{ pass, fail, skip int }
 	skips       []skip
+	slow        []timed // top-level tests that took slowAfter or longer
 	first, last time.Time
 }
 
@@ -112,6 +128,9 @@ func (s *summary) add(e *event) {
 	case "pass", "fail", "skip":
 		if e.Test != "" {
 			p.ended[e.Test] = e.Action
+			if e.Action != "skip" && e.Elapsed >= slowAfter && !strings.Contains(e.Test, "/") {
+				s.slow = append(s.slow, timed{e.Package, e.Test, e.Elapsed})
+			}
 			switch e.Action {
 			case "pass":
 				s.tests.pass++
@@ -179,6 +198,7 @@ func (s *summary) end() bool {
 		s.failed = append(s.failed, name)
 	}
 	s.printSkips()
+	s.printSlow()
 	took := s.last.Sub(s.first).Round(time.Second)
 	switch {
 	case len(s.seen) == 0:
@@ -221,6 +241,20 @@ func (s *summary) printSkips() {
 		}
 		fmt.Fprintf(s.w, "  %s %s: %s\n", strings.TrimPrefix(su.pkg, prefix), tests, su.reason)
 	}
+}
+
+// printSlow names the slowest top-level tests, slowest first.
+func (s *summary) printSlow() {
+	if len(s.slow) == 0 {
+		return
+	}
+	slices.SortStableFunc(s.slow, func(a, b timed) int { return cmp.Compare(b.elapsed, a.elapsed) })
+	prefix := commonDir(s.seen)
+	var names []string
+	for _, t := range s.slow[:min(len(s.slow), slowest)] {
+		names = append(names, fmt.Sprintf("%s %s %.0fs", strings.TrimPrefix(t.pkg, prefix), t.test, t.elapsed))
+	}
+	fmt.Fprintf(s.w, "slowest tests (%.0f s or more; parallel tests overlap): %s\n", slowAfter, strings.Join(names, ", "))
 }
 
 // commonDir returns the directories that every path starts with, ending

@@ -140,3 +140,20 @@ func TestSummarizePass(t *testing.T) {
 		t.Errorf("summarize printed\n%q\nwant\n%q", out.String(), want)
 	}
 }
+
+func TestSummarizeNamesSlowTests(t *testing.T) {
+	in := `{"Time":"2026-01-01T00:00:00Z","Action":"start","Package":"m/a"}
+{"Time":"2026-01-01T00:00:00Z","Action":"start","Package":"m/b"}
+{"Time":"2026-01-01T00:00:01Z","Action":"pass","Package":"m/a","Test":"TestQuick","Elapsed":9.9}
+{"Time":"2026-01-01T00:00:01Z","Action":"pass","Package":"m/a","Test":"TestSlow/part","Elapsed":30}
+{"Time":"2026-01-01T00:00:01Z","Action":"pass","Package":"m/a","Test":"TestSlow","Elapsed":31}
+{"Time":"2026-01-01T00:00:01Z","Action":"fail","Package":"m/b","Test":"TestSlower","Elapsed":45.2}
+{"Time":"2026-01-01T00:00:01Z","Action":"pass","Package":"m/a","Elapsed":41}
+{"Time":"2026-01-01T00:00:02Z","Action":"fail","Package":"m/b","Elapsed":46}
+`
+	var out bytes.Buffer
+	summarize(strings.NewReader(in), &out)
+	if want := "slowest tests (10 s or more; parallel tests overlap): b TestSlower 45s, a TestSlow 31s\n"; !strings.Contains(out.String(), want) {
+		t.Errorf("summarize printed\n%s\nwant a line\n%s", out.String(), want)
+	}
+}
