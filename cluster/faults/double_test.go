@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -124,17 +127,29 @@ func forgetPause(tm timing) time.Duration { return max(tm.fault, 6*time.Second) 
 func forgetDuringPause(t *testing.T, c *cluster, tm timing) {
 	n := c.node(2)
 	d := forgetPause(tm)
+	start := time.Now()
 	f := stopNode(t, c, n, c.others(n))
-	time.Sleep(4 * time.Second)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	time.Sleep(4 * time.Second) // the pause before the operator acts, not a poll
+	// The operator tries again while the control plane answers
+	// Unavailable (no leader yet: the paused node may have led it, and a
+	// loaded machine elects slowly): the error says an election may be
+	// under way.
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
 	resp, err := c.node(1).admin.ForgetMember(ctx, &sluicepb.ForgetMemberRequest{Name: n.name})
+	for status.Code(err) == codes.Unavailable && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-time.After(200 * time.Millisecond):
+			resp, err = c.node(1).admin.ForgetMember(ctx, &sluicepb.ForgetMemberRequest{Name: n.name})
+		}
+	}
 	cancel()
 	if err != nil {
 		f.problem("ForgetMember(%s) through n1: %v", n.name, err)
 	} else {
-		f.note("forgotten (its keys from copies: %v)", resp.FromCopies)
+		f.note("forgotten after %s (its keys from copies: %v)", secs(time.Since(start)), resp.FromCopies)
 	}
-	time.Sleep(d - 4*time.Second)
+	time.Sleep(max(0, d-time.Since(start))) // the rest of the pause, not a poll
 	contNode(t, n, f)
 }
 
