@@ -83,22 +83,30 @@ func budgetCtx(t *testing.T) context.Context {
 	return ctx
 }
 
-// shouldRateLimit sends req until a node decides it: a node that holds
-// no lease (a CPU-starved cluster's lease lapsed) refuses with
-// Unavailable before deciding anything, so the call is sent again, until
-// ctx ends.
-func shouldRateLimit(ctx context.Context, rls rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+// untilDecided makes call until a node decides it: a node that holds no
+// lease (a CPU-starved cluster's lease lapsed) answers Unavailable, almost
+// always before deciding anything, so the call is made again, until ctx
+// ends. (Rarely a lease lapses while the call is decided: a retried
+// report or reservation then counts twice, which only makes the node
+// stricter than the test's ledger, and a settle made twice is reported as
+// a failure; neither can hide a key over its limit.)
+func untilDecided[T any](ctx context.Context, call func() (T, error)) (T, error) {
 	for {
-		resp, err := rls.ShouldRateLimit(ctx, req)
+		resp, err := call()
 		if status.Code(err) != codes.Unavailable {
 			return resp, err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, err
+			return resp, err
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// shouldRateLimit sends req until a node decides it (untilDecided).
+func shouldRateLimit(ctx context.Context, rls rlsv3.RateLimitServiceClient, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	return untilDecided(ctx, func() (*rlsv3.RateLimitResponse, error) { return rls.ShouldRateLimit(ctx, req) })
 }
 
 // maxInWindow returns the most tokens spent within one window, over every
@@ -301,10 +309,11 @@ func TestTokenBudgetReserve(t *testing.T) {
 							rl := sluicepb.NewRateLimitServiceClient(b.conns[(u+c)%len(b.conns)])
 							for range 4 {
 								est := 200 + rng.Int64N(budgetMaxCost)
-								resp, err := rl.Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{{
+								reserve := &sluicepb.CheckRequest{Checks: []*sluicepb.Check{{
 									Key: key(u), Limit: budgetLimit, Window: durationpb.New(budgetWindow), Cost: &est,
 									ReserveFor: durationpb.New(30 * time.Second),
-								}}})
+								}}}
+								resp, err := untilDecided(ctx, func() (*sluicepb.CheckResponse, error) { return rl.Check(ctx, reserve) })
 								if err != nil {
 									t.Errorf("reserve %d for u%d: %v", est, u, err)
 									return
@@ -327,7 +336,12 @@ func TestTokenBudgetReserve(t *testing.T) {
 									continue
 								}
 								used := rng.Int64N(est + 1)
-								sr, err := rl.Settle(ctx, &sluicepb.SettleRequest{Settlements: []*sluicepb.Settlement{{Reservation: d.Reservation, Cost: used}}})
+								settle := func(cost int64) (*sluicepb.SettleResponse, error) {
+									return untilDecided(ctx, func() (*sluicepb.SettleResponse, error) {
+										return rl.Settle(ctx, &sluicepb.SettleRequest{Settlements: []*sluicepb.Settlement{{Reservation: d.Reservation, Cost: cost}}})
+									})
+								}
+								sr, err := settle(used)
 								if err != nil {
 									t.Errorf("settle of u%d: %v", u, err)
 									return
@@ -335,7 +349,7 @@ func TestTokenBudgetReserve(t *testing.T) {
 								if r := sr.Results[0]; !r.Settled || r.Returned != est-used || r.Overshoot != 0 {
 									t.Errorf("settle %d of %d for u%d = %v; want settled, %d returned", used, est, u, r, est-used)
 								}
-								again, err := rl.Settle(ctx, &sluicepb.SettleRequest{Settlements: []*sluicepb.Settlement{{Reservation: d.Reservation, Cost: 0}}})
+								again, err := settle(0)
 								if err != nil || again.Results[0].Settled {
 									t.Errorf("second settle of one reservation = %v, %v; want not settled", again, err)
 								}
