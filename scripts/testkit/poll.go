@@ -11,7 +11,7 @@ import (
 // that takes seconds is not polled a thousand times a second.
 const (
 	minPause = time.Millisecond
-	maxPause = 20 * time.Millisecond
+	maxPause = 10 * time.Millisecond
 )
 
 // Eventually polls cond until it returns true, and fails t (t.Fatalf) if
