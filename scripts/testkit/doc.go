@@ -8,10 +8,11 @@
 // the injected fake clock. The few sleeps left in the tests say, in a
 // comment beside them, why they are not polls.
 //
-// Only tests import this package. It imports nothing of the module's, so
-// that the tests of any floor (persist to cmd, and the public client) may
-// use it; cmd/sluice's TestImportsPointDown keeps it so (a package with no
-// floor must not import one).
+// Only tests and test harnesses (cluster/clustertest, node/nodetest)
+// import this package. It imports nothing of the module's and sits on the
+// ground floor of docs/architecture.md (cmd/sluice's TestImportsPointDown
+// holds it there), so that the tests of every floor, and of the public
+// client, may use it.
 //
 // Everything here is safe for concurrent use; [Eventually] must be called
 // from the test's goroutine, as t.Fatal must.
