@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-io/sluice/actor/clock"
 	"github.com/sluice-io/sluice/persist"
+	"github.com/sluice-io/sluice/scripts/testkit"
 	"github.com/sluice-io/sluice/shard"
 )
 
@@ -362,9 +363,9 @@ func TestIdleKeyLeaves(t *testing.T) {
 				t.Fatalf("after 60s keys in memory = %d; want 2", got)
 			}
 			h.clk.Advance(30 * time.Second)
-			waitFor(t, func() bool { return h.obs.keys.Load() == 0 }, "keys in memory to reach 0")
+			testkit.Eventually(t, 10*time.Second, func() bool { return h.obs.keys.Load() == 0 }, "keys in memory to reach 0")
 			if h.store != nil {
-				waitFor(t, func() bool { return h.store.NextDeadline() == 0 }, "the store's deadline index to empty")
+				testkit.Eventually(t, 10*time.Second, func() bool { return h.store.NextDeadline() == 0 }, "the store's deadline index to empty")
 				n := 0
 				if err := h.store.Scan("", "", 0, func(string, int64, []byte) bool { n++; return true }); err != nil {
 					t.Fatal(err)
@@ -373,21 +374,8 @@ func TestIdleKeyLeaves(t *testing.T) {
 					t.Fatalf("keys on disk = %d; want 0", n)
 				}
 			}
-			waitFor(t, func() bool { return h.clk.Pending() == 0 }, "no timer armed")
+			testkit.Eventually(t, 10*time.Second, func() bool { return h.clk.Pending() == 0 }, "no timer armed")
 		})
-	}
-}
-
-// waitFor polls cond until it holds or a generous deadline passes. The fake
-// clock fires timers at once, but the actors react on their own goroutines.
-func waitFor(t testing.TB, cond func() bool, what string) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -408,14 +396,13 @@ func TestCanceledCallNotDecided(t *testing.T) {
 	}
 	// The actor drains the cancelled calls; then a peek sees nothing.
 	var d [1]Decision
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		err := h.eng.Check(context.Background(), []Check{{Key: "canceled", Limit: 5, Window: time.Minute}}, d[:])
-		if err == nil {
-			break
-		}
-		if !errors.Is(err, ErrOverloaded) || time.Now().After(deadline) {
-			t.Fatalf("peek after cancelled calls: %v", err)
-		}
+	var err error
+	testkit.Eventually(t, 10*time.Second, func() bool {
+		err = h.eng.Check(context.Background(), []Check{{Key: "canceled", Limit: 5, Window: time.Minute}}, d[:])
+		return !errors.Is(err, ErrOverloaded)
+	}, "the actor to drain the cancelled calls (a peek is still refused as overloaded)")
+	if err != nil {
+		t.Fatalf("peek after cancelled calls: %v", err)
 	}
 	if d[0].Remaining != 5 {
 		t.Errorf("after cancelled calls, remaining %d; want 5 (nothing recorded)", d[0].Remaining)

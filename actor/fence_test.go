@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // ownership is a node's view of which keys it owns, for Config.Owns: every
@@ -244,7 +246,7 @@ func TestFenceNoDecisionAfterCollect(t *testing.T) {
 				if rng.IntN(2) == 0 {
 					// A call on its way (a forwarded call, say) while the
 					// ownership moves.
-					time.Sleep(time.Duration(rng.IntN(1000)) * time.Microsecond)
+					time.Sleep(time.Duration(rng.IntN(1000)) * time.Microsecond) // not a poll: a random delay between routing and the call
 				}
 				out := make([]Decision, len(checks))
 				opt := CallOptions{Generation: gen, AllOrNothing: rng.IntN(4) == 0}
@@ -278,7 +280,7 @@ func TestFenceNoDecisionAfterCollect(t *testing.T) {
 	}
 	waitCalls := func() {
 		target := done.Load() + callers*calls
-		waitFor(t, func() bool { return done.Load() >= target || t.Failed() }, "the callers to make their calls")
+		testkit.Eventually(t, 10*time.Second, func() bool { return done.Load() >= target || t.Failed() }, "the callers to make their calls")
 	}
 
 	collected := make(map[string]Exported)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/persist"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // handoffKeys records hits on n keys, key-i getting i%5+1 hits of a limit of
@@ -307,7 +308,7 @@ func (b *blocker) fill(t testing.TB, h *harness) (unblock func()) {
 	call(Check{Key: b.key, Limit: 1, Window: time.Second}, h.eng.Generation()+100)
 	<-b.entered
 	call(Check{Key: b.key, Limit: 1, Window: time.Second}, 0)
-	waitFor(t, func() bool { return len(h.eng.actors[i].mailbox) == 1 }, "the parked actor's mailbox to fill")
+	testkit.Eventually(t, 10*time.Second, func() bool { return len(h.eng.actors[i].mailbox) == 1 }, "the parked actor's mailbox to fill")
 	return func() {
 		close(b.release)
 		wg.Wait()
@@ -371,7 +372,7 @@ func TestHandoffKeepsStateThroughFaults(t *testing.T) {
 		h.store.Submit([]persist.Record{{Key: "pause"}}, func(error) { <-unpause })
 		closed := make(chan error, 1)
 		go func() { closed <- h.eng.Close() }()
-		waitFor(t, h.eng.closing.Load, "Close to start")
+		testkit.Eventually(t, 10*time.Second, h.eng.closing.Load, "Close to start")
 		close(release)
 		err := <-errc
 		close(unpause)

@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 type modelHit struct {
@@ -145,7 +147,7 @@ func TestMemoryModeBound(t *testing.T) {
 		t.Fatalf("fifth key = %v; want ErrTooManyKeys", err)
 	}
 	h.clk.Advance(time.Minute)
-	waitFor(t, func() bool { return h.obs.keys.Load() == 0 }, "keys to expire")
+	testkit.Eventually(t, 10*time.Second, func() bool { return h.obs.keys.Load() == 0 }, "keys to expire")
 	h.hit("k4", 5, 1)
 }
 

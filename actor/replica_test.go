@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/persist"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // recReplicator is a Replicator for tests: it keeps a copy of every write it
@@ -94,7 +95,7 @@ func TestReplicatorAcknowledgement(t *testing.T) {
 			rep := &recReplicator{hold: true}
 			h := newHarness(t, mode, func(c *Config) { c.Replicator = rep })
 			res := checkAsync(h, Check{Key: "k", Limit: 2, Window: time.Minute, Cost: 2})
-			waitFor(t, func() bool { return rep.heldCount() == 1 }, "the write to reach the replicator")
+			testkit.Eventually(t, 10*time.Second, func() bool { return rep.heldCount() == 1 }, "the write to reach the replicator")
 			// The store commits; the call still waits for the replicator.
 			if err := h.store.Flush(); err != nil {
 				t.Fatal(err)
@@ -143,7 +144,7 @@ func TestReplicatorAcknowledgement(t *testing.T) {
 		rep := &recReplicator{hold: true}
 		h := newHarness(t, "async", func(c *Config) { c.Replicator = rep })
 		h.hit("k", 10, 1) // returns while the replicator holds the write
-		waitFor(t, func() bool { return rep.heldCount() == 1 }, "the write to reach the replicator")
+		testkit.Eventually(t, 10*time.Second, func() bool { return rep.heldCount() == 1 }, "the write to reach the replicator")
 		rep.release(nil)
 	})
 	t.Run("memory", func(t *testing.T) {
@@ -303,7 +304,7 @@ func TestReplicaCopies(t *testing.T) {
 
 	// The copies expire at their deadline: the janitor deletes them.
 	standby.clk.Advance(2 * time.Minute)
-	waitFor(t, func() bool { return standby.store.NextDeadline() == 0 }, "the standby's deadline index to empty")
+	testkit.Eventually(t, 10*time.Second, func() bool { return standby.store.NextDeadline() == 0 }, "the standby's deadline index to empty")
 	n := 0
 	if err := standby.store.Scan("", "", 0, func(string, int64, []byte) bool { n++; return true }); err != nil {
 		t.Fatal(err)

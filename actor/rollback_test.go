@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/actor/clock"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // errDiskFull is what the tests' disk answers a write while it is full.
@@ -158,8 +159,8 @@ func TestFailedCommitUndoesLaterDecisions(t *testing.T) {
 			second := checkAsync(h, c)
 			third := checkAsync(h, other)
 			// The second check is decided on top of the first's hit.
-			waitFor(t, func() bool { return h.remaining(c) == 0 }, "the second check to be decided")
-			waitFor(t, func() bool { return h.remaining(other) == 3 }, "the check on the other key to be decided")
+			testkit.Eventually(t, 10*time.Second, func() bool { return h.remaining(c) == 0 }, "the second check to be decided")
+			testkit.Eventually(t, 10*time.Second, func() bool { return h.remaining(other) == 3 }, "the check on the other key to be decided")
 			disk.armed.Store(false)
 			disk.result <- errDiskFull
 			for name, res := range map[string]<-chan error{"first": first, "second": second, "other key's": third} {

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 	"unsafe"
+
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // usStep is one check of a usage script: a usage report (or a peek) at
@@ -303,8 +305,8 @@ func TestReservationsSurviveRestart(t *testing.T) {
 	// The hits leave after a minute, the key stays for its... no
 	// reservation any more: it empties with its hits.
 	h.clk.Advance(61 * time.Second)
-	waitFor(t, func() bool { return h.obs.keys.Load() == 0 }, "the key to leave memory")
-	waitFor(t, func() bool { return h.store.NextDeadline() == 0 }, "the key to leave disk")
+	testkit.Eventually(t, 10*time.Second, func() bool { return h.obs.keys.Load() == 0 }, "the key to leave memory")
+	testkit.Eventually(t, 10*time.Second, func() bool { return h.store.NextDeadline() == 0 }, "the key to leave disk")
 
 	// An unsettled reservation keeps the key until it expires, then the
 	// key leaves with no timer armed.
@@ -315,8 +317,8 @@ func TestReservationsSurviveRestart(t *testing.T) {
 		t.Fatalf("after its hits left Inspect = %+v; want found with 1 reservation, 0 used", v)
 	}
 	h.clk.Advance(time.Minute)
-	waitFor(t, func() bool { return h.obs.keys.Load() == 0 && h.store.NextDeadline() == 0 }, "the key to leave memory and disk")
-	waitFor(t, func() bool { return h.clk.Pending() == 0 }, "no timer armed")
+	testkit.Eventually(t, 10*time.Second, func() bool { return h.obs.keys.Load() == 0 && h.store.NextDeadline() == 0 }, "the key to leave memory and disk")
+	testkit.Eventually(t, 10*time.Second, func() bool { return h.clk.Pending() == 0 }, "no timer armed")
 }
 
 // TestAllOrNothingReleasesReservation checks that a reserve undone by an

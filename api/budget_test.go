@@ -2,18 +2,21 @@ package api
 
 import (
 	"context"
+	"errors"
 	"net"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/sluice-io/sluice/api/apitest"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // connCtx is the context of a call on the connection from port.
@@ -59,7 +62,24 @@ func TestRequestBudgetOverGRPC(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go func() { time.Sleep(10 * time.Millisecond); hold.release() }()
+	waited := count(t, ts.srv.budget.waited)
+	go func() {
+		// The bytes come back once the call waits for them.
+		err := testkit.Wait(10*time.Second, func() error {
+			var m dto.Metric
+			if err := ts.srv.budget.waited.Write(&m); err != nil {
+				return err
+			}
+			if m.GetCounter().GetValue() == waited {
+				return errors.New("the call does not wait for the budget")
+			}
+			return nil
+		})
+		if err != nil {
+			t.Error(err)
+		}
+		hold.release()
+	}()
 	ts.srv.budget.wait = 10 * time.Second
 	if resp, err := c.Check(ts.ctx(), req); err != nil || resp.Decisions[0].Remaining != 3 {
 		t.Errorf("Check that waited for the budget = %v, %v; want decided, remaining 3", resp, err)

@@ -5,7 +5,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // envoyClient calls a test server's Envoy RLS v3 service through the
@@ -527,13 +527,7 @@ descriptors:
 	// waitCalls waits until n more calls have completed.
 	waitCalls := func(n int64) {
 		target := calls.Load() + n
-		deadline := time.Now().Add(20 * time.Second)
-		for calls.Load() < target {
-			if time.Now().After(deadline) {
-				t.Fatalf("traffic stalled at %d calls", calls.Load())
-			}
-			runtime.Gosched()
-		}
+		testkit.Eventually(t, 20*time.Second, func() bool { return calls.Load() >= target }, "%d calls (traffic stalled)", target)
 	}
 	waitCalls(50)
 	for i := range 5 {

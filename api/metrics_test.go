@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // TestCanceledNotError: a call its client cancels before the answer (a
@@ -66,12 +67,9 @@ func TestCanceledNotError(t *testing.T) {
 	m := ts.srv.metrics
 	// The services answer the cancelled call after the client has gone:
 	// poll until they have counted it.
-	for deadline := time.Now().Add(10 * time.Second); count(t, m.native.canceled) < 2 || count(t, m.envoy.canceled) < 1; {
-		if time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, func() bool {
+		return count(t, m.native.canceled) >= 2 && count(t, m.envoy.canceled) >= 1
+	}, "the cancelled calls to be counted (native 2, envoy 1)")
 	for _, tt := range []struct {
 		api, result string
 		c           float64

@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-io/sluice/cluster/clustertest"
 	"github.com/sluice-io/sluice/cmd/sluice/node"
 	"github.com/sluice-io/sluice/cmd/sluice/node/nodetest"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // TestMain starts the node the examples call, runs the tests, stops the
@@ -42,18 +43,11 @@ func TestMain(m *testing.M) {
 // noLeaks fails if a goroutine outlives the tests (polling for a while:
 // gRPC's connections end shortly after Close returns).
 func noLeaks() int {
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		err := goleak.Find()
-		if err == nil {
-			return 0
-		}
-		if time.Now().After(deadline) {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			return 1
-		}
-		time.Sleep(50 * time.Millisecond)
+	if err := testkit.Wait(10*time.Second, func() error { return goleak.Find() }); err != nil {
+		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+		return 1
 	}
+	return 0
 }
 
 // generous is the deadline of tests that are not about deadlines: the
@@ -386,23 +380,18 @@ func testRetryOnOwnershipMoving(t *testing.T, n *nodetest.Node, moving error) {
 func TestSourceOwner(t *testing.T) {
 	n := nodetest.Start(t, "n1", nil)
 	c := newClient(t, n.Addr, nil)
-	deadline := time.Now().Add(generous)
-	for i := 0; ; i++ {
+	i := 0
+	testkit.Eventually(t, generous, func() bool {
+		i++
 		d, err := c.Check(context.Background(), client.Check{Key: fmt.Sprint("k", i), Limit: 5, Window: time.Minute})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if d.Source == client.SourceOwner {
-			break
-		}
-		if d.Source != client.SourceSluice {
+		if d.Source != client.SourceOwner && d.Source != client.SourceSluice {
 			t.Fatalf("Check = %+v; want SourceSluice, then SourceOwner", d)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("decisions still say %v after %v", d.Source, generous)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return d.Source == client.SourceOwner
+	}, "decisions to say SourceOwner (they say SourceSluice)")
 	if got := c.Node(); got != "n1" {
 		t.Errorf("Node() = %q; want n1", got)
 	}
@@ -426,15 +415,12 @@ func TestSourceForwarded(t *testing.T) {
 	}
 	c := newClient(t, nodes[0].Addr, func(c *client.Config) { c.CacheSize = -1 })
 	seen := map[client.Source]string{}
-	deadline := time.Now().Add(20 * time.Second)
-	for i := 0; len(seen) < 2; i++ {
-		if time.Now().After(deadline) {
-			t.Fatalf("after 20s, decisions came from %v; want SourceOwner and SourceForwarded", seen)
-		}
+	i := 0
+	err := testkit.Wait(20*time.Second, func() error {
+		i++
 		d, err := c.Check(context.Background(), client.Check{Key: fmt.Sprint("k", i), Limit: 5, Window: time.Minute})
 		if err != nil {
-			time.Sleep(20 * time.Millisecond) // the cluster is forming
-			continue
+			return err // the cluster is forming
 		}
 		switch d.Source {
 		case client.SourceOwner, client.SourceForwarded:
@@ -443,6 +429,13 @@ func TestSourceForwarded(t *testing.T) {
 		default:
 			t.Fatalf("Check = %+v; want a decision of Sluice", d)
 		}
+		if len(seen) < 2 {
+			return fmt.Errorf("decisions came from %v; want SourceOwner and SourceForwarded", seen)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	if seen[client.SourceOwner] != "n0" || seen[client.SourceForwarded] != "n1" {
 		t.Errorf("owners by source: %v; want n0 for owner, n1 for forwarded", seen)

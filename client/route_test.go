@@ -9,6 +9,7 @@ import (
 
 	"github.com/sluice-io/sluice/client"
 	"github.com/sluice-io/sluice/cmd/sluice/node/nodetest"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // routingClient returns a client of every node of tc, routing, whose view
@@ -35,8 +36,8 @@ func routingClient(t *testing.T, tc *nodetest.Cluster, edit func(*client.Config)
 // running node of tc routes under, and that version is above after.
 func waitView(t *testing.T, tc *nodetest.Cluster, c *client.Client, after uint64) uint64 {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	var got uint64
+	err := testkit.Wait(10*time.Second, func() error {
 		want := uint64(0)
 		same := true
 		for i, n := range tc.Running() {
@@ -46,15 +47,16 @@ func waitView(t *testing.T, tc *nodetest.Cluster, c *client.Client, after uint64
 			}
 			want = v
 		}
-		got := c.Stats().RoutesVersion
+		got = c.Stats().RoutesVersion
 		if same && got == want && got > after {
-			return got
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("client view at version %d; the nodes route under %d (all the same: %v), want above %d", got, want, same, after)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return fmt.Errorf("client view at version %d; the nodes route under %d (all the same: %v), want above %d", got, want, same, after)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
+	return got
 }
 
 // owner returns the member that decides key, as the first running node
@@ -233,16 +235,18 @@ keys:
 // a forward, and fails after 10 s.
 func waitNoForwards(t *testing.T, tc *nodetest.Cluster, c *client.Client, prefix string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for round := 0; ; round++ {
+	round := 0
+	err := testkit.Wait(10*time.Second, func() error {
 		before := forwarded(tc)
 		fw := checkRound(t, tc, c, fmt.Sprintf("%s%d:", prefix, round), 30)
+		round++
 		if fw == 0 && forwarded(tc) == before {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("round %d: %d checks still forwarded", round, fw)
-		}
+		return fmt.Errorf("round %d: %d checks still forwarded", round-1, fw)
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -333,16 +337,18 @@ func TestRoutingExactWhileMembersChange(t *testing.T) {
 	waitView(t, tc, c, v0)
 	// Then until every key was decided past its limit (on a loaded
 	// machine the join may be over after a few checks), or a deadline.
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+	err := testkit.Wait(30*time.Second, func() error {
 		mu.Lock()
-		done := true
+		defer mu.Unlock()
 		for k := range keys {
-			done = done && decided[fmt.Sprintf("exact:%d", k)] > limit
+			if key := fmt.Sprintf("exact:%d", k); decided[key] <= limit {
+				return fmt.Errorf("key %q decided %d times, not past its limit %d", key, decided[key], limit)
+			}
 		}
-		mu.Unlock()
-		if done {
-			break
-		}
+		return nil
+	})
+	if err != nil { // the checks below judge what was decided
+		t.Logf("%v", err)
 	}
 	close(stop)
 	wg.Wait()

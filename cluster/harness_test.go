@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/cluster/clustertest"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // / TestMain checks for leaked goroutines after the tests.
@@ -124,34 +125,19 @@ func startCluster(t testing.TB, n int) []*testNode {
 	return nodes
 }
 
-// checkFor polls f until it returns nil or timeout passes, then fails the
-// test with f's last error.
-func checkFor(t testing.TB, timeout time.Duration, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after %v: %v", timeout, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // waitMembers waits until every node sees exactly want live members.
 func waitMembers(t testing.TB, timeout time.Duration, nodes []*testNode, want int) {
 	t.Helper()
-	checkFor(t, timeout, func() error {
+	if err := testkit.Wait(timeout, func() error {
 		for _, n := range nodes {
 			if got := n.View().Len(); got != want {
 				return fmt.Errorf("%s sees %d members %v; want %d", n.cfg.NodeName, got, names(n.Members()), want)
 			}
 		}
 		return nil
-	})
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func names(ms []Member) []string {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // TestChanges: a node remembers the changes of the live members it saw,
@@ -15,7 +17,7 @@ func TestChanges(t *testing.T) {
 		t.Fatalf("Leave: %v", err)
 	}
 	waitMembers(t, 5*time.Second, nodes[:2], 2)
-	checkFor(t, 5*time.Second, func() error {
+	if err := testkit.Wait(5*time.Second, func() error {
 		got := ""
 		var last uint64
 		for _, c := range nodes[0].Changes() {
@@ -35,5 +37,7 @@ func TestChanges(t *testing.T) {
 			return fmt.Errorf("last change's epoch %d; want the view's, %d", last, nodes[0].Epoch())
 		}
 		return nil
-	})
+	}); err != nil {
+		t.Fatal(err)
+	}
 }

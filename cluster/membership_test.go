@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/cluster/clustertest"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // TestThreeNodesJoin: three nodes join through one seed; each sees all
@@ -120,7 +121,7 @@ func TestFailureDetection(t *testing.T) {
 		t.Fatalf("Shutdown: %v", err)
 	}
 	seen := map[string]time.Duration{}
-	checkFor(t, 2*bound, func() error {
+	if err := testkit.Wait(2*bound, func() error {
 		for _, n := range []*testNode{a, b} {
 			if _, ok := n.View().Member(c.cfg.NodeName); !ok {
 				if _, done := seen[n.cfg.NodeName]; !done {
@@ -132,7 +133,9 @@ func TestFailureDetection(t *testing.T) {
 			return fmt.Errorf("dead node still seen; detected so far: %v", seen)
 		}
 		return nil
-	})
+	}); err != nil {
+		t.Fatal(err)
+	}
 	worst := max(seen[a.cfg.NodeName], seen[b.cfg.NodeName])
 	t.Logf("failure detected by %s after %v, by %s after %v (probe %v, timeout %v, suspicion mult %d; bound %v)",
 		a.cfg.NodeName, seen[a.cfg.NodeName].Round(time.Millisecond), b.cfg.NodeName, seen[b.cfg.NodeName].Round(time.Millisecond),
@@ -156,13 +159,15 @@ func TestFailureDetection(t *testing.T) {
 	if c2.Local().GossipAddr == c.Local().GossipAddr {
 		t.Fatalf("restarted node reuses gossip address %s; the test wants a new one", c2.Local().GossipAddr)
 	}
-	checkFor(t, 5*time.Second, func() error {
+	if err := testkit.Wait(5*time.Second, func() error {
 		got, ok := a.View().Member(c.cfg.NodeName)
 		if !ok || got.GossipAddr != c2.Local().GossipAddr || !got.Started.Equal(c2.Local().Started) {
 			return fmt.Errorf("%s sees %s as %+v (present %v); want it back at %s", a.cfg.NodeName, c.cfg.NodeName, got, ok, c2.Local().GossipAddr)
 		}
 		return nil
-	})
+	}); err != nil {
+		t.Fatal(err)
+	}
 	for _, k := range ownedByC {
 		if o := a.Owner(k); o.Name != c.cfg.NodeName {
 			t.Errorf("Owner(%q) = %s after %s came back on a new address; want %s", k, o.Name, c.cfg.NodeName, c.cfg.NodeName)
@@ -242,12 +247,14 @@ func TestJoinRetry(t *testing.T) {
 	started := make(chan error, 1)
 	go func() { started <- joiner.Start(ctx) }()
 
-	checkFor(t, 3*time.Second, func() error {
+	if err := testkit.Wait(3*time.Second, func() error {
 		if !l.contains("join attempt failed") {
 			return errors.New("the joiner logged no failed attempt yet")
 		}
 		return nil
-	})
+	}); err != nil {
+		t.Fatal(err)
+	}
 	scfg, sl := testConfig(t, "seed")
 	scfg.GossipAddr = "127.0.0.1:" + strconv.Itoa(port)
 	seed := newNode(t, scfg, sl)
@@ -390,12 +397,14 @@ func TestSubscribe(t *testing.T) {
 	if err := b.Leave(time.Second); err != nil {
 		t.Fatalf("Leave: %v", err)
 	}
-	checkFor(t, 2*time.Second, func() error {
+	if err := testkit.Wait(2*time.Second, func() error {
 		if got := rec.count(ChangeLeft); got != 1 {
 			return fmt.Errorf("observer counted %d leaves; want 1 (changes %v)", got, rec.changes)
 		}
 		return nil
-	})
+	}); err != nil {
+		t.Fatal(err)
+	}
 	if got := rec.count(ChangeJoined); got != 2 {
 		t.Errorf("observer counted %d joins; want 2 (itself and b)", got)
 	}
@@ -466,12 +475,14 @@ func TestGRPCAddrUnspecifiedHost(t *testing.T) {
 		t.Fatalf("Start: %v", err)
 	}
 	b := startNode(t, "b", a.Local().GossipAddr)
-	checkFor(t, 2*time.Second, func() error {
+	if err := testkit.Wait(2*time.Second, func() error {
 		if got, _ := b.View().Member("a"); got.GRPCAddr != "127.0.0.1:8081" {
 			return fmt.Errorf("b sees a's gRPC address as %q; want 127.0.0.1:8081", got.GRPCAddr)
 		}
 		return nil
-	})
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestPeerAndAdminAddrs: a node's peer and admin addresses reach the
@@ -486,7 +497,7 @@ func TestPeerAndAdminAddrs(t *testing.T) {
 		t.Fatalf("Start: %v", err)
 	}
 	b := startNode(t, "b", a.Local().GossipAddr)
-	checkFor(t, 2*time.Second, func() error {
+	if err := testkit.Wait(2*time.Second, func() error {
 		got, _ := b.View().Member("a")
 		if got.GRPCAddr != cfg.GRPCAddr || got.PeerAddr != "127.0.0.1:9082" || got.AdminAddr != "127.0.0.1:9083" {
 			return fmt.Errorf("b sees a at gRPC %q, peer %q, admin %q; want %q, 127.0.0.1:9082, 127.0.0.1:9083", got.GRPCAddr, got.PeerAddr, got.AdminAddr, cfg.GRPCAddr)
@@ -495,7 +506,9 @@ func TestPeerAndAdminAddrs(t *testing.T) {
 			return fmt.Errorf("a sees b (no peer or admin address) as %+v; want both on its gRPC address", got)
 		}
 		return nil
-	})
+	}); err != nil {
+		t.Fatal(err)
+	}
 
 	for _, tt := range []struct {
 		in          string

@@ -11,6 +11,8 @@ import (
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // sealedFile builds, in three sessions, a data file whose every write was
@@ -134,7 +136,7 @@ func TestMetaPageDamageRepaired(t *testing.T) {
 		b[i] ^= 0xff
 	}
 	writeFile(t, path, b)
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	s, err := Open(Options{Path: path, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatalf("Open(damaged newest meta page %d of a sealed file) = %v; want it opened", m, err)

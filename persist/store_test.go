@@ -20,6 +20,8 @@ import (
 
 	bolt "go.etcd.io/bbolt"
 	"go.uber.org/goleak"
+
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -1280,7 +1282,7 @@ func TestOpenSurvivesFlippedBytes(t *testing.T) {
 // not a line per commit; the first commit that succeeds again says how
 // many failed.
 func TestCommitFailuresLoggedAtARate(t *testing.T) {
-	var buf syncBuffer
+	var buf testkit.SyncBuffer
 	o := testOptions(t)
 	o.Logger = slog.New(slog.NewTextHandler(&buf, nil))
 	var fail atomic.Bool
@@ -1315,22 +1317,4 @@ func TestCommitFailuresLoggedAtARate(t *testing.T) {
 		t.Errorf("logs:\n%s\nwant the recovery, with %d failed commits", logs, commits)
 	}
 	_ = s.Flush() // reports the failures once
-}
-
-// syncBuffer is a bytes.Buffer safe for the store's goroutines to log to.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

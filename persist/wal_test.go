@@ -79,7 +79,7 @@ func runCrashChild(path string, start int) {
 			}
 		}()
 	}
-	time.Sleep(time.Until(deadline))
+	time.Sleep(time.Until(deadline)) // not a poll: the child runs until its parent kills it, a minute at most
 	os.Exit(3)
 }
 

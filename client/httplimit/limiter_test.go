@@ -1,7 +1,6 @@
 package httplimit_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -24,6 +23,7 @@ import (
 	"github.com/sluice-io/sluice/client"
 	"github.com/sluice-io/sluice/client/httplimit"
 	"github.com/sluice-io/sluice/cmd/sluice/node/nodetest"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // TestMain starts the examples' node, runs the tests and checks that no
@@ -37,18 +37,9 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	stop()
 	if code == 0 {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			err := goleak.Find()
-			if err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-				code = 1
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
+		if err := testkit.Wait(10*time.Second, func() error { return goleak.Find() }); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
 		}
 	}
 	os.Exit(code)
@@ -362,7 +353,7 @@ func TestForwardedTrust(t *testing.T) {
 // counting.
 func TestShadowRule(t *testing.T) {
 	n := nodetest.Start(t, "n1", nil)
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	var mu sync.Mutex
 	var shadowDenied int
 	url := serve(t, httplimit.Config{
@@ -413,7 +404,7 @@ func TestShadowRule(t *testing.T) {
 // RateLimit) when one fails closed.
 func TestFailurePolicyPerRule(t *testing.T) {
 	c := newClient(t, "127.0.0.1:1", func(c *client.Config) { c.Timeout = 200 * time.Millisecond })
-	var logs syncBuffer
+	var logs testkit.SyncBuffer
 	l, err := httplimit.New(httplimit.Config{
 		Client: c,
 		Rules: []httplimit.Rule{
@@ -454,22 +445,4 @@ func TestConfigErrors(t *testing.T) {
 			t.Errorf("New: %v; want it to say %q", err, want)
 		}
 	}
-}
-
-// syncBuffer collects logs written from many goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

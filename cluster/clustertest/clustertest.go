@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // FreePort returns a port that was free for both TCP and UDP on every one of
@@ -77,20 +79,15 @@ func Run(m *testing.M) int {
 	if code != 0 {
 		return code
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	if err := testkit.Wait(10*time.Second, func() error {
 		// Keep-alive connections that tests' http.Get left idle in the
 		// default transport are the client's, not a leak of the code
 		// under test.
 		http.DefaultClient.CloseIdleConnections()
-		err := goleak.Find()
-		if err == nil {
-			return 0
-		}
-		if time.Now().After(deadline) {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			return 1
-		}
-		time.Sleep(100 * time.Millisecond)
+		return goleak.Find()
+	}); err != nil {
+		fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+		return 1
 	}
+	return 0
 }

@@ -86,7 +86,7 @@ func ownerAndStandbyCut(t *testing.T, c *cluster, tm timing) {
 		t.Fatal(err)
 	}
 	f := c.beginFault(cutOff, "n4, n5 cut off from n1–n3", zone, rest)
-	time.Sleep(tm.fault)
+	time.Sleep(tm.fault) // not a poll: the fault lasts this long
 	if err := cutBetween(hosts(zone), hosts(rest), false); err != nil {
 		t.Fatal(err)
 	}
@@ -109,9 +109,9 @@ func ownerKilledStandbyPaused(t *testing.T, c *cluster, tm timing) {
 	owner, standby := c.node(2), c.node(3)
 	observers := c.others(owner, standby)
 	p := stopNode(t, c, standby, observers)
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // not a poll: the kill comes half a second into the pause
 	k := killNode(t, c, owner, false, observers)
-	time.Sleep(tm.fault - 500*time.Millisecond)
+	time.Sleep(tm.fault - 500*time.Millisecond) // not a poll: the fault lasts this long
 	returnNode(t, owner, k)
 	contNode(t, standby, p)
 }
@@ -129,7 +129,7 @@ func forgetDuringPause(t *testing.T, c *cluster, tm timing) {
 	d := forgetPause(tm)
 	start := time.Now()
 	f := stopNode(t, c, n, c.others(n))
-	time.Sleep(4 * time.Second) // the pause before the operator acts, not a poll
+	time.Sleep(4 * time.Second) // not a poll: the operator forgets the node 4 s into its pause
 	// The operator tries again while the control plane answers
 	// Unavailable (no leader yet: the paused node may have led it, and a
 	// loaded machine elects slowly): the error says an election may be
@@ -149,7 +149,7 @@ func forgetDuringPause(t *testing.T, c *cluster, tm timing) {
 	} else {
 		f.note("forgotten after %s (its keys from copies: %v)", secs(time.Since(start)), resp.FromCopies)
 	}
-	time.Sleep(max(0, d-time.Since(start))) // the rest of the pause, not a poll
+	time.Sleep(max(0, d-time.Since(start))) // not a poll: the pause lasts d
 	contNode(t, n, f)
 }
 
@@ -221,9 +221,9 @@ func wipedDiskAndPause(t *testing.T, c *cluster, tm timing) {
 	observers := c.others(wiped, stopped)
 	p := stopNode(t, c, stopped, observers)
 	k := killNode(t, c, wiped, true, observers)
-	time.Sleep(tm.down)
+	time.Sleep(tm.down) // not a poll: the node stays down this long
 	returnNode(t, wiped, k)
-	time.Sleep(tm.fault - tm.down)
+	time.Sleep(tm.fault - tm.down) // not a poll: the pause lasts the fault's length
 	contNode(t, stopped, p)
 }
 
@@ -237,7 +237,7 @@ func gossipBlindCut(t *testing.T, c *cluster, tm timing) {
 		t.Fatal(err)
 	}
 	f := c.beginFault(gossipBlind, "n2's peer address cut one way", []*node{n}, c.others(n))
-	time.Sleep(tm.fault)
+	time.Sleep(tm.fault) // not a poll: the fault lasts this long
 	if err := n.host.blackholeSecond(false); err != nil {
 		t.Fatal(err)
 	}

@@ -310,14 +310,14 @@ func runScenario(t *testing.T, bin string, sc scenario, tm timing) report {
 	if sc.freshAtFault {
 		lead = 0
 	}
-	time.Sleep(tm.warmup - lead)
+	time.Sleep(tm.warmup - lead) // not a poll: the load runs this long before the fault
 	ld.startFresh(tm.fault + lead)
-	time.Sleep(lead)
+	time.Sleep(lead) // not a poll: the fresh keys enter this long before the fault
 	start := time.Now()
 	sc.inject(t, c, tm)
 	ld.boostFresh()
 	t.Logf("%s: fault injected and healed in %.1fs", sc.name, time.Since(start).Seconds())
-	time.Sleep(tm.cooldown)
+	time.Sleep(tm.cooldown) // not a poll: the load runs this long after the fault healed
 	// The fresh keys reach their limit after the fault; on a busy machine
 	// that may take a few seconds more.
 	ld.waitFresh(time.Now().Add(5 * time.Second))
@@ -430,7 +430,7 @@ func restart(t *testing.T, c *cluster, tm timing, nodes []*node, flags []string)
 		if err := n.waitReady(time.Now().Add(60 * time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(tm.between)
+		time.Sleep(tm.between) // not a poll: a rolling restart's pause after each node is ready
 	}
 }
 
@@ -466,7 +466,7 @@ func cutLink(t *testing.T, c *cluster, n *node, d time.Duration) {
 		t.Fatal(err)
 	}
 	f := c.beginFault(cutOff, n.name+" cut off", []*node{n}, c.others(n))
-	time.Sleep(d)
+	time.Sleep(d) // not a poll: the fault lasts d
 	if err := n.host.setLink(true); err != nil {
 		t.Fatal(err)
 	}
@@ -483,7 +483,7 @@ func pause(t *testing.T, c *cluster, tm timing) {
 // see it down.
 func pauseFor(t *testing.T, c *cluster, n *node, d time.Duration, observers []*node) {
 	f := stopNode(t, c, n, observers)
-	time.Sleep(d)
+	time.Sleep(d) // not a poll: the pause lasts d
 	contNode(t, n, f)
 }
 
@@ -514,7 +514,7 @@ func oneWayCut(t *testing.T, c *cluster, tm timing) {
 		t.Fatal(err)
 	}
 	f := c.beginFault(cutOff, "n2 cut one way (it sends, receives nothing)", []*node{n}, c.others(n))
-	time.Sleep(tm.fault)
+	time.Sleep(tm.fault) // not a poll: the fault lasts this long
 	if err := n.host.blackhole(false); err != nil {
 		t.Fatal(err)
 	}
@@ -535,7 +535,7 @@ func kill9WipedDisk(t *testing.T, c *cluster, tm timing) { kill9(t, c, tm, true)
 func kill9(t *testing.T, c *cluster, tm timing, wipe bool) {
 	n := c.node(2)
 	f := killNode(t, c, n, wipe, c.others(n))
-	time.Sleep(tm.down)
+	time.Sleep(tm.down) // not a poll: the node stays down this long
 	returnNode(t, n, f)
 }
 

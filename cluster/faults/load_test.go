@@ -22,6 +22,7 @@ import (
 
 	sluicecluster "github.com/sluice-io/sluice/cluster"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 	"github.com/sluice-io/sluice/shard"
 )
 
@@ -314,18 +315,14 @@ func (l *load) boostFresh() { l.boostOnce.Do(func() { close(l.boost) }) }
 // waitFresh waits until every fresh key was denied once (it reached its
 // limit), or deadline.
 func (l *load) waitFresh(deadline time.Time) {
-	for time.Now().Before(deadline) {
-		all := true
+	_ = testkit.Wait(time.Until(deadline), func() error { // the proof judges what the keys reached
 		for i, k := range l.keys {
 			if k.kind == freshKey && !l.limited[i].Load() {
-				all = false
+				return fmt.Errorf("fresh key %d not limited yet", i)
 			}
 		}
-		if all {
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // runCaller sends one check every interval through n's client, on a key

@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // Ports every node listens on inside its own namespace.
@@ -243,15 +244,14 @@ func waitMembers(nodes []*node, deadline time.Time) error {
 		want = append(want, n.name)
 	}
 	for _, n := range nodes {
-		for {
+		if err := testkit.Wait(time.Until(deadline), func() error {
 			alive, err := n.alive()
 			if err == nil && !slices.ContainsFunc(want, func(w string) bool { return !slices.Contains(alive, w) }) {
-				break
+				return nil
 			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("%s sees members %v alive (err %v); want %v", n.name, alive, err, want)
-			}
-			time.Sleep(100 * time.Millisecond)
+			return fmt.Errorf("%s sees members %v alive (err %v); want %v", n.name, alive, err, want)
+		}); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -345,27 +345,33 @@ func (n *node) running() bool {
 // waitReady waits until the node has written its ready file and its
 // /readyz answers 200, or deadline passes.
 func (n *node) waitReady(deadline time.Time) error {
-	var last string
-	for {
+	var exited error
+	err := testkit.Wait(time.Until(deadline), func() error {
 		select {
 		case <-n.exited:
-			return fmt.Errorf("%s exited (%v) before it was ready", n.name, n.cmd.ProcessState)
+			exited = fmt.Errorf("%s exited (%v) before it was ready", n.name, n.cmd.ProcessState)
+			return nil
 		default:
 		}
 		if _, err := os.Stat(n.readyFile()); err != nil {
-			last = "no ready file"
-		} else if code, body, err := n.readyz(); err != nil {
-			last = err.Error()
-		} else if code != http.StatusOK {
-			last = fmt.Sprintf("/readyz answers %d: %s", code, body)
-		} else {
-			return nil
+			return errors.New("no ready file")
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready in time: %s", n.name, last)
+		code, body, err := n.readyz()
+		switch {
+		case err != nil:
+			return err
+		case code != http.StatusOK:
+			return fmt.Errorf("/readyz answers %d: %s", code, body)
 		}
-		time.Sleep(100 * time.Millisecond)
+		return nil
+	})
+	if exited != nil {
+		return exited
 	}
+	if err != nil {
+		return fmt.Errorf("%s not ready in time: %v", n.name, err)
+	}
+	return nil
 }
 
 // readyz returns the status code of the node's /readyz.

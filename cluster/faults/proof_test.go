@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // faultKind is what a fault does to its victims.
@@ -152,18 +154,15 @@ func (f *fault) problem(format string, args ...any) {
 // /proc/PID/stat), as SIGSTOP leaves it. It polls up to a second.
 func (f *fault) checkStopped() {
 	for _, v := range f.victims {
-		deadline := time.Now().Add(time.Second)
-		for {
-			if processState(v.cmd.Process.Pid) == "T" {
-				f.mu.Lock()
-				f.stopped[v.name] = true
-				f.mu.Unlock()
-				break
+		if testkit.Wait(time.Second, func() error {
+			if state := processState(v.cmd.Process.Pid); state != "T" {
+				return fmt.Errorf("%s in state %q", v.name, state)
 			}
-			if time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(10 * time.Millisecond)
+			return nil
+		}) == nil {
+			f.mu.Lock()
+			f.stopped[v.name] = true
+			f.mu.Unlock()
 		}
 	}
 }

@@ -166,7 +166,7 @@ func settle(nodes []*node, keys []testKey, replicas int, deadline time.Time) (se
 			}
 			return last, fmt.Errorf("cluster not settled: %v", err)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond) // not a poll: settled means two peeks 200 ms apart agree
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 
 	"github.com/sluice-io/sluice/cmd/sluice/loadgen"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // bench runs "sluice bench args" with ctx (30s at most) in the
@@ -249,12 +250,12 @@ func TestBenchTable(t *testing.T) {
 // cancelOnProgress is a stderr that cancels a run once a progress line
 // shows recorded calls.
 type cancelOnProgress struct {
-	syncBuffer
+	testkit.SyncBuffer
 	cancel context.CancelFunc
 }
 
 func (c *cancelOnProgress) Write(p []byte) (int, error) {
-	n, err := c.syncBuffer.Write(p)
+	n, err := c.SyncBuffer.Write(p)
 	for _, line := range progressLine.FindAllString(c.String(), -1) {
 		if strings.Contains(line, "running") && !strings.Contains(line, "p99 - ") {
 			c.cancel()

@@ -17,13 +17,14 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // proc is "sluice serve" run from the built binary.
 type proc struct {
 	t        *testing.T
 	cmd      *exec.Cmd
-	logs     *syncBuffer
+	logs     *testkit.SyncBuffer
 	exited   chan struct{} // closed once the process has exited
 	grpcAddr string
 	httpAddr string
@@ -36,7 +37,7 @@ func startProc(t *testing.T, dataDir string, args ...string) *proc {
 	t.Helper()
 	bin := sluiceBinary(t)
 	ready := filepath.Join(t.TempDir(), "ready.json")
-	p := &proc{t: t, logs: &syncBuffer{}, exited: make(chan struct{})}
+	p := &proc{t: t, logs: &testkit.SyncBuffer{}, exited: make(chan struct{})}
 	p.cmd = exec.Command(bin, append([]string{"serve",
 		"--grpc-addr", "127.0.0.1:0",
 		"--http-addr", "127.0.0.1:0",

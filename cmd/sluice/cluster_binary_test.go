@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 func dial(t *testing.T, addr string) *grpc.ClientConn {
@@ -36,8 +37,7 @@ func dial(t *testing.T, addr string) *grpc.ClientConn {
 func waitMembers(t *testing.T, addr string, n int) {
 	t.Helper()
 	admin := sluicepb.NewAdminServiceClient(dial(t, addr))
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	if err := testkit.Wait(30*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		resp, err := admin.ListMembers(ctx, &sluicepb.ListMembersRequest{})
 		cancel()
@@ -49,13 +49,12 @@ func waitMembers(t *testing.T, addr string, n int) {
 				}
 			}
 		}
-		if alive == n {
-			return
+		if alive != n {
+			return fmt.Errorf("%s: %d members alive (err %v); want %d", addr, alive, err, n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %d members alive (err %v); want %d", addr, alive, err, n)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -64,18 +63,16 @@ func waitMembers(t *testing.T, addr string, n int) {
 func waitServing(t *testing.T, addr string) {
 	t.Helper()
 	health := healthpb.NewHealthClient(dial(t, addr))
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	if err := testkit.Wait(20*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
 		cancel()
 		if err == nil && resp.Status == healthpb.HealthCheckResponse_SERVING {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s not serving within 20s: %v, %v", addr, resp, err)
-		}
-		time.Sleep(50 * time.Millisecond)
+		return fmt.Errorf("%s not serving: %v, %v", addr, resp, err)
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -193,19 +190,11 @@ func TestBinaryClusterKill9(t *testing.T) {
 	// poll waits until cond holds (under mu), for at most 30s.
 	poll := func(what string, cond func() bool) {
 		t.Helper()
-		until := time.Now().Add(30 * time.Second)
-		for {
+		testkit.Eventually(t, 30*time.Second, func() bool {
 			mu.Lock()
-			ok := cond()
-			mu.Unlock()
-			if ok {
-				return
-			}
-			if time.Now().After(until) {
-				t.Fatalf("%s: not within 30s", what)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			defer mu.Unlock()
+			return cond()
+		}, "%s", what)
 	}
 	poll("every key checked under load", func() bool { return len(calls) >= keys })
 	victim := nodes[2]

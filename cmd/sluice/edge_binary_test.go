@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // TestBinaryEdgeSIGTERM: the sluice edge binary, on SIGTERM, stops
@@ -48,7 +50,7 @@ func TestBinaryEdgeSIGTERM(t *testing.T) {
 	}()
 
 	ready := filepath.Join(t.TempDir(), "ready.json")
-	logs := &syncBuffer{}
+	logs := &testkit.SyncBuffer{}
 	cmd := exec.Command(bin, "edge", "--listen", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--ready-file", ready,
 		"--origin", origin.URL, "--sluice", n.grpcAddr, "--key", "ip", "--limit", "100", "--window", "1m", "--decision-timeout", "5s")
 	cmd.Env = []string{}
@@ -70,15 +72,17 @@ func TestBinaryEdgeSIGTERM(t *testing.T) {
 		}
 	})
 	var info edgeReady
-	for deadline := time.Now().Add(20 * time.Second); ; {
+	if err := testkit.Wait(20*time.Second, func() error {
 		b, err := os.ReadFile(ready)
-		if err == nil && json.Unmarshal(b, &info) == nil {
-			break
-		}
-		if err != nil && !errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("no ready file: %v", err)
 		}
-		time.Sleep(10 * time.Millisecond)
+		if err == nil {
+			err = json.Unmarshal(b, &info) // a file half written
+		}
+		return err
+	}); err != nil {
+		t.Fatalf("no ready file: %v", err)
 	}
 
 	type result struct {
@@ -99,26 +103,18 @@ func TestBinaryEdgeSIGTERM(t *testing.T) {
 		resp.Body.Close()
 		inflight <- result{status: resp.StatusCode, body: string(b)}
 	}()
-	for deadline := time.Now().Add(10 * time.Second); arrived.Load() == 0; {
-		if time.Now().After(deadline) {
-			t.Fatal("the request never reached the origin")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, func() bool { return arrived.Load() > 0 }, "the request to reach the origin")
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; {
+	testkit.Eventually(t, 10*time.Second, func() bool {
 		resp, err := hc.Get("http://" + info.Listen + "/")
 		if err != nil {
-			break // the listener is closed
+			return true // the listener is closed
 		}
 		resp.Body.Close()
-		if time.Now().After(deadline) {
-			t.Fatal("the edge still accepts connections 10s after SIGTERM")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false
+	}, "the edge to stop accepting connections after SIGTERM")
 	close(release)
 	if r := <-inflight; r.err != nil || r.status != 200 || r.body != "done" {
 		t.Errorf("the request in flight at SIGTERM got %d %q %v; want 200 done", r.status, r.body, r.err)

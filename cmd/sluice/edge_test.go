@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // cliEdge is a "sluice edge" running in-process, through run.
@@ -21,7 +23,7 @@ type cliEdge struct {
 	t       testing.TB
 	listen  string
 	metrics string
-	logs    *syncBuffer
+	logs    *testkit.SyncBuffer
 	cancel  context.CancelFunc
 	done    chan int
 	stopped bool
@@ -33,7 +35,7 @@ type cliEdge struct {
 func startEdgeCLI(t testing.TB, args ...string) *cliEdge {
 	t.Helper()
 	ready := filepath.Join(t.TempDir(), "edge-ready.json")
-	e := &cliEdge{t: t, logs: &syncBuffer{}, done: make(chan int, 1)}
+	e := &cliEdge{t: t, logs: &testkit.SyncBuffer{}, done: make(chan int, 1)}
 	full := append([]string{"edge", "--listen", "127.0.0.1:0", "--metrics-addr", "127.0.0.1:0", "--ready-file", ready}, args...)
 	ctx, cancel := context.WithCancel(context.Background())
 	e.cancel = cancel
@@ -44,27 +46,30 @@ func startEdgeCLI(t testing.TB, args ...string) *cliEdge {
 			t.Logf("edge logs:\n%s", e.logs)
 		}
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		b, err := os.ReadFile(ready)
-		if err == nil {
-			var info edgeReady
-			if err := json.Unmarshal(b, &info); err != nil {
-				t.Fatalf("ready file: %v", err)
-			}
-			e.listen, e.metrics = info.Listen, info.MetricsAddr
-			return e
+	var b []byte
+	if err := testkit.Wait(10*time.Second, func() (err error) {
+		if b, err = os.ReadFile(ready); err == nil {
+			return nil
 		}
-		if !errors.Is(err, os.ErrNotExist) || time.Now().After(deadline) {
+		if !errors.Is(err, os.ErrNotExist) {
 			t.Fatalf("sluice %s: no ready file: %v\n%s", strings.Join(full, " "), err, e.logs)
 		}
 		select {
 		case code := <-e.done:
 			e.stopped = true
 			t.Fatalf("sluice %s exited with %d before it was ready:\n%s", strings.Join(full, " "), code, e.logs)
-		case <-time.After(10 * time.Millisecond):
+		default:
 		}
+		return err
+	}); err != nil {
+		t.Fatalf("sluice %s: no ready file: %v\n%s", strings.Join(full, " "), err, e.logs)
 	}
+	var info edgeReady
+	if err := json.Unmarshal(b, &info); err != nil {
+		t.Fatalf("ready file: %v", err)
+	}
+	e.listen, e.metrics = info.Listen, info.MetricsAddr
+	return e
 }
 
 // stop ends the edge as SIGTERM would and checks that it exits 0.

@@ -21,6 +21,8 @@ import (
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	sigsyaml "sigs.k8s.io/yaml"
+
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // helmChart is the Helm chart, from this package's directory.
@@ -253,20 +255,23 @@ func waitHelm(path, wait string) error {
 	if err != nil {
 		return fmt.Errorf("SLUICE_HELM_WAIT=%q: %v", wait, err)
 	}
-	for deadline := time.Now().Add(d); ; {
+	var failed error
+	err = testkit.Wait(d, func() error {
 		_, err := os.Stat(path)
 		if err == nil {
 			return nil
 		}
 		if _, ferr := os.Stat(filepath.Join(filepath.Dir(path), "failed")); ferr == nil {
 			log, _ := os.ReadFile(filepath.Join(filepath.Dir(path), "build.log"))
-			return fmt.Errorf("the build of helm failed:\n%s", log)
+			failed = fmt.Errorf("the build of helm failed:\n%s", log)
+			return nil
 		}
-		if time.Now().After(deadline) {
-			return err
-		}
-		time.Sleep(time.Second)
+		return err
+	})
+	if failed != nil {
+		return failed
 	}
+	return err
 }
 
 // helmTemplate renders the chart as release with the extra arguments and

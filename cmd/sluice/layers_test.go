@@ -14,12 +14,13 @@ import (
 // floors are the layers of docs/architecture.md, lowest first: a package
 // (its non-test files) may import the module's packages of its own floor
 // and of the floors below, never above. The longest prefix names a
-// package's floor.
+// package's floor. scripts/testkit (the tests' polling and buffers) is on
+// the ground floor, so that the test harnesses of every floor may use it.
 var floors = []struct {
 	floor    int
 	prefixes []string
 }{
-	{0, []string{"shard", "proto"}},
+	{0, []string{"shard", "proto", "scripts/testkit"}},
 	{1, []string{"persist"}},
 	{2, []string{"actor"}},
 	{3, []string{"cluster"}},

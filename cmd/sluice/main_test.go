@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sluice-io/sluice/cluster/clustertest"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // TestMain checks for leaked goroutines after the tests, and removes the
@@ -30,24 +31,6 @@ func TestMain(m *testing.M) {
 		os.RemoveAll(dir)
 	}
 	os.Exit(code)
-}
-
-// syncBuffer collects the output of a node, written from many goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // env is a fake environment for run.
@@ -104,7 +87,7 @@ type cliNode struct {
 	// service has a listener of its own.
 	peerAddr, adminAddr string
 	healthAddr          string // set with --health-addr
-	logs                *syncBuffer
+	logs                *testkit.SyncBuffer
 	cancel              context.CancelFunc
 	done                chan int
 	stopped             bool
@@ -117,7 +100,7 @@ type cliNode struct {
 func startNode(t testing.TB, e env, args ...string) *cliNode {
 	t.Helper()
 	dir := t.TempDir()
-	n := &cliNode{t: t, dataDir: filepath.Join(dir, "data"), logs: &syncBuffer{}, done: make(chan int, 1)}
+	n := &cliNode{t: t, dataDir: filepath.Join(dir, "data"), logs: &testkit.SyncBuffer{}, done: make(chan int, 1)}
 	ready := filepath.Join(dir, "ready.json")
 	full := append([]string{"serve",
 		"--grpc-addr", "127.0.0.1:0",
@@ -149,19 +132,18 @@ func startNode(t testing.TB, e env, args ...string) *cliNode {
 // serves (its ready file is written) before it holds a lease.
 func (n *cliNode) waitReadyz() {
 	n.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	if err := testkit.Wait(20*time.Second, func() error {
 		resp, err := http.Get("http://" + n.httpAddr + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+		if err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("node at %s not ready within 20s: %v", n.grpcAddr, err)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("/readyz: %s", resp.Status)
 		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
+	}); err != nil {
+		n.t.Fatalf("node at %s not ready: %v", n.grpcAddr, err)
 	}
 }
 
@@ -186,28 +168,32 @@ func (n *cliNode) stop() {
 // waitReadyFile polls for the ready file of serve until it appears, the
 // process ends (exited receives its exit code) or timeout passes.
 func waitReadyFile[T any](path string, exited <-chan T, timeout time.Duration) (readyInfo, error) {
-	deadline := time.Now().Add(timeout)
-	for {
+	var info readyInfo
+	var final error // an answer that ends the wait: no use polling on
+	err := testkit.Wait(timeout, func() error {
 		b, err := os.ReadFile(path)
-		if err == nil {
-			var info readyInfo
+		switch {
+		case err == nil:
 			if err := json.Unmarshal(b, &info); err != nil {
-				return info, fmt.Errorf("ready file %s: %v", path, err)
+				final = fmt.Errorf("ready file %s: %v", path, err)
 			}
-			return info, nil
-		}
-		if !errors.Is(err, os.ErrNotExist) {
-			return readyInfo{}, err
-		}
-		if time.Now().After(deadline) {
-			return readyInfo{}, fmt.Errorf("no ready file after %v", timeout)
+			return nil
+		case !errors.Is(err, os.ErrNotExist):
+			final = err
+			return nil
 		}
 		select {
 		case code := <-exited:
-			return readyInfo{}, fmt.Errorf("serve exited (%v) before it was ready", code)
-		case <-time.After(10 * time.Millisecond):
+			final = fmt.Errorf("serve exited (%v) before it was ready", code)
+			return nil
+		default:
+			return errors.New("no ready file")
 		}
+	})
+	if final != nil {
+		return readyInfo{}, final
 	}
+	return info, err
 }
 
 // binDir holds the sluice binary, built once per test binary by

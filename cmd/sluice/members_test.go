@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"fmt"
 	"math"
 	"runtime"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/sluice-io/sluice/cluster/clustertest"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // TestMembersSingleNode: a node outside a cluster lists itself, alive,
@@ -70,17 +72,14 @@ func TestMembersCluster(t *testing.T) {
 	}
 	for i, n := range nodes {
 		var rows []map[string]string
-		deadline := time.Now().Add(20 * time.Second)
-		for {
+		if err := testkit.Wait(20*time.Second, func() error {
 			r := mustRun(t, exitOK, nil, "members", "--addr", n.grpcAddr)
-			rows = tableRows(t, r.stdout)
-			if len(rows) == 3 {
-				break
+			if rows = tableRows(t, r.stdout); len(rows) != 3 {
+				return fmt.Errorf("members via node-%d printed\n%s\nwant 3 members", i, r.stdout)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("members via node-%d printed\n%s\nwant 3 members within 20s", i, r.stdout)
-			}
-			time.Sleep(20 * time.Millisecond)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
 		}
 		for j, row := range rows {
 			share, err := strconv.ParseFloat(strings.TrimSuffix(row["SHARE"], "%"), 64)
@@ -116,18 +115,14 @@ func oneClusterAtATime(t *testing.T) {
 // TestMain's leak check does not trip on them: memberlist's Shutdown does
 // not wait for a probe in flight, which ends within a probe interval.
 func waitMemberlistGone(t *testing.T) {
-	deadline := time.Now().Add(10 * time.Second)
 	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if !bytes.Contains(buf[:n], []byte("github.com/hashicorp/memberlist.")) {
-			return
+	if err := testkit.Wait(10*time.Second, func() error {
+		if n := runtime.Stack(buf, true); bytes.Contains(buf[:n], []byte("github.com/hashicorp/memberlist.")) {
+			return fmt.Errorf("memberlist goroutines still running after the nodes stopped:\n%s", buf[:n])
 		}
-		if time.Now().After(deadline) {
-			t.Errorf("memberlist goroutines still running 10s after the nodes stopped:\n%s", buf[:n])
-			return
-		}
-		time.Sleep(50 * time.Millisecond)
+		return nil
+	}); err != nil {
+		t.Error(err)
 	}
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // topSection returns the table of out that follows the line starting with
@@ -41,15 +43,16 @@ func sendChecks(t *testing.T, addr, key string, limit int64, n int) {
 	defer conn.Close()
 	c := sluicepb.NewRateLimitServiceClient(conn)
 	deadline := time.Now().Add(30 * time.Second)
-	for i := 0; i < n; {
-		req := &sluicepb.CheckRequest{Checks: []*sluicepb.Check{{Key: []byte(key), Limit: limit, Window: durationpb.New(time.Minute)}}}
-		_, err := c.Check(t.Context(), req)
-		switch {
-		case err == nil:
-			i++
-		case status.Code(err) == codes.Unavailable && time.Now().Before(deadline):
-			time.Sleep(20 * time.Millisecond)
-		default:
+	for range n {
+		// A check refused as UNAVAILABLE (no lease yet) is sent again.
+		if err := testkit.Wait(time.Until(deadline), func() error {
+			req := &sluicepb.CheckRequest{Checks: []*sluicepb.Check{{Key: []byte(key), Limit: limit, Window: durationpb.New(time.Minute)}}}
+			_, err := c.Check(t.Context(), req)
+			if err != nil && status.Code(err) != codes.Unavailable {
+				t.Fatalf("Check(%s) = %v", key, err)
+			}
+			return err
+		}); err != nil {
 			t.Fatalf("Check(%s) = %v", key, err)
 		}
 	}
@@ -125,15 +128,13 @@ func TestTopCluster(t *testing.T) {
 	// Each node decides once it holds a lease: until then checks fail.
 	deadline := time.Now().Add(30 * time.Second)
 	for i, n := range nodes {
-		for {
-			r := runCLI(t, nil, "check", "probe-"+strconv.Itoa(i), "--addr", n.grpcAddr, "--limit", "100", "--window", "1m")
-			if r.code == exitOK {
-				break
+		if err := testkit.Wait(time.Until(deadline), func() error {
+			if r := runCLI(t, nil, "check", "probe-"+strconv.Itoa(i), "--addr", n.grpcAddr, "--limit", "100", "--window", "1m"); r.code != exitOK {
+				return fmt.Errorf("node-%d decides nothing: %v", i, r)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("node-%d decides nothing after 30s: %v", i, r)
-			}
-			time.Sleep(50 * time.Millisecond)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
 		}
 	}
 	for i, n := range nodes {

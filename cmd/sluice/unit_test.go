@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/api"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 func TestPrintableKey(t *testing.T) {
@@ -102,7 +103,7 @@ func TestEnvName(t *testing.T) {
 // as its cause; the second exits at once with 128+signal.
 func TestWatchSignals(t *testing.T) {
 	sigs := make(chan os.Signal, 2)
-	var stderr syncBuffer
+	var stderr testkit.SyncBuffer
 	exited := make(chan int, 1)
 	ctx, stop := watchSignals(context.Background(), sigs, &stderr, func(code int) { exited <- code })
 	defer stop()
@@ -135,7 +136,7 @@ func TestWatchSignals(t *testing.T) {
 // TestWatchSignalsStop: stop ends the watch without a signal.
 func TestWatchSignalsStop(t *testing.T) {
 	sigs := make(chan os.Signal, 2)
-	ctx, stop := watchSignals(context.Background(), sigs, &syncBuffer{}, func(int) { t.Error("exit called") })
+	ctx, stop := watchSignals(context.Background(), sigs, &testkit.SyncBuffer{}, func(int) { t.Error("exit called") })
 	stop()
 	stop()
 	if ctx.Err() == nil {

@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-io/sluice/cluster/clustertest"
 	"github.com/sluice-io/sluice/cmd/sluice/node"
 	"github.com/sluice-io/sluice/cmd/sluice/node/nodetest"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 func TestMain(m *testing.M) { os.Exit(clustertest.Run(m)) }
@@ -267,16 +268,13 @@ func TestRulesReload(t *testing.T) {
 	url := "http://" + e.Addr()
 	waitPolicy := func(want string) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			got := get(t, "GET", url, nil, "").header.Get("RateLimit-Policy")
-			if got == want {
-				return
+		if err := testkit.Wait(10*time.Second, func() error {
+			if got := get(t, "GET", url, nil, "").header.Get("RateLimit-Policy"); got != want {
+				return fmt.Errorf("RateLimit-Policy %q; want %q", got, want)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("RateLimit-Policy %q after 10s; want %q", got, want)
-			}
-			time.Sleep(20 * time.Millisecond)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
 		}
 	}
 	waitPolicy(`"r10";q=10;w=60`)
@@ -284,12 +282,13 @@ func TestRulesReload(t *testing.T) {
 	waitPolicy(`"r20";q=20;w=60`)
 
 	writeRules(t, path, "routes:\n  - name: all\n    rules:\n      - {name: bad, key: nonsense, limit: -1, window: 1m}\n")
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(scrape(t, e), `sluice_edge_rules_reloads_total{result="error"} 1`) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the bad file was not refused within 10s:\n%s", scrape(t, e))
+	if err := testkit.Wait(10*time.Second, func() error {
+		if m := scrape(t, e); !strings.Contains(m, `sluice_edge_rules_reloads_total{result="error"} 1`) {
+			return fmt.Errorf("the bad file was not refused:\n%s", m)
 		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 	if got := get(t, "GET", url, nil, "").header.Get("RateLimit-Policy"); got != `"r20";q=20;w=60` {
 		t.Errorf("after a bad file: RateLimit-Policy %q; want the previous rules", got)
@@ -404,25 +403,13 @@ func TestGracefulShutdown(t *testing.T) {
 		defer wg.Done()
 		inflight = get(t, "GET", url+"/slow", nil, "")
 	}()
-	deadline := time.Now().Add(10 * time.Second)
-	for o.hits.Load() == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("the request never reached the origin")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, func() bool { return o.hits.Load() > 0 }, "the request to reach the origin")
 	done := make(chan error, 1)
 	go func() { done <- e.Shutdown(context.Background()) }()
-	deadline = time.Now().Add(10 * time.Second)
-	for {
-		if _, err := http.Get(url + "/"); err != nil {
-			break // no longer accepting
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the edge still accepts connections 10s after Shutdown")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, func() bool {
+		_, err := http.Get(url + "/")
+		return err != nil // no longer accepting
+	}, "the edge to stop accepting connections after Shutdown")
 	select {
 	case err := <-done:
 		t.Fatalf("Shutdown returned %v with a request in flight", err)

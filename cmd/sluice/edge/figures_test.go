@@ -177,7 +177,7 @@ func openLoop(c *http.Client, target string, keys []string, rate float64, d time
 				}
 				due := start.Add(time.Duration(i) * interval)
 				if wait := time.Until(due); wait > 0 {
-					time.Sleep(wait)
+					time.Sleep(wait) // not a poll: an open loop sends each request at its time
 				}
 				local[request(c, target, keys[r.IntN(len(keys))])]++
 				lh.RecordValue(int64(time.Since(due) / time.Microsecond))
@@ -227,7 +227,7 @@ func pairedOpenLoop(c *http.Client, a, b string, keys []string, rate float64, d 
 				}
 				due := start.Add(time.Duration(i) * interval)
 				if wait := time.Until(due); wait > 0 {
-					time.Sleep(wait)
+					time.Sleep(wait) // not a poll: an open loop sends each request at its time
 				}
 				which, target := i%2, a
 				if which == 1 {

@@ -4,6 +4,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/api/apitest"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // certFiles are a certificate and key in the files a node reads, as a
@@ -107,15 +109,13 @@ func waitServed(t *testing.T, cn string, client *tls.Certificate, addrs ...strin
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for _, addr := range addrs {
-		for {
-			got, err := served(addr, client)
-			if got == cn {
-				break
+		if err := testkit.Wait(time.Until(deadline), func() error {
+			if got, err := served(addr, client); got != cn {
+				return fmt.Errorf("%s serves %q (%v) to a new client; want %q after the files changed", addr, got, err, cn)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s serves %q (%v) to a new client; want %q after the files changed", addr, got, err, cn)
-			}
-			time.Sleep(10 * time.Millisecond)
+			return nil
+		}); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/sluice-io/sluice/cluster/clustertest"
 	"github.com/sluice-io/sluice/cluster/control"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 	"github.com/sluice-io/sluice/shard"
 )
 
@@ -53,23 +54,17 @@ func newTestClusterWith(t *testing.T, n int, edit func(*Config)) *testCluster {
 // acts for is here.
 func (tc *testCluster) waitReady() {
 	tc.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		why := ""
+	if err := testkit.Wait(20*time.Second, func() error {
 		for _, ts := range tc.nodes {
 			if ts.srv != nil {
 				if w := ts.srv.NotReady(); w != "" {
-					why = ts.srv.Config().NodeName + ": " + w
+					return fmt.Errorf("cluster not ready: %s: %s", ts.srv.Config().NodeName, w)
 				}
 			}
 		}
-		if why == "" {
-			return
-		}
-		if time.Now().After(deadline) {
-			tc.t.Fatalf("cluster not ready: %s", why)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return nil
+	}); err != nil {
+		tc.t.Fatal(err)
 	}
 }
 
@@ -101,22 +96,14 @@ func (tc *testCluster) add() *testServer {
 // waitMembers waits until every running node sees n live members.
 func (tc *testCluster) waitMembers(n int) {
 	tc.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		ok := true
+	testkit.Eventually(tc.t, 20*time.Second, func() bool {
 		for _, ts := range tc.nodes {
 			if ts.srv != nil && ts.srv.Membership().View().Len() != n {
-				ok = false
+				return false
 			}
 		}
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			tc.t.Fatalf("members did not converge to %d", n)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return true
+	}, "members to converge to %d", n)
 }
 
 func (tc *testCluster) client(i int) sluicepb.RateLimitServiceClient {
@@ -292,14 +279,15 @@ func TestClusterJoinLeaveKeepsState(t *testing.T) {
 	}()
 	waitRounds := func(n int64) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for g := range rounds {
-			for rounds[g].Load() < n {
-				if time.Now().After(deadline) {
-					t.Fatalf("worker %d did %d rounds in 30s; want %d", g, rounds[g].Load(), n)
+		if err := testkit.Wait(30*time.Second, func() error {
+			for g := range rounds {
+				if got := rounds[g].Load(); got < n {
+					return fmt.Errorf("worker %d did %d rounds; want %d", g, got, n)
 				}
-				time.Sleep(5 * time.Millisecond)
 			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
 		}
 	}
 	roundsNow := func() int64 {
@@ -457,18 +445,21 @@ func TestClusterCrashAndReturn(t *testing.T) {
 				moved++
 				allowed[k] = 0
 				for i := 0; i < sent; i++ {
-					ok, node, err := hit(0, k)
-					for err != nil && policy == cluster.PolicyExact && strings.Contains(err.Error(), "owner unreachable") && time.Now().Before(deadline) {
-						// node-0's router follows the view a moment after
-						// it: until then it forwards to the crashed owner.
-						time.Sleep(20 * time.Millisecond)
+					var ok bool
+					var node string
+					var err error
+					// Until the deadline, retry while node-0's router
+					// still forwards to the crashed owner (it follows the
+					// view a moment after it) under exact, while the
+					// victim is being fenced (wait for the takeover) under
+					// available. The switch below judges the last answer.
+					_ = testkit.Wait(time.Until(deadline), func() error {
 						ok, node, err = hit(0, k)
-					}
-					for err != nil && policy == cluster.PolicyAvailable && time.Now().Before(deadline) {
-						// The victim is being fenced: wait for the takeover.
-						time.Sleep(20 * time.Millisecond)
-						ok, node, err = hit(0, k)
-					}
+						if err != nil && (policy == cluster.PolicyAvailable || strings.Contains(err.Error(), "owner unreachable")) {
+							return err
+						}
+						return nil
+					})
 					switch {
 					case err != nil && policy == cluster.PolicyExact:
 						if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "owner down") {
@@ -713,7 +704,8 @@ func TestClusterBatchKeepsEachDeadline(t *testing.T) {
 		_, err := tc.client(0).Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(k1, 5, time.Hour, 1)}})
 		impatient <- err
 	}()
-	time.Sleep(20 * time.Millisecond) // join the batch the sender holds open
+	// Whichever of the two checks reaches the sender first, the sender
+	// holds its batch open 200ms: the other joins it.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	resp, err := tc.client(0).Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(k2, 5, time.Hour, 1)}})
@@ -749,14 +741,17 @@ func TestClusterForgetMember(t *testing.T) {
 	tc.waitMembers(2)
 	// Until the leader ends node-2's epoch the check goes to node-2 and
 	// finds it unreachable; then its keys wait for it.
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	if err := testkit.Wait(15*time.Second, func() error {
 		_, err := tc.client(0).Check(tc.nodes[0].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, 5, time.Hour, 1)}})
 		if status.Code(err) == codes.Unavailable && strings.Contains(err.Error(), "owner down") {
-			break
+			return nil
 		}
-		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "unreachable") || time.Now().After(deadline) {
+		if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "unreachable") {
 			t.Fatalf("check on node-2's key while it is down = %v; want Unavailable, owner down", err)
 		}
+		return fmt.Errorf("check on node-2's key while it is down = %v; want Unavailable, owner down", err)
+	}); err != nil {
+		t.Fatal(err)
 	}
 	resp, err := admin.ForgetMember(tc.nodes[0].ctx(), &sluicepb.ForgetMemberRequest{Name: "node-2"})
 	if err != nil || resp.FromCopies {
@@ -765,19 +760,17 @@ func TestClusterForgetMember(t *testing.T) {
 	// Each node moves the key once it applied the change, then denies it
 	// for one window: node-2 may have allowed its limit in the last hour.
 	for i := 0; i < 2; i++ {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		if err := testkit.Wait(10*time.Second, func() error {
 			resp, err := tc.client(i).Check(tc.nodes[i].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, 5, time.Hour, 1)}})
 			if err == nil && resp.Decisions[0].Node != "node-2" {
 				if d := resp.Decisions[0]; d.Allowed || d.RetryAfter.AsDuration() < 59*time.Minute {
 					t.Fatalf("check on the forgotten node's key via node %d = %v; want denied for about an hour", i, d)
 				}
-				break
+				return nil
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("check on the forgotten node's key via node %d = %v, %v; want decided by a live node", i, resp, err)
-			}
-			time.Sleep(20 * time.Millisecond)
+			return fmt.Errorf("check on the forgotten node's key via node %d = %v, %v; want decided by a live node", i, resp, err)
+		}); err != nil {
+			t.Fatal(err)
 		}
 	}
 	for _, m := range tc.nodes[1].listMembers().Members {
@@ -787,19 +780,19 @@ func TestClusterForgetMember(t *testing.T) {
 	}
 	// Two servers are left, and two voters would need both: the leader
 	// demotes the other one.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+	if err := testkit.Wait(10*time.Second, func() error {
 		var voters []string
 		for _, m := range tc.nodes[1].listMembers().Members {
 			if m.Voter {
 				voters = append(voters, m.Name)
 			}
 		}
-		if len(voters) == 1 {
-			break
+		if len(voters) != 1 {
+			return fmt.Errorf("voters after forgetting node-2 of three: %v; want one", voters)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("voters after forgetting node-2 of three: %v; want one", voters)
-		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }
 
@@ -830,22 +823,20 @@ func TestClusterLeaveHandsOverInParallel(t *testing.T) {
 		leaver.stop()
 		close(stopped)
 	}()
-	deadline := start.Add(2 * time.Second)
-	for {
-		// Until node-0 hears that it leaves, it may still decide the key
-		// (nobody else does): wait for node-2 to answer it.
+	// Until node-0 hears that it leaves, it may still decide the key
+	// (nobody else does): wait for node-2 to answer it.
+	if err := testkit.Wait(time.Until(start.Add(2*time.Second)), func() error {
 		resp, err := tc.client(2).Check(tc.nodes[2].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, 5, time.Hour, 0)}})
 		if err == nil && resp.Decisions[0].Node == "node-2" {
 			if d := resp.Decisions[0]; d.Remaining != 2 {
 				t.Fatalf("peek at %s via node-2 after node-0 left = %v; want 2 remaining (node-0's 3 hits handed over)", key, d)
 			}
 			t.Logf("node-2 decided %s with its state %v after node-0 started leaving", key, time.Since(start).Round(time.Millisecond))
-			break
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("node-2 still refuses %s 2s after node-0 started leaving: %v", key, err)
-		}
-		time.Sleep(20 * time.Millisecond)
+		return fmt.Errorf("node-2 still refuses %s after node-0 started leaving (2s at most): %v", key, err)
+	}); err != nil {
+		t.Fatal(err)
 	}
 	<-stopped
 }
@@ -889,15 +880,11 @@ func TestClusterStandbyTakesOver(t *testing.T) {
 	deadline := start.Add(15 * time.Second)
 	for _, key := range victims {
 		var d *sluicepb.Decision
-		var err error
-		for {
-			if d, err = hit(0, key); err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s still refused %v after node-2 crashed: %v", key, time.Since(start).Round(time.Millisecond), err)
-			}
-			time.Sleep(20 * time.Millisecond)
+		if err := testkit.Wait(time.Until(deadline), func() (err error) {
+			d, err = hit(0, key)
+			return err
+		}); err != nil {
+			t.Fatalf("%s still refused %v after node-2 crashed: %v", key, time.Since(start).Round(time.Millisecond), err)
 		}
 		if !d.Allowed || d.Remaining != 0 || d.Node == "node-2" {
 			t.Fatalf("first hit on %s after node-2 crashed = %v; want allowed by its standby with 0 remaining (its %d hits kept)", key, d, limit-1)
@@ -912,19 +899,17 @@ func TestClusterStandbyTakesOver(t *testing.T) {
 	tc.waitMembers(3)
 	tc.waitReady()
 	for _, key := range victims {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		if err := testkit.Wait(10*time.Second, func() error {
 			d, err := hit(2, key)
 			if err == nil && d.Node == "node-2" {
 				if d.Allowed {
 					t.Fatalf("%s after node-2 came back = %v; want denied (%d hits recorded)", key, d, limit)
 				}
-				break
+				return nil
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s not decided by node-2 after it came back: %v, %v", key, d, err)
-			}
-			time.Sleep(20 * time.Millisecond)
+			return fmt.Errorf("%s not decided by node-2 after it came back: %v, %v", key, d, err)
+		}); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/cluster/control"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // TestClusterRollingRestartKeepsCopies: with a standby per key, a rolling
@@ -55,7 +56,7 @@ func TestClusterRollingRestartKeepsCopies(t *testing.T) {
 				i := rand.IntN(len(conns))
 				conn := conns[i].Load()
 				if conn == nil {
-					time.Sleep(time.Millisecond)
+					time.Sleep(time.Millisecond) // not a poll: paces the load while a node is down
 					continue
 				}
 				k := rand.IntN(keys)
@@ -69,11 +70,31 @@ func TestClusterRollingRestartKeepsCopies(t *testing.T) {
 					t.Errorf("check copy-%02d via node %d: %v", k, i, err)
 					return
 				}
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // not a poll: paces the load
 			}
 		}()
 	}
-	time.Sleep(500 * time.Millisecond)
+	// loaded waits until every key had a few more hits acknowledged: the
+	// cluster decides (and copies) each key under load before the next
+	// step.
+	loaded := func(when string) {
+		t.Helper()
+		var before [keys]int64
+		for k := range allowed {
+			before[k] = allowed[k].Load()
+		}
+		if err := testkit.Wait(20*time.Second, func() error {
+			for k := range allowed {
+				if got := allowed[k].Load() - before[k]; got < 5 {
+					return fmt.Errorf("copy-%02d had %d hits allowed %s; want 5", k, got, when)
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	loaded("before the restarts")
 	for i, ts := range tc.nodes {
 		conns[i].Store(nil)
 		ts.stop()
@@ -81,9 +102,8 @@ func TestClusterRollingRestartKeepsCopies(t *testing.T) {
 		conns[i].Store(ts.conn)
 		tc.waitMembers(3)
 		tc.waitReady()
-		time.Sleep(300 * time.Millisecond)
+		loaded(fmt.Sprintf("after node-%d restarted", i))
 	}
-	time.Sleep(300 * time.Millisecond)
 	close(stop)
 	wg.Wait()
 	tc.waitReady()
@@ -91,29 +111,22 @@ func TestClusterRollingRestartKeepsCopies(t *testing.T) {
 	r := tc.nodes[0].srv.Router()
 	for k := 0; k < keys; k++ {
 		key := fmt.Sprintf("copy-%02d", k)
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		if err := testkit.Wait(10*time.Second, func() error {
 			owner, _ := r.Owner(key)
 			standby := r.Standby(key)
 			state, err1 := tc.local(owner, key)
 			copy, err2 := tc.local(standby, key)
-			msg := ""
 			switch {
 			case err1 != nil || err2 != nil:
-				msg = fmt.Sprintf("read: %v, %v", err1, err2)
+				return fmt.Errorf("read: %v, %v", err1, err2)
 			case state.State.Used < allowed[k].Load():
-				msg = fmt.Sprintf("%s's state counts %d; %d were acknowledged", owner, state.State.Used, allowed[k].Load())
+				return fmt.Errorf("%s's state counts %d; %d were acknowledged", owner, state.State.Used, allowed[k].Load())
 			case copy.Replica.Used != state.State.Used:
-				msg = fmt.Sprintf("%s's state counts %d, %s's standby copy %d (%d acknowledged)", owner, state.State.Used, standby, copy.Replica.Used, allowed[k].Load())
+				return fmt.Errorf("%s's state counts %d, %s's standby copy %d (%d acknowledged)", owner, state.State.Used, standby, copy.Replica.Used, allowed[k].Load())
 			}
-			if msg == "" {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Errorf("%s: %s", key, msg)
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
+			return nil
+		}); err != nil {
+			t.Errorf("%s: %v", key, err)
 		}
 	}
 }
@@ -153,13 +166,11 @@ func TestClusterReplicateStream(t *testing.T) {
 		return x
 	}
 	// A valid state to send: node-1's copy of the key node-0 decides.
-	state := copyOf(key)
-	for deadline := time.Now().Add(10 * time.Second); state.State == nil; state = copyOf(key) {
-		if time.Now().After(deadline) {
-			t.Fatalf("node-1 holds no copy of %s", key)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	var state actor.Exported
+	testkit.Eventually(t, 10*time.Second, func() bool {
+		state = copyOf(key)
+		return state.State != nil
+	}, "node-1 to hold a copy of %s", key)
 	m := to.srv.Router().Map()
 	fm, _ := m.Member("node-0")
 	tm, _ := m.Member("node-1")

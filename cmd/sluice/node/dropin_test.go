@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/sluice-io/sluice/api/limits/xdstest"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // The drop-in tests: what users of envoyproxy/ratelimit script against,
@@ -347,13 +348,10 @@ func TestLimitsOverXDS(t *testing.T) {
 	if ack := xds.Request(); ack.VersionInfo != "v1" || ack.ErrorDetail != nil {
 		t.Fatalf("after v1: %v; want an ACK of v1", ack)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for code, _ := httpGet(t, base+"/readyz"); code != http.StatusOK; code, _ = httpGet(t, base+"/readyz") {
-		if time.Now().After(deadline) {
-			t.Fatal("/readyz not 200 within 10s of the limits")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, func() bool {
+		code, _ := httpGet(t, base+"/readyz")
+		return code == http.StatusOK
+	}, "/readyz to answer 200 once the limits arrived")
 	if got := health(); got != healthpb.HealthCheckResponse_SERVING {
 		t.Errorf("grpc health once the limits arrived = %v; want SERVING", got)
 	}

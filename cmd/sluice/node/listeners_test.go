@@ -21,6 +21,7 @@ import (
 
 	"github.com/sluice-io/sluice/cluster/control"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // testToken is the admin token of the tests of separate listeners.
@@ -128,13 +129,18 @@ func TestSeparateListeners(t *testing.T) {
 		for k := 0; k < keys; k++ {
 			key := fmt.Sprintf("listeners:%d", k)
 			via := (round + k) % 3
-			resp, err := tc.client(via).Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, limit, time.Minute, 1)}})
-			for retry := time.Now().Add(10 * time.Second); status.Code(err) == codes.Unavailable && time.Now().Before(retry); {
-				// A lease that lapsed on a loaded machine: refused,
-				// nothing recorded; a client tries again.
-				time.Sleep(20 * time.Millisecond)
+			var resp *sluicepb.CheckResponse
+			var err error
+			// A lease that lapsed on a loaded machine: refused, nothing
+			// recorded; a client tries again. The last answer is judged
+			// below.
+			_ = testkit.Wait(10*time.Second, func() error {
 				resp, err = tc.client(via).Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, limit, time.Minute, 1)}})
-			}
+				if status.Code(err) == codes.Unavailable {
+					return err
+				}
+				return nil
+			})
 			if err != nil {
 				t.Fatalf("Check(%q) via node-%d: %v", key, via, err)
 			}

@@ -10,6 +10,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // counterValue reads a counter (with the given label value, if any) from a
@@ -67,17 +68,16 @@ func TestMeasureHandoff(t *testing.T) {
 	joiner := tc.add()
 	tc.waitMembers(2)
 	joined := time.Since(began)
-	deadline := time.Now().Add(5 * time.Minute)
-	for {
-		sent := counterValue(t, tc.nodes[0], "sluice_handoff_keys_total", "sent")
+	var sent float64
+	if err := testkit.Wait(5*time.Minute, func() error {
+		sent = counterValue(t, tc.nodes[0], "sluice_handoff_keys_total", "sent")
 		received := counterValue(t, joiner, "sluice_handoff_keys_total", "received")
 		if sent > 0 && received >= sent {
-			t.Logf("%d keys held; %.0f handed over to the new node in %v (join took %v)", n, sent, time.Since(began).Round(time.Millisecond), joined.Round(time.Millisecond))
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("handoff incomplete: sent %.0f received %.0f", sent, received)
-		}
-		time.Sleep(5 * time.Millisecond)
+		return fmt.Errorf("handoff incomplete: sent %.0f received %.0f", sent, received)
+	}); err != nil {
+		t.Fatal(err)
 	}
+	t.Logf("%d keys held; %.0f handed over to the new node in %v (join took %v)", n, sent, time.Since(began).Round(time.Millisecond), joined.Round(time.Millisecond))
 }

@@ -1,12 +1,14 @@
 package node
 
 import (
+	"fmt"
 	"math"
 	"testing"
 	"time"
 
 	"github.com/sluice-io/sluice/api/apitest"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // listMembers returns ts's ListMembers, failing the test on error.
@@ -62,19 +64,17 @@ func TestListMembersCluster(t *testing.T) {
 
 	tc.nodes[2].stop()
 	tc.waitMembers(2)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	if err := testkit.Wait(10*time.Second, func() error {
 		got := tc.nodes[0].listMembers()
 		ok := len(got.Members) == 3 && got.Members[2].State == "dead" && !got.Members[2].Live && got.Members[2].Share == 0
 		for _, m := range got.Members[:min(2, len(got.Members))] {
 			ok = ok && m.State == "alive" && math.Abs(m.Share-0.5) < 0.03
 		}
-		if ok {
-			break
+		if !ok {
+			return fmt.Errorf("ListMembers() via node 0 after node-2 stopped = %v; want node-2 dead with share 0, the others alive with about 1/2", got)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ListMembers() via node 0 after node-2 stopped = %v; want node-2 dead with share 0, the others alive with about 1/2", got)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -294,7 +294,7 @@ func TestKeepaliveEnforcement(t *testing.T) {
 			if err := c.Framer.WritePing(false, [8]byte{byte(i)}); err != nil {
 				break // closed
 			}
-			time.Sleep(tt.every)
+			time.Sleep(tt.every) // not a poll: the ping rate under test
 		}
 		r := <-done
 		if calm := slices.Contains(r.seen, "GOAWAY(ENHANCE_YOUR_CALM)"); calm != tt.sentAway {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/ui/chromium"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // screenshotDir is where TestUIPages writes its screenshots when
@@ -68,15 +69,14 @@ func demoTraffic(t *testing.T, tc *testCluster, seconds int) {
 			}
 			// A check refused as UNAVAILABLE (a lease or a standby late on
 			// a loaded machine) is sent again.
-			for try := 0; ; try++ {
+			if err := testkit.Wait(2*time.Second, func() error {
 				_, err := sluicepb.NewRateLimitServiceClient(ts.conn).Check(ctx, &sluicepb.CheckRequest{Checks: checks})
-				if err == nil {
-					break
-				}
-				if status.Code(err) != codes.Unavailable || try == 50 {
+				if err != nil && status.Code(err) != codes.Unavailable {
 					t.Fatalf("second %d: Check through node-%d: %v", s, i, err)
 				}
-				time.Sleep(20 * time.Millisecond)
+				return err
+			}); err != nil {
+				t.Fatalf("second %d: Check through node-%d: %v", s, i, err)
 			}
 			d := &ratelimitv3.RateLimitDescriptor{
 				Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: fmt.Sprintf("10.0.0.%d", 1+rng.IntN(4))}},

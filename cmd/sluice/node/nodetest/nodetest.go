@@ -25,6 +25,7 @@ import (
 	"github.com/sluice-io/sluice/cluster/clustertest"
 	"github.com/sluice-io/sluice/cmd/sluice/node"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // Node is a single Sluice node in memory mode, serving gRPC on
@@ -351,16 +352,13 @@ func (c *Cluster) Running() []*Node {
 // every key it acts for is here.
 func (c *Cluster) WaitReady() {
 	c.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		why := c.notReady()
-		if why == "" {
-			return
+	if err := testkit.Wait(20*time.Second, func() error {
+		if why := c.notReady(); why != "" {
+			return fmt.Errorf("cluster not ready: %s", why)
 		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("cluster not ready: %s", why)
-		}
-		time.Sleep(10 * time.Millisecond)
+		return nil
+	}); err != nil {
+		c.t.Fatal(err)
 	}
 }
 
