@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,7 +26,6 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/sluice-io/sluice/actor"
-	"github.com/sluice-io/sluice/actor/clock"
 	"github.com/sluice-io/sluice/api"
 	"github.com/sluice-io/sluice/api/limits"
 	"github.com/sluice-io/sluice/api/ui"
@@ -104,31 +104,14 @@ func (l *listener) boundAddr() string {
 }
 
 // New opens the data file, starts the engine and builds the services and
-// the listeners' handlers. Nothing listens until Start.
+// the listeners' handlers, in that order (openStore, newEngine,
+// newServices, newGRPC, newHTTP). Nothing listens until Start. It refuses a
+// configuration that Validate refuses, and runs cfg.WithDefaults().
 func New(cfg Config) (n *Node, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.MaxMessageBytes == 0 {
-		cfg.MaxMessageBytes = 4 << 20
-	}
-	if cfg.ShutdownTimeout == 0 {
-		cfg.ShutdownTimeout = 10 * time.Second
-	}
-	if cfg.TLSPollInterval == 0 {
-		cfg.TLSPollInterval = 30 * time.Second
-	}
-	cfg = cfg.withTransportDefaults()
-	if cfg.Durability == "memory" && cfg.Router.Replicas > 1 {
-		// A node without a data file keeps no copies of other nodes' keys.
-		cfg.Router.Replicas = 1
-	}
+	cfg = cfg.WithDefaults()
 	n = &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), fatal: make(chan error, 1)}
 	built := n // "return nil, err" sets n to nil before the deferred call runs
 	defer func() {
@@ -136,40 +119,69 @@ func New(cfg Config) (n *Node, err error) {
 			built.closeStorage()
 		}
 	}()
+	SetRuntimeLimits(cfg, n.log)
+	n.warnOpen()
 	n.registry = prometheus.NewRegistry()
 	n.metrics = newMetrics(n.registry)
 	registerBuildInfo(n.registry, cfg.Build)
-
-	if cfg.Durability != "memory" {
-		mode, _ := persist.ParseMode(cfg.Durability)
-		path := filepath.Join(cfg.DataDir, "sluice.db")
-		n.store, err = persist.Open(persist.Options{
-			Path:           path,
-			Mode:           mode,
-			Logger:         n.log,
-			OnCommit:       n.metrics.commit,
-			AcceptWALLoss:  cfg.AcceptWALLoss,
-			CheckpointKeys: checkpointKeys(cfg.Engine.MaxKeys),
-			OnCompact:      n.metrics.compacted,
-		})
-		if err != nil {
+	for _, step := range []func() error{n.openStore, n.newEngine, n.newServices, n.newGRPC, n.newHTTP} {
+		if err := step(); err != nil {
 			return nil, err
 		}
-		n.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "sluice_data_file_bytes",
-			Help: "Size of the data file (its WAL files apart).",
-		}, func() float64 {
-			info, err := os.Stat(path)
-			if err != nil {
-				return 0
-			}
-			return float64(info.Size())
-		}))
 	}
-	if n.limits, err = n.newLimitsWatcher(); err != nil {
-		return nil, err
-	}
+	return n, nil
+}
 
+// warnOpen logs the listeners that serve without a credential (with
+// Config.Insecure) and an admin token that travels in clear text.
+func (n *Node) warnOpen() {
+	cfg := n.cfg
+	if cfg.Insecure {
+		n.log.Warn("--insecure: listeners on non-loopback addresses may serve resets, overrides, refunds and peer calls without a credential; anyone who reaches them can use them (see docs/security.md)")
+	}
+	if cfg.AdminToken != "" && cfg.TLSCert == "" && (!isLoopback(cfg.GRPCAddr) || !isLoopback(cmp.Or(cfg.AdminAddr, cfg.GRPCAddr)) ||
+		cfg.Cluster != nil && !isLoopback(cmp.Or(cfg.PeerAddr, cfg.GRPCAddr))) {
+		n.log.Warn("the admin token travels in clear text: serve with --tls-cert and --tls-key")
+	}
+}
+
+// openStore opens the data file, unless the node runs in memory.
+func (n *Node) openStore() error {
+	cfg := n.cfg
+	if cfg.Durability == "memory" {
+		return nil
+	}
+	mode, _ := persist.ParseMode(cfg.Durability)
+	path := filepath.Join(cfg.DataDir, "sluice.db")
+	var err error
+	n.store, err = persist.Open(persist.Options{
+		Path:           path,
+		Mode:           mode,
+		Logger:         n.log,
+		OnCommit:       n.metrics.commit,
+		AcceptWALLoss:  cfg.AcceptWALLoss,
+		CheckpointKeys: checkpointKeys(cfg.Engine.MaxKeys),
+		OnCompact:      n.metrics.compacted,
+	})
+	if err != nil {
+		return err
+	}
+	n.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_data_file_bytes",
+		Help: "Size of the data file (its WAL files apart).",
+	}, func() float64 {
+		info, err := os.Stat(path)
+		if err != nil {
+			return 0
+		}
+		return float64(info.Size())
+	}))
+	return nil
+}
+
+// newEngine starts the engine on the store.
+func (n *Node) newEngine() error {
+	cfg := n.cfg
 	ecfg := cfg.Engine
 	ecfg.Store, ecfg.Clock = n.store, cfg.Clock
 	ecfg.Logger = n.log.With("component", "actor")
@@ -185,10 +197,19 @@ func New(cfg Config) (n *Node, err error) {
 		}
 		ecfg.Replicator = replicator{n}
 	}
-	if n.engine, err = actor.New(ecfg); err != nil {
-		return nil, err
-	}
+	var err error
+	n.engine, err = actor.New(ecfg)
+	return err
+}
 
+// newServices reads the limits file and builds the services (package api)
+// on the engine.
+func (n *Node) newServices() error {
+	cfg := n.cfg
+	var err error
+	if n.limits, err = n.newLimitsWatcher(); err != nil {
+		return err
+	}
 	n.api, err = api.New(api.Config{
 		NodeName:                cfg.NodeName,
 		AdminToken:              cfg.AdminToken,
@@ -218,10 +239,15 @@ func New(cfg Config) (n *Node, err error) {
 		Clock:      cfg.Clock,
 		Logger:     n.log,
 	})
-	if err != nil {
-		return nil, err
-	}
+	return err
+}
 
+// newGRPC builds the gRPC servers, one per listener, with the same
+// options (limits, credentials, interceptors, tracing), and registers the
+// services on them.
+func (n *Node) newGRPC() error {
+	cfg := n.cfg
+	var err error
 	if cfg.TLSCert != "" {
 		n.certs, err = newCerts(cfg, n.log.With("component", "tls"), func(ok bool) {
 			result := "ok"
@@ -231,7 +257,7 @@ func New(cfg Config) (n *Node, err error) {
 			n.metrics.tlsReloads.WithLabelValues(result).Inc()
 		})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		n.metrics.registerTLS(n.registry, n.certs)
 	}
@@ -265,7 +291,7 @@ func New(cfg Config) (n *Node, err error) {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.certs.serverConfig(false))))
 	}
 	if n.traces, err = newTracing(cfg.Tracing, cfg.NodeName, cfg.Build.Version); err != nil {
-		return nil, err
+		return err
 	}
 	if n.traces != nil {
 		opts = append(opts, grpc.StatsHandler(n.traces.serverHandler(cfg.NodeName)))
@@ -300,7 +326,14 @@ func New(cfg Config) (n *Node, err error) {
 	// and lists the services of its own listener only.
 	n.api.RegisterAdmin(n.admin.srv)
 	reflection.Register(n.admin.srv)
+	return nil
+}
 
+// newHTTP builds the handlers of the HTTP listener (metrics, health, the
+// web UI, envoyproxy/ratelimit's endpoints, profiles) and of the health
+// listener.
+func (n *Node) newHTTP() error {
+	cfg := n.cfg
 	healthz := func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") }
 	readyz := func(w http.ResponseWriter, _ *http.Request) {
 		if why := n.NotReady(); why != "" {
@@ -344,7 +377,7 @@ func New(cfg Config) (n *Node, err error) {
 	if n.certs != nil {
 		n.http.TLSConfig = n.certs.serverConfig(true)
 	}
-	return n, nil
+	return nil
 }
 
 // checkpointKeys sizes the data file's overlays (keys written since the
