@@ -364,11 +364,12 @@ func (l *replicaLane) sendBatch() bool {
 		st, err := l.stream()
 		if err == nil {
 			l.mu.Lock()
-			if !st.broken {
+			broken := st.broken
+			if !broken {
 				st.inflight = append(st.inflight, call)
 			}
 			l.mu.Unlock()
-			if st.broken { // it failed since: nothing of this call was sent
+			if broken { // it failed since: nothing of this call was sent
 				err = errors.New("stream ended")
 			} else {
 				if err := st.stream.Send(req); err != nil {
