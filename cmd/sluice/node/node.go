@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -28,6 +29,7 @@ import (
 	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/api"
 	"github.com/sluice-io/sluice/api/limits"
+	"github.com/sluice-io/sluice/api/overrides"
 	"github.com/sluice-io/sluice/api/ui"
 	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/cluster/control"
@@ -70,9 +72,12 @@ type Node struct {
 	certs  *certs   // TLS material, nil without TLS
 	traces *tracing // nil when the node does not trace
 
+	// router decides every check (see api.Decider): built by New, it
+	// decides every key here for a single node; in a cluster Start joins
+	// it to the membership and the control plane, which it stores below.
+	router     *cluster.Router
 	membership atomic.Pointer[cluster.Membership]
 	control    atomic.Pointer[control.Control]
-	router     atomic.Pointer[cluster.Router]
 	stopRouter context.CancelFunc // ends the router's Run
 	routerDone chan struct{}      // closed when Run returned
 	mux        *control.Mux       // splits the peer listener between gRPC and Raft, in a cluster
@@ -104,8 +109,8 @@ func (l *listener) boundAddr() string {
 }
 
 // New opens the data file, starts the engine and builds the services and
-// the listeners' handlers, in that order (openStore, newEngine,
-// newServices, newGRPC, newHTTP). Nothing listens until Start. It refuses a
+// the listeners' handlers, in that order (openStore, loadTransport,
+// newEngine, newServices, newGRPC, newHTTP). Nothing listens until Start. It refuses a
 // configuration that Validate refuses, and runs cfg.WithDefaults().
 func New(cfg Config) (n *Node, err error) {
 	if err := cfg.Validate(); err != nil {
@@ -124,7 +129,7 @@ func New(cfg Config) (n *Node, err error) {
 	n.registry = prometheus.NewRegistry()
 	n.metrics = newMetrics(n.registry)
 	registerBuildInfo(n.registry, cfg.Build)
-	for _, step := range []func() error{n.openStore, n.newEngine, n.newServices, n.newGRPC, n.newHTTP} {
+	for _, step := range []func() error{n.openStore, n.loadTransport, n.newEngine, n.newServices, n.newGRPC, n.newHTTP} {
 		if err := step(); err != nil {
 			return nil, err
 		}
@@ -179,9 +184,42 @@ func (n *Node) openStore() error {
 	return nil
 }
 
-// newEngine starts the engine on the store.
+// loadTransport reads the TLS files and starts the tracer, which the
+// gRPC servers and the router's connections to the peers use.
+func (n *Node) loadTransport() error {
+	cfg := n.cfg
+	var err error
+	if cfg.TLSCert != "" {
+		n.certs, err = newCerts(cfg, n.log.With("component", "tls"), func(ok bool) {
+			result := "ok"
+			if !ok {
+				result = "error"
+			}
+			n.metrics.tlsReloads.WithLabelValues(result).Inc()
+		})
+		if err != nil {
+			return err
+		}
+		n.metrics.registerTLS(n.registry, n.certs)
+	}
+	n.traces, err = newTracing(cfg.Tracing, cfg.NodeName, cfg.Build.Version)
+	return err
+}
+
+// newEngine builds the router and starts the engine on the store. They
+// need each other: the router decides on the engine, and in a cluster
+// the engine asks the router whether a key moved (actor.Config.Owner) and
+// hands it every write for the standbys (actor.Config.Replicator).
 func (n *Node) newEngine() error {
 	cfg := n.cfg
+	rcfg := cfg.Router
+	rcfg.Clustered, rcfg.Self = cfg.Cluster != nil, cfg.NodeName
+	rcfg.Logger, rcfg.Observer = n.log, n.metrics
+	rcfg.DialOptions = n.peerDialOptions()
+	var err error
+	if n.router, err = cluster.NewRouter(rcfg); err != nil {
+		return err
+	}
 	ecfg := cfg.Engine
 	ecfg.Store, ecfg.Clock = n.store, cfg.Clock
 	ecfg.Logger = n.log.With("component", "actor")
@@ -189,25 +227,45 @@ func (n *Node) newEngine() error {
 	ecfg.Trace = cfg.Tracing.Enabled()
 	if cfg.Cluster != nil {
 		// Calls routed before the ownership changed are checked again in
-		// the actors (see actor.Config.Owns), and writes go to the keys'
-		// standbys (see RouterConfig.Replicas).
-		ecfg.Owns = func(key string) bool {
-			r := n.router.Load()
-			return r == nil || r.Decidable(key)
-		}
-		ecfg.Replicator = replicator{n}
+		// the actors, and writes go to the keys' standbys (see
+		// RouterConfig.Replicas); until the node joined, the router owns
+		// every key and copies nothing (it decides nothing either).
+		ecfg.Owner, ecfg.Replicator = n.router, n.router
 	}
-	var err error
-	n.engine, err = actor.New(ecfg)
-	return err
+	if n.engine, err = actor.New(ecfg); err != nil {
+		return err
+	}
+	n.router.SetEngine(n.engine)
+	return nil
 }
 
-// newServices reads the limits file and builds the services (package api)
-// on the engine.
+// peerDialOptions are the options of the node's connections to its peers:
+// TLS with the node's certificate, the admin token, the trace context.
+func (n *Node) peerDialOptions() []grpc.DialOption {
+	dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if n.certs != nil {
+		dial = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(n.certs.peerConfig()))}
+	}
+	if creds := api.PeerCredentials(n.cfg.AdminToken, n.certs != nil); creds != nil {
+		dial = append(dial, grpc.WithPerRPCCredentials(creds))
+	}
+	if n.traces != nil {
+		dial = append(dial, n.traces.dialOption()) // forwards carry the trace context
+	}
+	return dial
+}
+
+// newServices reads the limits file and the overrides, and builds the
+// services (package api) on the engine and the router.
 func (n *Node) newServices() error {
 	cfg := n.cfg
 	var err error
 	if n.limits, err = n.newLimitsWatcher(); err != nil {
+		return err
+	}
+	peers := cluster.NewAdminPeers(n.router, cfg.AdminToken)
+	table, err := overrides.Open(overrides.Config{Store: n.store, Peers: peers, Logger: n.log})
+	if err != nil {
 		return err
 	}
 	n.api, err = api.New(api.Config{
@@ -228,16 +286,16 @@ func (n *Node) newServices() error {
 		BudgetWait:              cfg.BudgetWait,
 		Limits:                  cfg.Engine.Limits,
 	}, api.Deps{
-		Engine:     n.engine,
-		Store:      n.store,
-		Limits:     n.limits,
-		Clustered:  cfg.Cluster != nil,
-		Router:     n.router.Load,
-		Membership: n.membership.Load,
-		GRPCAddr:   n.GRPCAddr,
-		Registry:   n.registry,
-		Clock:      cfg.Clock,
-		Logger:     n.log,
+		Engine:    n.engine,
+		Decider:   n.router,
+		Cluster:   n.router,
+		Peers:     peers,
+		Overrides: table,
+		Limits:    n.limits,
+		GRPCAddr:  n.GRPCAddr,
+		Registry:  n.registry,
+		Clock:     cfg.Clock,
+		Logger:    n.log,
 	})
 	return err
 }
@@ -247,20 +305,6 @@ func (n *Node) newServices() error {
 // services on them.
 func (n *Node) newGRPC() error {
 	cfg := n.cfg
-	var err error
-	if cfg.TLSCert != "" {
-		n.certs, err = newCerts(cfg, n.log.With("component", "tls"), func(ok bool) {
-			result := "ok"
-			if !ok {
-				result = "error"
-			}
-			n.metrics.tlsReloads.WithLabelValues(result).Inc()
-		})
-		if err != nil {
-			return err
-		}
-		n.metrics.registerTLS(n.registry, n.certs)
-	}
 	opts := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
 		// A pool of goroutines for the calls, whose stacks have grown
@@ -290,9 +334,6 @@ func (n *Node) newGRPC() error {
 	if n.certs != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.certs.serverConfig(false))))
 	}
-	if n.traces, err = newTracing(cfg.Tracing, cfg.NodeName, cfg.Build.Version); err != nil {
-		return err
-	}
 	if n.traces != nil {
 		opts = append(opts, grpc.StatsHandler(n.traces.serverHandler(cfg.NodeName)))
 	}
@@ -321,7 +362,7 @@ func (n *Node) newGRPC() error {
 	for _, l := range n.gRPCs { // probes of the peer and admin ports too
 		healthpb.RegisterHealthServer(l.srv, n.health)
 	}
-	sluicepb.RegisterPeerServiceServer(n.peer.srv, cluster.NewPeerService(n.router.Load, n.control.Load))
+	sluicepb.RegisterPeerServiceServer(n.peer.srv, cluster.NewPeerService(n.router))
 	// Reflection is an operator's tool: it goes with the admin service,
 	// and lists the services of its own listener only.
 	n.api.RegisterAdmin(n.admin.srv)
@@ -504,10 +545,7 @@ func (n *Node) NotReady() string {
 	if n.limits != nil && !n.limits.Loaded() {
 		return "waiting for the limits from the xDS server"
 	}
-	if r := n.router.Load(); r != nil {
-		return r.Status()
-	}
-	return ""
+	return n.router.Status()
 }
 
 // updateHealth sets grpc health, for every service, from NotReady.
@@ -613,7 +651,7 @@ func (n *Node) Crash() {
 		n.stopGRPC()
 		n.closeHTTP()
 		if m := n.membership.Load(); m != nil {
-			n.stopCluster(m, n.control.Load(), n.router.Load())
+			n.stopCluster(m, n.control.Load(), n.router)
 		}
 		n.wg.Wait()
 		n.shutdownErr = n.closeStorage()
@@ -658,8 +696,9 @@ func (n *Node) Membership() *cluster.Membership { return n.membership.Load() }
 // Control is the node's control plane, nil for a single node.
 func (n *Node) Control() *control.Control { return n.control.Load() }
 
-// Router is the node's cluster router, nil for a single node.
-func (n *Node) Router() *cluster.Router { return n.router.Load() }
+// Router is the node's router, which decides every check: on the engine
+// for a single node, on the members in a cluster.
+func (n *Node) Router() *cluster.Router { return n.router }
 
 // Registry is the node's own Prometheus registry.
 func (n *Node) Registry() *prometheus.Registry { return n.registry }
@@ -695,17 +734,4 @@ func (n *Node) ReloadTLS() error {
 		return nil
 	}
 	return n.certs.reload()
-}
-
-// replicator passes the engine's writes to the router once the node has
-// joined; before, the node decides nothing (it holds no lease).
-type replicator struct{ n *Node }
-
-// Replicate implements actor.Replicator.
-func (r replicator) Replicate(recs []persist.Record, done func(error)) {
-	if rt := r.n.router.Load(); rt != nil {
-		rt.Replicate(recs, done)
-		return
-	}
-	done(nil)
 }
