@@ -70,7 +70,7 @@
 // A call may carry the ownership generation its caller read before routing
 // it (CallOptions.Generation). Fence moves the generation on. An actor
 // deciding its part of a fenced call made at another generation asks
-// Config.Owns about the part's keys and, if one moved, refuses the part
+// Config.Owner about the part's keys and, if one moved, refuses the part
 // without recording anything (ErrStale). So once the node has published the
 // new ownership, called Fence and then Collect, no fenced check on a moved
 // key is decided after Collect read it (Collect first waits for the fenced

@@ -34,7 +34,7 @@ var (
 	// ErrBatchTooLarge means a call carried more than Limits.MaxBatch checks.
 	ErrBatchTooLarge = errors.New("actor: too many checks in one call")
 	// ErrStale means a fenced call (CallOptions.Generation) met a key that
-	// this engine no longer owns (Config.Owns) after the ownership
+	// this engine no longer owns (Config.Owner) after the ownership
 	// generation moved on (Engine.Fence). Returned as is, it means that
 	// nothing of the call was recorded: the caller may route it again.
 	ErrStale = errors.New("actor: ownership of a key moved during the call; route it again")
@@ -108,13 +108,13 @@ type Config struct {
 	Logger *slog.Logger
 	// Observer receives the engine's measurements; nil discards them.
 	Observer Observer
-	// Owns reports whether this node owns key now. The actors call it only
-	// for a fenced call (CallOptions.Generation) whose generation is not the
-	// engine's current one (see Engine.Fence), once per key of the actor's
-	// part of the call, so it must be safe for concurrent use, quick, and
-	// must not call the engine. Nil means every key is owned: no call is
-	// ever refused as stale.
-	Owns func(key string) bool
+	// Owner says which keys this node owns now (in a cluster, its
+	// router). The actors ask it only about a fenced call
+	// (CallOptions.Generation) whose generation is not the engine's
+	// current one (see Engine.Fence), once per key of the actor's part of
+	// the call. Nil means every key is owned: no call is ever refused as
+	// stale.
+	Owner Owner
 	// Replicator, if not nil, receives the records of every storage write
 	// of the actors once the store committed it, and in the commit and
 	// fsync modes a call whose hits were in a write is acknowledged only
@@ -128,6 +128,20 @@ type Config struct {
 	// contexts are not read.
 	Trace bool
 }
+
+// Owner says which keys this node owns now: the cluster's ownership, as
+// the engine's fencing asks it (see Config.Owner).
+type Owner interface {
+	// Decidable reports whether this node may decide key now. It must be
+	// safe for concurrent use, quick, and must not call the engine.
+	Decidable(key string) bool
+}
+
+// OwnerFunc is a function as an Owner.
+type OwnerFunc func(key string) bool
+
+// Decidable implements Owner.
+func (f OwnerFunc) Decidable(key string) bool { return f(key) }
 
 // Replicator keeps copies of what the engine writes elsewhere (the
 // cluster's standbys).
@@ -313,7 +327,7 @@ type CallOptions struct {
 	// Generation fences the call: the engine's ownership generation
 	// (Engine.Generation) that the caller read before it looked up the
 	// keys' owner and routed the call here. An actor that finds the engine
-	// at another generation asks Config.Owns about each key of its part and
+	// at another generation asks Config.Owner about each key of its part and
 	// refuses the part, recording nothing, if one is not owned (ErrStale).
 	// 0: not fenced.
 	Generation uint64

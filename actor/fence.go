@@ -9,9 +9,9 @@ import (
 // Fence moves the engine's ownership generation on and returns the new one.
 //
 // A node whose set of owned keys changes publishes the new ownership first
-// (so that Config.Owns answers it), then calls Fence, then Collect for the
+// (so that Config.Owner answers it), then calls Fence, then Collect for the
 // keys that moved. An actor deciding its part of a fenced call routed at an
-// older generation asks Config.Owns about each key of the part, and refuses
+// older generation asks Config.Owner about each key of the part, and refuses
 // the part (recording nothing) if one is not owned. So every fenced check
 // on a moved key is either decided before Collect reads the key, and its
 // hits are in what Collect returns, or refused with ErrStale: none is
@@ -180,14 +180,14 @@ func (r *reservations) wait(ctx context.Context, gen uint64) error {
 }
 
 // owns reports whether the engine still owns every key of this actor's
-// part of c (Config.Owns).
+// part of c (Config.Owner).
 func (a *actor) owns(c *call) bool {
-	owns := a.e.cfg.Owns
-	if owns == nil {
+	owner := a.e.cfg.Owner
+	if owner == nil {
 		return true
 	}
 	for i := range c.checks {
-		if c.shards[i] == a.id && !owns(c.checks[i].Key) {
+		if c.shards[i] == a.id && !owner.Decidable(c.checks[i].Key) {
 			return false
 		}
 	}

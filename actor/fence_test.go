@@ -14,7 +14,7 @@ import (
 	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
-// ownership is a node's view of which keys it owns, for Config.Owns: every
+// ownership is a node's view of which keys it owns, for Config.Owner: every
 // key but those marked gone. It counts the calls to owns.
 type ownership struct {
 	mu    sync.RWMutex
@@ -51,7 +51,7 @@ func (o *ownership) move(keys ...string) {
 // unfenced call is never refused.
 func TestFencedCall(t *testing.T) {
 	own := newOwnership()
-	h := newHarness(t, "memory", func(c *Config) { c.Owns = own.owns })
+	h := newHarness(t, "memory", func(c *Config) { c.Owner = OwnerFunc(own.owns) })
 	ctx := context.Background()
 	hit := func(key string) Check { return Check{Key: key, Limit: 10, Window: time.Minute, Cost: 1} }
 	do := func(key string, gen uint64) error {
@@ -116,7 +116,7 @@ func TestFencedCallPartlyStale(t *testing.T) {
 	for _, mode := range []string{"memory", "commit"} {
 		t.Run(mode, func(t *testing.T) {
 			own := newOwnership()
-			h := newHarness(t, mode, func(c *Config) { c.Owns = own.owns })
+			h := newHarness(t, mode, func(c *Config) { c.Owner = OwnerFunc(own.owns) })
 			ctx := context.Background()
 			gone, stay, stay2 := keyOfActor(h.eng, 0), keyOfActor(h.eng, 1), keyOfActor(h.eng, 2)
 			hit := func(key string, cost int64) Check {
@@ -194,7 +194,7 @@ func TestFenceNoDecisionAfterCollect(t *testing.T) {
 	)
 	own := newOwnership()
 	h := newHarness(t, "commit", func(c *Config) {
-		c.Owns = own.owns
+		c.Owner = OwnerFunc(own.owns)
 		c.MaxKeys = 16 // 4 keys per actor: keys go to disk and come back
 	})
 	ctx := context.Background()
@@ -338,7 +338,7 @@ func TestFenceNoDecisionAfterCollect(t *testing.T) {
 // what it reserved), and reads once it has finished.
 func TestCollectWaitsForReservingCalls(t *testing.T) {
 	b := newBlocker()
-	h := newHarness(t, "memory", func(c *Config) { c.Owns = b.owns })
+	h := newHarness(t, "memory", func(c *Config) { c.Owner = OwnerFunc(b.owns) })
 	b.key = "parked"
 	h.hit("key-0", 10, 1)
 	g := h.eng.Generation()

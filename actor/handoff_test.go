@@ -267,7 +267,7 @@ func checkHandedOver(t testing.TB, from, to *Engine, hits map[string]int64) {
 	}
 }
 
-// blocker parks an actor inside Config.Owns, for tests that need an actor
+// blocker parks an actor inside Config.Owner, for tests that need an actor
 // busy and its mailbox full.
 type blocker struct {
 	key     string // Owns blocks on this key
@@ -398,7 +398,7 @@ func TestHandoffKeepsStateThroughFaults(t *testing.T) {
 			// they had cleared).
 			c.Actors = 2048
 			c.MailboxSize = 1
-			c.Owns = b.owns
+			c.Owner = OwnerFunc(b.owns)
 		})
 		to := newHarness(t, "commit", nil)
 		last := len(h.eng.actors) - 1 // the last actor a call reaches

@@ -3,6 +3,7 @@ package api
 import (
 	"cmp"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"slices"
 	"strings"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/api/limits"
+	"github.com/sluice-io/sluice/api/overrides"
 	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/cluster/control"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
@@ -48,12 +50,12 @@ func (a *adminService) GetKey(ctx context.Context, req *sluicepb.GetKeyRequest) 
 	if req.Local {
 		return s.localKey(ctx, string(req.Key))
 	}
-	owner, err := s.keyOwner(ctx, req.Key)
+	owner, err := s.peers.KeyOwner(ctx, req.Key)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	if owner != nil {
-		return owner.GetKey(s.peerContext(ctx), req)
+		return owner.GetKey(s.peers.Context(ctx), req)
 	}
 	v, err := s.engine.Inspect(ctx, string(req.Key))
 	if err != nil {
@@ -163,7 +165,7 @@ func (a *adminService) ListKeys(ctx context.Context, req *sluicepb.ListKeysReque
 		}
 		resp.Keys[i] = ks
 	}
-	if s.membership() != nil && !replicated(ctx) {
+	if s.cluster.Joined() && !cluster.Replicated(ctx) {
 		return s.listKeysCluster(ctx, req, resp, size)
 	}
 	return resp, nil
@@ -175,12 +177,12 @@ func (a *adminService) ResetKey(ctx context.Context, req *sluicepb.ResetKeyReque
 	if err := s.checkKey("key", req.Key); err != nil {
 		return nil, toStatus(err)
 	}
-	owner, err := s.keyOwner(ctx, req.Key)
+	owner, err := s.peers.KeyOwner(ctx, req.Key)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	if owner != nil {
-		return owner.ResetKey(s.peerContext(ctx), req)
+		return owner.ResetKey(s.peers.Context(ctx), req)
 	}
 	existed, err := s.engine.Reset(ctx, string(req.Key))
 	if err != nil {
@@ -201,64 +203,35 @@ func (a *adminService) SetOverride(ctx context.Context, req *sluicepb.SetOverrid
 		return nil, toStatus(err)
 	}
 	o.SetAt = now
-	var save func() error
-	if s.store != nil {
-		value, err := encodeOverride(o)
-		if err != nil {
-			return nil, toStatus(err)
-		}
-		save = func() error {
-			// Expired ones first: the one replaced may be one of them.
-			s.deleteExpiredOverrides(now)
-			return s.store.PutMeta(overridesBucket, overrideRecordKey(o.Key, o.Prefix), value)
-		}
-	}
-	if err := s.overrides.set(o, now, save); err != nil {
+	if err := s.overrides.Set(o, now); err != nil {
 		return nil, toStatus(err)
 	}
 	s.log.Info("admin: override set", "key", PrintableKey([]byte(o.Key)), "prefix", o.Prefix,
 		"limit", o.Limit, "window", o.Window, "algorithm", algorithmAttr(o), "expires_at", o.ExpiresAt, "note", o.Note)
-	if err := s.replicateOverride(ctx, func(ctx context.Context, c sluicepb.AdminServiceClient) error {
+	if err := s.overrides.Replicate(ctx, func(ctx context.Context, c sluicepb.AdminServiceClient) error {
 		_, err := c.SetOverride(ctx, req)
 		return err
 	}); err != nil {
 		return nil, toStatus(fmt.Errorf("%w: override set here but not on every node: %v", cluster.ErrUnreachable, err))
 	}
-	return &sluicepb.SetOverrideResponse{Override: toProtoOverride(o)}, nil
+	return &sluicepb.SetOverrideResponse{Override: overrides.ToProto(o)}, nil
 }
 
-func algorithmAttr(o *Override) string {
+func algorithmAttr(o *overrides.Override) string {
 	if !o.HasAlgorithm {
 		return ""
 	}
 	return o.Algorithm.String()
 }
 
-// deleteExpiredOverrides deletes from the data file the overrides that
-// expired at now. It runs under the override table's writers' lock (as a
-// save function), so that it cannot delete a record another call has just
-// written. A failure is logged, not returned: the override is expired
-// either way, and the next write tries again.
-func (s *Server) deleteExpiredOverrides(now time.Time) {
-	for _, o := range s.overrides.list() {
-		if live(o, now) {
-			continue
-		}
-		if _, err := s.store.DeleteMeta(overridesBucket, overrideRecordKey(o.Key, o.Prefix)); err != nil {
-			s.log.Warn("admin: delete expired override from the data file", "key", PrintableKey([]byte(o.Key)), "prefix", o.Prefix, "err", err)
-			return
-		}
-	}
-}
-
 // overrideFromProto validates po as a SetOverride request carries it, at
 // now, and returns it as the table holds it (without SetAt).
-func (s *Server) overrideFromProto(po *sluicepb.Override, now time.Time) (*Override, error) {
+func (s *Server) overrideFromProto(po *sluicepb.Override, now time.Time) (*overrides.Override, error) {
 	if po == nil {
 		return nil, badInput("override: required")
 	}
 	lim := s.engineLimits()
-	o := &Override{Key: string(po.Key), Prefix: po.Prefix, Limit: po.Limit, Note: po.Note}
+	o := &overrides.Override{Key: string(po.Key), Prefix: po.Prefix, Limit: po.Limit, Note: po.Note}
 	switch {
 	case len(po.Key) == 0 && !po.Prefix:
 		return nil, badInput("override.key: empty; an exact-key override needs a key (set prefix for an override of every key)")
@@ -304,7 +277,7 @@ func (s *Server) overrideFromProto(po *sluicepb.Override, now time.Time) (*Overr
 
 // ListOverrides lists the live overrides, a page at a time. The page token
 // is the record key of the page's last override, base64url-encoded (see
-// overrideRecordKey).
+// overrides.RecordKey).
 func (a *adminService) ListOverrides(ctx context.Context, req *sluicepb.ListOverridesRequest) (*sluicepb.ListOverridesResponse, error) {
 	s := a.s
 	size, err := pageSize(req.PageSize)
@@ -320,7 +293,7 @@ func (a *adminService) ListOverrides(ctx context.Context, req *sluicepb.ListOver
 			return nil, toStatus(err)
 		}
 		var ok bool
-		if afterKey, afterPrefix, ok = parseOverrideRecordKey(rk); !ok {
+		if afterKey, afterPrefix, ok = overrides.ParseRecordKey(rk); !ok {
 			return nil, toStatus(badInput("page_token: %q is not a page token this server issued (pass next_page_token as it came, or empty for the first page)", truncate(req.PageToken, 64)))
 		}
 		if !strings.HasPrefix(afterKey, prefix) {
@@ -329,17 +302,17 @@ func (a *adminService) ListOverrides(ctx context.Context, req *sluicepb.ListOver
 	}
 	now := s.clock.Now()
 	resp := &sluicepb.ListOverridesResponse{}
-	for _, o := range s.overrides.list() {
-		if !live(o, now) || !strings.HasPrefix(o.Key, prefix) ||
-			(req.PageToken != "" && !overrideLess(afterKey, afterPrefix, o.Key, o.Prefix)) {
+	for _, o := range s.overrides.List() {
+		if !o.Live(now) || !strings.HasPrefix(o.Key, prefix) ||
+			(req.PageToken != "" && !overrides.Less(afterKey, afterPrefix, o.Key, o.Prefix)) {
 			continue
 		}
 		if len(resp.Overrides) == size {
 			last := resp.Overrides[size-1]
-			resp.NextPageToken = encodeToken(overrideRecordKey(string(last.Key), last.Prefix))
+			resp.NextPageToken = encodeToken(overrides.RecordKey(string(last.Key), last.Prefix))
 			break
 		}
-		resp.Overrides = append(resp.Overrides, toProtoOverride(o))
+		resp.Overrides = append(resp.Overrides, overrides.ToProto(o))
 	}
 	return resp, nil
 }
@@ -355,20 +328,12 @@ func (a *adminService) DeleteOverride(ctx context.Context, req *sluicepb.DeleteO
 		return nil, toStatus(badInput("key: %d bytes long; the maximum is %d", len(req.Key), lim.MaxKeyLen))
 	}
 	now := s.clock.Now()
-	var save func() error
-	if s.store != nil {
-		save = func() error {
-			s.deleteExpiredOverrides(now)
-			_, err := s.store.DeleteMeta(overridesBucket, overrideRecordKey(string(req.Key), req.Prefix))
-			return err
-		}
-	}
-	existed, err := s.overrides.remove(string(req.Key), req.Prefix, now, save)
+	existed, err := s.overrides.Delete(string(req.Key), req.Prefix, now)
 	if err != nil {
 		return nil, toStatus(err)
 	}
 	s.log.Info("admin: override deleted", "key", PrintableKey(req.Key), "prefix", req.Prefix, "existed", existed)
-	if err := s.replicateOverride(ctx, func(ctx context.Context, c sluicepb.AdminServiceClient) error {
+	if err := s.overrides.Replicate(ctx, func(ctx context.Context, c sluicepb.AdminServiceClient) error {
 		_, err := c.DeleteOverride(ctx, req)
 		return err
 	}); err != nil {
@@ -387,8 +352,9 @@ const shareSamples = 10_000
 // the Raft roles. A single node lists itself, owning every key.
 func (a *adminService) ListMembers(ctx context.Context, req *sluicepb.ListMembersRequest) (*sluicepb.ListMembersResponse, error) {
 	s := a.s
-	r, m := s.router(), s.Membership()
-	if r == nil || m == nil || r.Map() == nil {
+	c := s.cluster
+	cm := c.Map()
+	if cm == nil {
 		return &sluicepb.ListMembersResponse{
 			Node: s.cfg.NodeName,
 			Members: []*sluicepb.ClusterMember{{
@@ -400,12 +366,11 @@ func (a *adminService) ListMembers(ctx context.Context, req *sluicepb.ListMember
 			}},
 		}, nil
 	}
-	cm := r.Map()
-	shares := r.Shares(shareSamples)
-	voters := r.Voters()
-	leader := r.Leader()
+	shares := c.Shares(shareSamples)
+	voters := c.Voters()
+	leader := c.Leader()
 	gossip := make(map[string]cluster.Member)
-	for _, n := range m.Nodes() {
+	for _, n := range c.Gossip() {
 		gossip[n.Name] = n
 	}
 	resp := &sluicepb.ListMembersResponse{
@@ -467,11 +432,10 @@ func (a *adminService) ForgetMember(ctx context.Context, req *sluicepb.ForgetMem
 	if req.Name == "" {
 		return nil, toStatus(badInput("forget member: name is empty"))
 	}
-	r := s.router()
-	if r == nil || r.Map() == nil {
+	if s.cluster.Map() == nil {
 		return nil, toStatus(fmt.Errorf("forget member: %w", errNotClustered))
 	}
-	fromCopies, err := r.Forget(ctx, req.Name)
+	fromCopies, err := s.cluster.Forget(ctx, req.Name)
 	if err != nil {
 		return nil, toStatus(err)
 	}
@@ -517,6 +481,35 @@ func PrintableKey(key []byte) string {
 		}
 	}
 	return b.String()
+}
+
+// Page tokens. Both are base64url without padding (RFC 4648 §5), so they
+// travel in URLs and shells as they are:
+//
+//   - ListKeys: the last key of the page.
+//   - ListOverrides: the record key of the last override of the page
+//     ("=" or "*", then its key; see overrides.RecordKey).
+//
+// Clients must treat them as opaque.
+var tokenEncoding = base64.RawURLEncoding
+
+func encodeToken(s string) string { return tokenEncoding.EncodeToString([]byte(s)) }
+
+// decodeToken decodes a page token; "" decodes to "".
+func decodeToken(field, token string) (string, error) {
+	b, err := tokenEncoding.DecodeString(token)
+	if err != nil {
+		return "", badInput("%s: %q is not a page token this server issued (pass next_page_token as it came, or empty for the first page)", field, truncate(token, 64))
+	}
+	return string(b), nil
+}
+
+// truncate shortens s to at most n bytes for a message.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return strings.ToValidUTF8(s[:n], "") + "..."
 }
 
 // pageSize applies the page size rules of the list calls.

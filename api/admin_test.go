@@ -16,8 +16,8 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/api/limits"
+	"github.com/sluice-io/sluice/api/overrides"
 	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
@@ -499,7 +499,7 @@ func TestAdminOverrideExpiry(t *testing.T) {
 		t.Errorf("after restart, h has limit %d; want 9 (the override that replaced an expired one)", got)
 	}
 	var stored []string
-	if err := ts.srv.store.ScanMeta(overridesBucket, func(k string, _ []byte) bool { stored = append(stored, k); return true }); err != nil {
+	if err := ts.store.ScanMeta("overrides", func(k string, _ []byte) bool { stored = append(stored, k); return true }); err != nil {
 		t.Fatal(err)
 	}
 	if !slices.Equal(stored, []string{"=g", "=h"}) {
@@ -779,7 +779,7 @@ func TestAdminUnreadableOverrideStopsNode(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			ts := newTestServer(t, nil)
-			if err := ts.srv.store.PutMeta(overridesBucket, tt.rk, []byte(tt.value)); err != nil {
+			if err := ts.store.PutMeta("overrides", tt.rk, []byte(tt.value)); err != nil {
 				t.Fatal(err)
 			}
 			ts.stop()
@@ -788,16 +788,11 @@ func TestAdminUnreadableOverrideStopsNode(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer store.Close()
-			engine, err := actor.New(actor.Config{Actors: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer engine.Close()
-			if _, err = New(Config{NodeName: "n"}, Deps{Engine: engine, Store: store}); err == nil {
-				t.Fatalf("New with override record %q = %q: no error; want one naming the record", tt.rk, tt.value)
+			if _, err = overrides.Open(overrides.Config{Store: store}); err == nil {
+				t.Fatalf("opening the overrides with record %q = %q: no error; want one naming the record", tt.rk, tt.value)
 			}
 			if !strings.Contains(err.Error(), fmt.Sprintf("%q", tt.rk)) {
-				t.Errorf("New with override record %q: %v; want an error naming the record", tt.rk, err)
+				t.Errorf("opening the overrides with record %q: %v; want an error naming the record", tt.rk, err)
 			}
 		})
 	}
@@ -810,37 +805,4 @@ func mustMarshal(t *testing.T, m proto.Message) []byte {
 		t.Fatal(err)
 	}
 	return b
-}
-
-// FuzzDecodeOverride: decoding any record never panics, and what decodes
-// encodes back to a record that decodes the same.
-func FuzzDecodeOverride(f *testing.F) {
-	for _, o := range []*Override{
-		{Key: "k", Limit: 5},
-		{Key: "", Prefix: true, Window: time.Hour, ExpiresAt: epoch, SetAt: epoch, Note: "n"},
-	} {
-		b, err := encodeOverride(o)
-		if err != nil {
-			f.Fatal(err)
-		}
-		f.Add(overrideRecordKey(o.Key, o.Prefix), b)
-	}
-	f.Add("=x", []byte{0xff})
-	f.Fuzz(func(t *testing.T, rk string, value []byte) {
-		o, err := decodeOverride(rk, value)
-		if err != nil {
-			return
-		}
-		b, err := encodeOverride(o)
-		if err != nil {
-			t.Fatalf("encodeOverride(%+v) = %v", o, err)
-		}
-		again, err := decodeOverride(overrideRecordKey(o.Key, o.Prefix), b)
-		if err != nil {
-			t.Fatalf("decodeOverride of re-encoded %+v = %v", o, err)
-		}
-		if !proto.Equal(toProtoOverride(again), toProtoOverride(o)) {
-			t.Fatalf("round trip of %+v = %+v", o, again)
-		}
-	})
 }

@@ -1,7 +1,10 @@
 // Package api adapts gRPC to the engine: Sluice's native API
 // (sluice.v1.RateLimitService), Envoy's Rate Limit Service v3, and the
-// admin API (sluice.v1.AdminService), over an actor.Engine or, in a
-// cluster, a cluster.Router.
+// admin API (sluice.v1.AdminService). Checks go to a Decider (the node's
+// cluster.Router, which decides on this node's engine or forwards to the
+// key's member); admin calls read the engine and ask the node's place in
+// the cluster through the interfaces Cluster and AdminPeers. The package
+// names no concrete router or membership.
 //
 // It turns requests into engine checks (limits from the request, an
 // override or the limits file, in that order of precedence; Envoy
@@ -12,8 +15,9 @@
 // call with INVALID_ARGUMENT before anything is recorded.
 //
 // Admin calls are answered as if there were one node: a key's state comes
-// from its owner, listings cover every node, overrides are set on every
-// node and kept in the data file's meta bucket "overrides".
+// from its owner, listings cover every node (cluster.AdminPeers reaches
+// them), overrides are set on every node (package api/overrides keeps
+// them, in the data file's meta bucket "overrides", and copies them).
 //
 // The operator's view (TrafficService, and the web UI through Traffic):
 // each node counts the checks its decision APIs decide, and the requests

@@ -184,9 +184,9 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			}
 		}
 		d.shadow = d.shadow || s.cfg.ShadowMode
-		if o := s.overrides.match(d.key, now); o != nil {
+		if o := s.overrides.Match(d.key, now); o != nil {
 			c := actor.Check{Limit: d.limit, Window: d.window, Algorithm: d.algo}
-			o.apply(&c)
+			o.Apply(&c)
 			if c.Limit > 0 && c.Window > 0 {
 				if c.Window != d.window {
 					d.unit, d.mult = windowUnit(c.Window)

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/sluice-io/sluice/api/overrides"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 	"github.com/sluice-io/sluice/scripts/testkit"
 )
@@ -559,9 +560,9 @@ descriptors:
 }
 
 // setOverride sets an override directly in the node's table.
-func setOverride(t *testing.T, ts *testServer, o *Override) {
+func setOverride(t *testing.T, ts *testServer, o *overrides.Override) {
 	t.Helper()
-	if err := ts.srv.overrides.set(o, ts.clk.Now(), nil); err != nil {
+	if err := ts.srv.overrides.Set(o, ts.clk.Now()); err != nil {
 		t.Fatalf("set override %+v: %v", o, err)
 	}
 }
@@ -572,12 +573,12 @@ func setOverride(t *testing.T, ts *testServer, o *Override) {
 func TestEnvoyOverrides(t *testing.T) {
 	ts, _ := newLimitsServer(t, edgeLimits, nil)
 	ec := newEnvoyClient(ts)
-	setOverride(t, ts, &Override{Key: envoyKey("edge", entries("user", "alice")), Limit: 2})
-	setOverride(t, ts, &Override{Key: envoyKey("edge", entries("remote_address", "10.9.9.9")), Limit: 1})
-	setOverride(t, ts, &Override{Key: "edge|team=", Prefix: true, Limit: 1, Window: time.Hour})
-	setOverride(t, ts, &Override{Key: envoyKey("edge", entries("odd", "window")), Limit: 5, Window: 90 * time.Second})
-	setOverride(t, ts, &Override{Key: envoyKey("edge", entries("subsecond", "window")), Limit: 5, Window: 1500 * time.Millisecond})
-	setOverride(t, ts, &Override{Key: envoyKey("edge", entries("half", "only")), Limit: 5}) // no window, no rule
+	setOverride(t, ts, &overrides.Override{Key: envoyKey("edge", entries("user", "alice")), Limit: 2})
+	setOverride(t, ts, &overrides.Override{Key: envoyKey("edge", entries("remote_address", "10.9.9.9")), Limit: 1})
+	setOverride(t, ts, &overrides.Override{Key: "edge|team=", Prefix: true, Limit: 1, Window: time.Hour})
+	setOverride(t, ts, &overrides.Override{Key: envoyKey("edge", entries("odd", "window")), Limit: 5, Window: 90 * time.Second})
+	setOverride(t, ts, &overrides.Override{Key: envoyKey("edge", entries("subsecond", "window")), Limit: 5, Window: 1500 * time.Millisecond})
+	setOverride(t, ts, &overrides.Override{Key: envoyKey("edge", entries("half", "only")), Limit: 5}) // no window, no rule
 	steps := []struct {
 		name string
 		d    *ratelimitv3.RateLimitDescriptor
@@ -602,7 +603,7 @@ func TestEnvoyOverrides(t *testing.T) {
 
 	// An override the engine cannot apply fails the request, naming the
 	// descriptor.
-	setOverride(t, ts, &Override{Key: envoyKey("edge", entries("bad", "override")), Limit: 1, Window: 20 * 365 * 24 * time.Hour})
+	setOverride(t, ts, &overrides.Override{Key: envoyKey("edge", entries("bad", "override")), Limit: 1, Window: 20 * 365 * 24 * time.Hour})
 	_, err := ec.try(&rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{rd("path", "/"), rd("bad", "override")}})
 	if st, _ := status.FromError(err); st.Code() != codes.InvalidArgument || !strings.Contains(st.Message(), "descriptor 1 (key edge|bad=override): window") {
 		t.Errorf("descriptor with a 20-year override window: %v; want InvalidArgument naming descriptor 1 and its window", err)

@@ -65,9 +65,7 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest, t
 		return nil, err
 	}
 	resp := &sluicepb.CheckResponse{Decisions: make([]*sluicepb.Decision, len(out))}
-	if r := s.router(); r != nil {
-		resp.RoutesVersion = r.RoutesVersion()
-	}
+	resp.RoutesVersion = s.cluster.RoutesVersion()
 	// The messages of the decisions, allocated together.
 	decs := make([]sluicepb.Decision, len(out))
 	durs := make([]durationpb.Duration, 2*len(out))
@@ -108,14 +106,10 @@ func (n *nativeService) Routes(ctx context.Context, _ *sluicepb.RoutesRequest) (
 	if err := s.joining(); err != nil {
 		return nil, toStatus(err)
 	}
-	r := s.router()
-	if r == nil {
-		return &sluicepb.RoutesResponse{Node: s.cfg.NodeName,
-			Members: []*sluicepb.RouteMember{{Name: s.cfg.NodeName, Addr: s.grpcAddr(), Up: true}}}, nil
-	}
-	version, routes := r.Routes()
+	// A single node lists itself, at the address it is bound to.
+	version, routes := s.cluster.Routes()
 	resp := &sluicepb.RoutesResponse{Version: version, Node: s.cfg.NodeName, Members: make([]*sluicepb.RouteMember, len(routes))}
-	if m := r.Map(); m != nil {
+	if m := s.cluster.Map(); m != nil {
 		resp.ClusterId = m.ClusterID
 	}
 	for i, x := range routes {
@@ -173,8 +167,8 @@ func (s *Server) nativeCheck(i int, pc *sluicepb.Check, now time.Time, c *actor.
 	if c.Limit < 0 {
 		return badInput("check %d: limit: %d; it must be a positive count, or 0 to take it from an override or the limits file", i, c.Limit)
 	}
-	if o := s.overrides.match(c.Key, now); o != nil {
-		o.apply(c)
+	if o := s.overrides.Match(c.Key, now); o != nil {
+		o.Apply(c)
 	}
 	if c.Limit == 0 || c.Window == 0 {
 		if rule := s.limitsRuleForKey(c.Key); rule != nil {
@@ -221,20 +215,8 @@ func (s *Server) maxBatch() int { return s.engineLimits().MaxBatch }
 // decide runs checks on their owners, all or nothing if asked, and puts
 // the name of the node that decided each into nodes (if not nil).
 func (s *Server) decide(ctx context.Context, checks []actor.Check, out []actor.Decision, nodes []string, allOrNothing bool) error {
-	if r := s.router(); r != nil {
-		if nodes == nil {
-			nodes = make([]string, len(checks))
-		}
-		return r.Check(ctx, checks, out, nodes, allOrNothing)
+	if nodes == nil {
+		nodes = make([]string, len(checks))
 	}
-	if err := s.joining(); err != nil {
-		return err
-	}
-	for i := range nodes {
-		nodes[i] = s.cfg.NodeName
-	}
-	if allOrNothing {
-		return s.engine.CheckAll(ctx, checks, out)
-	}
-	return s.engine.Check(ctx, checks, out)
+	return s.decider.Check(ctx, checks, out, nodes, allOrNothing)
 }

@@ -16,9 +16,10 @@ import (
 	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/actor/clock"
 	"github.com/sluice-io/sluice/api/limits"
+	"github.com/sluice-io/sluice/api/overrides"
 	"github.com/sluice-io/sluice/api/traffic"
 	"github.com/sluice-io/sluice/cluster"
-	"github.com/sluice-io/sluice/persist"
+	"github.com/sluice-io/sluice/cluster/control"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -99,26 +100,88 @@ const (
 	DefaultBudgetWait           = time.Second
 )
 
+// Decider decides checks on the members that act for their keys: this
+// node's engine for a single node, the cluster's members in a cluster
+// (cluster.Router is one). It is the one way a check reaches the engine.
+type Decider interface {
+	// Check decides checks as one call, writing one decision per check
+	// into out and the name of the node that decided it into nodes (both
+	// as long as checks). With allOrNothing, the hits are recorded only if
+	// every check is allowed. A node that joins a cluster refuses every
+	// check (cluster.ErrNoQuorum) until it has joined.
+	Check(ctx context.Context, checks []actor.Check, out []actor.Decision, nodes []string, allOrNothing bool) error
+}
+
+// Cluster is what the admin API, the clients' routes and the operator's
+// view ask of the node's place in a cluster (cluster.Router is one). A
+// single node answers for itself: it owns every key, has no peers, no
+// standbys and no map.
+type Cluster interface {
+	// Joining is the error of a call a node that joins a cluster cannot
+	// serve before it joined; nil once it has, and for a single node.
+	Joining() error
+	// Joined reports whether the node is a member of a cluster it joined.
+	Joined() bool
+	// Owner names the member that decides key now and whether it is
+	// another node.
+	Owner(key string) (name string, remote bool)
+	// Standby names the member that holds a copy of key's state, "" if
+	// none.
+	Standby(key string) string
+	// Routes and RoutesVersion are the ownership clients route by (see
+	// cluster.Router.Routes).
+	Routes() (uint64, []cluster.Route)
+	RoutesVersion() uint64
+	// Map is the cluster map the node applied, nil for a single node.
+	Map() *control.Map
+	// Shares, Voters and Leader describe the members (see
+	// cluster.Router).
+	Shares(samples int) map[string]float64
+	Voters() map[string]bool
+	Leader() string
+	// Forget removes a member that is down for good from the map.
+	Forget(ctx context.Context, name string) (bool, error)
+	// Gossip lists every node gossip knows; ViewEpoch and Changes are the
+	// epoch and the last changes of gossip's view of the live members.
+	Gossip() []cluster.Member
+	ViewEpoch() uint64
+	Changes() []cluster.Change
+}
+
+// AdminPeers reaches the admin services of the other members, for the
+// admin calls a node answers for the whole cluster (cluster.AdminPeers is
+// one). A single node has none.
+type AdminPeers interface {
+	// KeyOwner returns an admin client for key's owner when that is
+	// another member and the call (ctx) came from none; nil: answer here.
+	KeyOwner(ctx context.Context, key []byte) (sluicepb.AdminServiceClient, error)
+	// Others names the other live members to fan a call out to: none for
+	// a call that came from one of them.
+	Others(ctx context.Context) []string
+	// Client and Conn reach the member name's admin services.
+	Client(name string) (sluicepb.AdminServiceClient, error)
+	Conn(name string) (*grpc.ClientConn, error)
+	// Context is ctx for a call to another member.
+	Context(ctx context.Context) context.Context
+}
+
 // Deps are the parts of the node the services adapt. The node (see
 // cmd/sluice/node) builds and owns them; the services never close them.
 type Deps struct {
-	// Engine decides the checks. Required.
+	// Engine holds the keys this node decides: the admin API reads,
+	// lists and resets them there. Required.
 	Engine *actor.Engine
-	// Store keeps the overrides (meta bucket "overrides"); nil keeps them
-	// in memory only.
-	Store *persist.Store
+	// Decider decides the checks. Required.
+	Decider Decider
+	// Cluster answers for the node's cluster. Required.
+	Cluster Cluster
+	// Peers reaches the other members for admin calls. Required.
+	Peers AdminPeers
+	// Overrides holds the overrides (see package overrides); nil keeps
+	// them in memory only, on this node.
+	Overrides *overrides.Table
 	// Limits is the limits file in force; nil when there is none.
 	Limits *limits.Watcher
-	// Clustered says the node is a member of a cluster: until Router
-	// returns one, checks are refused (UNAVAILABLE), never decided by the
-	// engine alone.
-	Clustered bool
-	// Router returns the node's cluster router: nil for a single node
-	// (checks go to Engine), or before a clustered node joined.
-	Router func() *cluster.Router
-	// Membership returns the node's membership, nil for a single node or
-	// before the node joined.
-	Membership func() *cluster.Membership
 	// GRPCAddr returns the address the node's gRPC listener is bound to,
 	// which a single node lists for itself (ListMembers).
 	GRPCAddr func() string
@@ -131,24 +194,24 @@ type Deps struct {
 }
 
 // Server is the gRPC side of a node: the native API, Envoy's RLS v3 and the
-// admin API, adapting calls to the engine (or, in a cluster, to the
-// router), with errors mapped to statuses in one place (status.go).
+// admin API, adapting calls to the decider (and admin calls to the
+// engine and the cluster), with errors mapped to statuses in one place
+// (status.go).
 type Server struct {
-	budget     *requestBudget
-	cfg        Config
-	log        *slog.Logger
-	clock      clock.Clock
-	store      *persist.Store
-	engine     *actor.Engine
-	limits     *limits.Watcher
-	overrides  *overrideTable
-	metrics    *metrics
-	router     func() *cluster.Router
-	membership func() *cluster.Membership
-	grpcAddr   func() string
-	clustered  bool
-	traffic    *traffic.Recorder // nil only in benchmarks that measure its cost
-	started    time.Time
+	budget    *requestBudget
+	cfg       Config
+	log       *slog.Logger
+	clock     clock.Clock
+	engine    *actor.Engine
+	limits    *limits.Watcher
+	overrides *overrides.Table
+	metrics   *metrics
+	decider   Decider
+	cluster   Cluster
+	peers     AdminPeers
+	grpcAddr  func() string
+	traffic   *traffic.Recorder // nil only in benchmarks that measure its cost
+	started   time.Time
 	// headerNames is cfg.HeaderNames with the defaults filled in.
 	headerNames HeaderNames
 	ruleStats   *ruleStats
@@ -157,25 +220,26 @@ type Server struct {
 	usageAll     bool
 }
 
-// New builds the services and loads the overrides kept in d.Store.
+// New builds the services.
 func New(cfg Config, d Deps) (*Server, error) {
 	if cfg.NodeName == "" {
 		return nil, errors.New("api: config: node name is empty")
 	}
-	if d.Engine == nil {
+	switch {
+	case d.Engine == nil:
 		return nil, errors.New("api: no engine")
+	case d.Decider == nil:
+		return nil, errors.New("api: no decider")
+	case d.Cluster == nil:
+		return nil, errors.New("api: no cluster")
+	case d.Peers == nil:
+		return nil, errors.New("api: no admin peers")
 	}
 	if d.Clock == nil {
 		d.Clock = clock.Real{}
 	}
 	if d.Logger == nil {
 		d.Logger = slog.New(slog.DiscardHandler)
-	}
-	if d.Router == nil {
-		d.Router = func() *cluster.Router { return nil }
-	}
-	if d.Membership == nil {
-		d.Membership = func() *cluster.Membership { return nil }
 	}
 	if d.GRPCAddr == nil {
 		d.GRPCAddr = func() string { return "" }
@@ -194,8 +258,8 @@ func New(cfg Config, d Deps) (*Server, error) {
 	}
 	s := &Server{
 		budget: newRequestBudget(cfg.MaxInflightBytes, cfg.MaxConnInflightBytes, cfg.BudgetWait, d.Registry),
-		cfg:    cfg, log: d.Logger, clock: d.Clock, store: d.Store, engine: d.Engine, limits: d.Limits,
-		router: d.Router, membership: d.Membership, grpcAddr: d.GRPCAddr, clustered: d.Clustered,
+		cfg:    cfg, log: d.Logger, clock: d.Clock, engine: d.Engine, limits: d.Limits,
+		decider: d.Decider, cluster: d.Cluster, peers: d.Peers, overrides: d.Overrides, grpcAddr: d.GRPCAddr,
 		metrics: newMetrics(d.Registry), started: d.Clock.Now(), headerNames: cfg.HeaderNames.withDefaults(),
 	}
 	var err error
@@ -222,13 +286,11 @@ func New(cfg Config, d Deps) (*Server, error) {
 		s.usageDomains[dom] = true
 		s.usageAll = s.usageAll || dom == "*"
 	}
-	var overrides []*Override
-	if s.store != nil {
-		if overrides, err = loadOverrides(s.store); err != nil {
+	if s.overrides == nil {
+		if s.overrides, err = overrides.Open(overrides.Config{Logger: d.Logger}); err != nil {
 			return nil, err
 		}
 	}
-	s.overrides = newOverrideTable(overrides)
 	return s, nil
 }
 
@@ -268,28 +330,27 @@ func (s *Server) Interceptors() []grpc.ServerOption {
 }
 
 // PeerCredentials returns what a node sends on its calls to its peers:
-// the admin token, when one is set (nil otherwise). secure says the
-// connection is TLS, without which the token is not sent.
-func (s *Server) PeerCredentials(secure bool) credentials.PerRPCCredentials {
-	if s.cfg.AdminToken == "" {
+// adminToken, when one is set (nil otherwise), as the admin API checks
+// it. secure says the connection is TLS, without which the token is not
+// sent.
+func PeerCredentials(adminToken string, secure bool) credentials.PerRPCCredentials {
+	if adminToken == "" {
 		return nil
 	}
-	return tokenCredentials{token: s.cfg.AdminToken, secure: secure}
+	return tokenCredentials{token: adminToken, secure: secure}
 }
 
 // joining is the error of a call a clustered node cannot serve before it
 // joined: nil once it has (or for a single node).
-func (s *Server) joining() error {
-	if s.clustered && s.router() == nil {
-		return fmt.Errorf("%w: %s is still joining the cluster", cluster.ErrNoQuorum, s.cfg.NodeName)
-	}
-	return nil
-}
-
-// Membership is the node's cluster membership, nil for a single node.
-func (s *Server) Membership() *cluster.Membership { return s.membership() }
+func (s *Server) joining() error { return s.cluster.Joining() }
 
 // SyncOverrides copies the overrides of another member, so that a node
 // that joins (or returns) applies the same overrides as the others. The
 // node calls it once it joined.
-func (s *Server) SyncOverrides(ctx context.Context) { s.syncOverrides(ctx) }
+func (s *Server) SyncOverrides(ctx context.Context) {
+	a := &adminService{s: s}
+	s.overrides.Sync(ctx, func(ctx context.Context, o *sluicepb.Override) error {
+		_, err := a.SetOverride(ctx, &sluicepb.SetOverrideRequest{Override: o})
+		return err
+	})
+}

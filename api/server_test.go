@@ -16,6 +16,8 @@ import (
 	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/actor/clock"
 	"github.com/sluice-io/sluice/api/limits"
+	"github.com/sluice-io/sluice/api/overrides"
+	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/cluster/clustertest"
 	"github.com/sluice-io/sluice/persist"
 )
@@ -127,6 +129,17 @@ func (ts *testServer) start() {
 	}
 	ts.addr = lis.Addr().String()
 	ts.reg = prometheus.NewRegistry()
+	// The node's router: a single node's, or a cluster node's that has not
+	// joined.
+	router, err := cluster.NewRouter(cluster.RouterConfig{Clustered: ts.cfg.Clustered, Engine: ts.engine, Self: ts.cfg.NodeName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peers := cluster.NewAdminPeers(router, ts.cfg.AdminToken)
+	table, err := overrides.Open(overrides.Config{Store: ts.store, Peers: peers})
+	if err != nil {
+		t.Fatal(err)
+	}
 	ts.srv, err = New(Config{
 		NodeName: ts.cfg.NodeName, AdminToken: ts.cfg.AdminToken, RefundToken: ts.cfg.RefundToken,
 		RateLimitHeaders: ts.cfg.RateLimitHeaders, Limits: ts.cfg.Engine.Limits,
@@ -135,7 +148,7 @@ func (ts *testServer) start() {
 		RuleMetricsMaxKeys:      ts.cfg.RuleMetricsMaxKeys, NearLimitRatio: ts.cfg.NearLimitRatio,
 		MaxInflightBytes: ts.cfg.MaxInflightBytes, MaxConnInflightBytes: ts.cfg.MaxConnInflightBytes, BudgetWait: ts.cfg.BudgetWait,
 	}, Deps{
-		Engine: ts.engine, Store: ts.store, Limits: ts.limits, Clock: ts.clk, Logger: log, Clustered: ts.cfg.Clustered,
+		Engine: ts.engine, Decider: router, Cluster: router, Peers: peers, Overrides: table, Limits: ts.limits, Clock: ts.clk, Logger: log,
 		GRPCAddr: func() string { return ts.addr }, Registry: ts.reg,
 	})
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/api/topk"
+	"github.com/sluice-io/sluice/cluster"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
@@ -110,13 +111,11 @@ func (s *Server) Traffic(ctx context.Context, req *sluicepb.GetTrafficRequest) (
 	}
 	local := s.nodeTraffic(top, seconds)
 	resp := &sluicepb.GetTrafficResponse{Node: s.cfg.NodeName, Nodes: []*sluicepb.NodeTraffic{local}}
-	if m := s.membership(); m != nil {
-		resp.Epoch = m.Epoch()
-	}
-	if replicated(ctx) {
+	resp.Epoch = s.cluster.ViewEpoch()
+	if cluster.Replicated(ctx) {
 		return resp, nil // the node that asked merges
 	}
-	others := s.otherMembers(ctx)
+	others := s.peers.Others(ctx)
 	// Ask the others for as many keys as the answer holds: a key in the
 	// merged top list is in the top list of some node (Merge keeps the
 	// bounds of keys a node left out).
@@ -147,15 +146,14 @@ func (s *Server) Traffic(ctx context.Context, req *sluicepb.GetTrafficRequest) (
 func (s *Server) peerTraffic(ctx context.Context, name string, req *sluicepb.GetTrafficRequest) *sluicepb.NodeTraffic {
 	ctx, cancel := context.WithTimeout(ctx, peerTrafficTimeout)
 	defer cancel()
-	r := s.router()
-	if r == nil {
+	if !s.cluster.Joined() {
 		return &sluicepb.NodeTraffic{Name: name, Error: s.cfg.NodeName + " is still joining the cluster"}
 	}
-	conn, err := r.AdminConn(name)
+	conn, err := s.peers.Conn(name)
 	if err != nil {
 		return &sluicepb.NodeTraffic{Name: name, Error: err.Error()}
 	}
-	resp, err := sluicepb.NewTrafficServiceClient(conn).GetTraffic(s.peerContext(ctx), req)
+	resp, err := sluicepb.NewTrafficServiceClient(conn).GetTraffic(s.peers.Context(ctx), req)
 	if err != nil {
 		return &sluicepb.NodeTraffic{Name: name, Error: err.Error()}
 	}
@@ -218,9 +216,6 @@ func (s *Server) mergeTop(lists []*sluicepb.TopKeys, n int) *sluicepb.TopKeys {
 // KeyOwner names the node that decides key now, as this node sees it: this
 // node outside a cluster.
 func (s *Server) KeyOwner(key string) string {
-	if r := s.router(); r != nil {
-		owner, _ := r.Owner(key)
-		return owner
-	}
-	return s.cfg.NodeName
+	owner, _ := s.cluster.Owner(key)
+	return owner
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"github.com/sluice-io/sluice/api/overrides"
 	"github.com/sluice-io/sluice/cluster"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
@@ -19,17 +20,14 @@ func (s *Server) Admin() sluicepb.AdminServiceServer { return &adminService{s: s
 // KeyStandby names the node that holds a copy of key's state, "" when
 // there is none (a single node, or keys without standbys).
 func (s *Server) KeyStandby(key string) string {
-	if r := s.router(); r != nil {
-		return r.Standby(key)
-	}
-	return ""
+	return s.cluster.Standby(key)
 }
 
 // OverrideFor returns the override that applies to key's checks now, nil
 // when none does.
 func (s *Server) OverrideFor(key []byte) *sluicepb.Override {
-	if o := s.overrides.match(string(key), s.clock.Now()); o != nil {
-		return toProtoOverride(o)
+	if o := s.overrides.Match(string(key), s.clock.Now()); o != nil {
+		return overrides.ToProto(o)
 	}
 	return nil
 }
@@ -37,8 +35,5 @@ func (s *Server) OverrideFor(key []byte) *sluicepb.Override {
 // MembershipChanges returns the last changes of the live members this node
 // saw, oldest first; none for a single node.
 func (s *Server) MembershipChanges() []cluster.Change {
-	if m := s.membership(); m != nil {
-		return m.Changes()
-	}
-	return nil
+	return s.cluster.Changes()
 }

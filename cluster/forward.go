@@ -108,8 +108,8 @@ func (pp *peerPool) init(r *Router) {
 // (a pod that came back with a new IP), else as the cluster map recorded.
 func (pp *peerPool) addrs(name string) (control.Addrs, bool) {
 	r := pp.r
-	if r.cfg.Membership != nil {
-		if m, ok := r.cfg.Membership.View().Member(name); ok && m.State == StateAlive {
+	if m := r.members(); m != nil {
+		if m, ok := m.View().Member(name); ok && m.State == StateAlive {
 			return control.Addrs{Gossip: m.GossipAddr, GRPC: m.GRPCAddr, Peer: cmp.Or(m.PeerAddr, m.GRPCAddr), Admin: cmp.Or(m.AdminAddr, m.GRPCAddr)}, true
 		}
 	}

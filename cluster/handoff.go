@@ -373,7 +373,7 @@ func (r *Router) reportSynced(ctx context.Context, epoch uint64, cur *config, or
 	}
 	rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if err := r.ctl.ReportSynced(rctx, cur.id); err != nil {
+	if err := r.ctl().ReportSynced(rctx, cur.id); err != nil {
 		return fmt.Errorf("write this node's synced mark: %w", err)
 	}
 	h.mu.Lock()
@@ -530,7 +530,7 @@ func (r *Router) handTo(ctx context.Context, m control.Member, toEpoch, fromEpoc
 // sent for them would be false. The sender keeps refused keys and tries
 // again once the configurations agree.
 func (r *Router) receiveHandoff(ctx context.Context, req *sluicepb.HandoffRequest) (int, error) {
-	if r.ctl == nil {
+	if !r.joined() {
 		return 0, fmt.Errorf("%w: this node is not in a cluster", errWrongEpoch)
 	}
 	if err := r.catchUp(ctx, req.MapVersion); err != nil {
@@ -583,7 +583,7 @@ func (r *Router) receiveHandoff(ctx context.Context, req *sluicepb.HandoffReques
 // OnlyOwner reports whether this node is the only member that owns keys:
 // it has nobody to hand them to.
 func (r *Router) OnlyOwner() bool {
-	if r.ctl == nil {
+	if !r.joined() {
 		return true
 	}
 	ring := r.own.Load().cur.ring
@@ -599,7 +599,7 @@ func (r *Router) OnlyOwner() bool {
 // the members that act for it now. If ctx ends first, it ends its epoch
 // anyway: its keys then wait for it (policy exact) until it is back.
 func (r *Router) Leave(ctx context.Context) error {
-	if r.ctl == nil {
+	if !r.joined() {
 		return nil
 	}
 	// Keep a third of the time for ending the epoch itself.
@@ -610,7 +610,7 @@ func (r *Router) Leave(ctx context.Context) error {
 	defer cancel()
 	var err error
 	if r.cfg.Replicas < 2 {
-		if err = r.ctl.SetLeaving(wctx); err != nil {
+		if err = r.ctl().SetLeaving(wctx); err != nil {
 			r.log.Warn("move to phase leaving", "err", err)
 		}
 	}
@@ -620,14 +620,14 @@ func (r *Router) Leave(ctx context.Context) error {
 	if err != nil {
 		r.log.Warn("could not leave every key complete elsewhere; its keys wait for this node", "err", err)
 	}
-	return r.ctl.Leave(ctx)
+	return r.ctl().Leave(ctx)
 }
 
 // waitSynced waits until the map records this node's synced mark for its
 // current configuration.
 func (r *Router) waitSynced(ctx context.Context) error {
 	for {
-		m, changed := r.ctl.Watch()
+		m, changed := r.ctl().Watch()
 		x, ok := m.Member(r.cfg.Self)
 		if !ok || !x.Live {
 			return fmt.Errorf("cluster: this node's epoch is not live")

@@ -54,3 +54,48 @@ func (m *Membership) Changes() []Change {
 	defer m.stateMu.Unlock()
 	return slices.Clone(m.changes)
 }
+
+// What the admin API and the operator's view ask of gossip, through the
+// router: nothing for a single node, nor before the node joined.
+
+// Peers returns the names of the other live members, as gossip sees them
+// now: the members an admin call fans out to.
+func (r *Router) Peers() []string {
+	if !r.joined() {
+		return nil
+	}
+	var names []string
+	for _, m := range r.members().View().Members {
+		if m.Name != r.cfg.Self {
+			names = append(names, m.Name)
+		}
+	}
+	return names
+}
+
+// Gossip returns every node gossip knows, live or not (see
+// Membership.Nodes).
+func (r *Router) Gossip() []Member {
+	if !r.joined() {
+		return nil
+	}
+	return r.members().Nodes()
+}
+
+// ViewEpoch returns the epoch of gossip's current view of the live
+// members, 0 for a single node.
+func (r *Router) ViewEpoch() uint64 {
+	if !r.joined() {
+		return 0
+	}
+	return r.members().Epoch()
+}
+
+// Changes returns the last changes of the live members this node saw,
+// oldest first (see Membership.Changes); none for a single node.
+func (r *Router) Changes() []Change {
+	if !r.joined() {
+		return nil
+	}
+	return r.members().Changes()
+}

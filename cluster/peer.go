@@ -18,12 +18,12 @@ import (
 )
 
 // NewPeerService returns the server of sluice.v1.PeerService: the calls
-// other members make to this node, passed to the router that router
-// returns (and the leader's calls to the control plane ctl returns). While
-// they return nil (the node is still starting), calls are UNAVAILABLE.
-// Register it on the node's gRPC server, behind the peers' credentials.
-func NewPeerService(router func() *Router, ctl func() *control.Control) sluicepb.PeerServiceServer {
-	return peerServer{router: router, ctl: ctl}
+// other members make to this node, passed to r (and the leader's calls to
+// r's control plane). Until r joined the cluster (the node is still
+// starting), calls are UNAVAILABLE. Register it on the node's gRPC server,
+// behind the peers' credentials.
+func NewPeerService(r *Router) sluicepb.PeerServiceServer {
+	return peerServer{r: r}
 }
 
 // peerServer serves sluice.v1.PeerService. Its answers follow the status
@@ -31,23 +31,29 @@ func NewPeerService(router func() *Router, ctl func() *control.Control) sluicepb
 // through Status.
 type peerServer struct {
 	sluicepb.UnimplementedPeerServiceServer
-	router func() *Router
-	ctl    func() *control.Control
+	r *Router
 }
 
-// started returns the router, once the node runs it, after checking that
-// the caller belongs to this node's cluster.
+// started returns the router, once it joined the cluster, after checking
+// that the caller belongs to this node's cluster.
 func (p peerServer) started(ctx context.Context) (*Router, error) {
-	r := p.router()
-	if r == nil {
+	r := p.r
+	if !r.joined() {
 		return nil, errStarting
 	}
-	if r.ctl != nil {
-		if err := checkClusterID(ctx, r.ctl.ClusterID()); err != nil {
-			return nil, Status(err)
-		}
+	if err := checkClusterID(ctx, r.ctl().ClusterID()); err != nil {
+		return nil, Status(err)
 	}
 	return r, nil
+}
+
+// ctl returns the control plane once the router joined the cluster, nil
+// before.
+func (p peerServer) ctl() *control.Control {
+	if !p.r.joined() {
+		return nil
+	}
+	return p.r.ctl()
 }
 
 // errStarting answers peers while the node is still joining.

@@ -89,7 +89,7 @@ func (p *replication) close() {
 // here: the standby's copy belongs to the key's new acting member. Records
 // whose key has no standby up (no other member is) are not waited for.
 func (r *Router) Replicate(recs []persist.Record, done func(error)) {
-	if r.ctl == nil || r.cfg.Replicas < 2 {
+	if !r.joined() || r.cfg.Replicas < 2 {
 		done(nil)
 		return
 	}
@@ -364,11 +364,12 @@ func (l *replicaLane) sendBatch() bool {
 		st, err := l.stream()
 		if err == nil {
 			l.mu.Lock()
-			if !st.broken {
+			broken := st.broken
+			if !broken {
 				st.inflight = append(st.inflight, call)
 			}
 			l.mu.Unlock()
-			if st.broken { // it failed since: nothing of this call was sent
+			if broken { // it failed since: nothing of this call was sent
 				err = errors.New("stream ended")
 			} else {
 				if err := st.stream.Send(req); err != nil {
@@ -610,7 +611,7 @@ func (r *Router) unsync(name string) {
 // ends when either side fails to send or receive.
 func (r *Router) receiveReplicas(stream sluicepb.PeerService_ReplicateServer) error {
 	ctx := stream.Context()
-	if r.ctl == nil {
+	if !r.joined() {
 		return fmt.Errorf("%w: this node is not in a cluster", errWrongEpoch)
 	}
 	// Calls arrive on reqs (or the stream's end on ended); acks carries

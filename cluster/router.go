@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -56,14 +57,14 @@ const routeAttempts = 3
 
 // RouterConfig configures a Router.
 type RouterConfig struct {
-	// Membership finds the members and their current addresses (gossip).
-	// Nil, with Control nil, runs a single node: every key is decided
-	// here, without leases.
-	Membership *Membership
-	// Control is the control plane: the cluster map this node applied,
-	// its epoch and its lease. Required with Membership.
-	Control *control.Control
-	// Engine decides the checks this node acts for.
+	// Clustered says the node joins a cluster (Join): until it has, checks
+	// are refused (ErrNoQuorum), never decided by the engine alone. False
+	// runs a single node: every key is decided here, without leases.
+	Clustered bool
+	// Engine decides the checks this node acts for. A node whose engine
+	// asks the router about ownership and copies (actor.Config.Owner and
+	// Replicator) leaves it nil and calls SetEngine once it built the
+	// engine, before any other method.
 	Engine *actor.Engine
 	// Self is this node's name.
 	Self string
@@ -181,7 +182,13 @@ type Router struct {
 	cfg RouterConfig
 	log *slog.Logger
 	clk clock.Clock
-	ctl *control.Control
+	// ctlp and membership are the control plane (the cluster map this node
+	// applied, its epoch and its lease) and gossip (the members and their
+	// current addresses), set once by Join; nil for a single node. Join
+	// sets them before it publishes the first ownership (own), so that
+	// whoever finds own set finds them too (see joined).
+	ctlp       atomic.Pointer[control.Control]
+	membership atomic.Pointer[Membership]
 
 	own     atomic.Pointer[ownership]
 	ownMu   sync.Mutex
@@ -209,8 +216,9 @@ type Router struct {
 	wg sync.WaitGroup
 }
 
-// NewRouter returns a router. Run starts its work in a cluster; Close
-// releases its connections.
+// NewRouter returns a router. A single node's decides at once; in a
+// cluster Join attaches the membership and the control plane, then Run
+// starts its work. Close releases its connections.
 func NewRouter(cfg RouterConfig) (*Router, error) {
 	if cfg.MaxForwardBatch <= 0 {
 		cfg.MaxForwardBatch = 500
@@ -245,47 +253,105 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	if cfg.Observer == nil {
 		cfg.Observer = nopRouterObserver{}
 	}
-	if (cfg.Membership == nil) != (cfg.Control == nil) {
-		return nil, fmt.Errorf("cluster: router: a cluster needs both a membership and a control plane")
-	}
-	r := &Router{cfg: cfg, log: cfg.Logger.With("component", "router"), clk: cfg.Clock, ctl: cfg.Control,
+	r := &Router{cfg: cfg, log: cfg.Logger.With("component", "router"), clk: cfg.Clock,
 		tombstones: make(map[control.Tombstone]time.Time)}
-	if r.ctl != nil {
+	if cfg.Clustered {
 		// Every peer call names this node's cluster (see checkClusterID).
-		cfg.DialOptions = append(cfg.DialOptions, grpc.WithChainUnaryInterceptor(r.clusterInterceptor),
+		r.cfg.DialOptions = append(slices.Clip(cfg.DialOptions), grpc.WithChainUnaryInterceptor(r.clusterInterceptor),
 			grpc.WithChainStreamInterceptor(r.clusterStreamInterceptor))
-		r.cfg.DialOptions = cfg.DialOptions
 	}
 	r.handoffs.init()
 	r.repl.init(r)
 	r.peers.init(r)
-	if r.ctl != nil {
-		r.update()
-	}
 	return r, nil
 }
+
+// SetEngine sets the engine that decides the checks this node acts for,
+// when RouterConfig.Engine was nil: the engine and the router need each
+// other (see RouterConfig.Engine). Call it once, before any other method.
+func (r *Router) SetEngine(e *actor.Engine) { r.cfg.Engine = e }
+
+// Join attaches the cluster to a router built with
+// RouterConfig.Clustered: m, the members and their addresses (gossip),
+// and c, the control plane (the cluster map this node applied, its epoch
+// and its lease). It builds the first ownership, after which the router
+// routes checks in the cluster; Run then follows the map. Call it once.
+func (r *Router) Join(m *Membership, c *control.Control) error {
+	if !r.cfg.Clustered {
+		return errors.New("cluster: router: join: the router was built for a single node (RouterConfig.Clustered)")
+	}
+	if m == nil || c == nil {
+		return errors.New("cluster: router: join: a cluster needs both a membership and a control plane")
+	}
+	if !r.ctlp.CompareAndSwap(nil, c) {
+		return errors.New("cluster: router: join: joined already")
+	}
+	r.membership.Store(m)
+	r.update()
+	return nil
+}
+
+// ctl is the control plane, nil before Join (and for a single node).
+func (r *Router) ctl() *control.Control { return r.ctlp.Load() }
+
+// members is gossip's membership, nil before Join (and for a single
+// node).
+func (r *Router) members() *Membership { return r.membership.Load() }
+
+// joined reports whether the router routes in a cluster: Join built the
+// first ownership. Before, ctl and members may be set already, but
+// nothing outside Join reads them.
+func (r *Router) joined() bool { return r.own.Load() != nil }
+
+// errJoining is the error of checks a clustered node cannot decide before
+// it joined.
+func (r *Router) errJoining() error {
+	return fmt.Errorf("%w: %s is still joining the cluster", ErrNoQuorum, r.cfg.Self)
+}
+
+// Joining is the error of a call that a node that joins a cluster cannot
+// serve before it joined (checks, the routes, admin calls on a key): nil
+// once it has, and for a single node.
+func (r *Router) Joining() error {
+	if r.cfg.Clustered && !r.joined() {
+		return r.errJoining()
+	}
+	return nil
+}
+
+// Joined reports whether this node is a member of a cluster it has
+// joined: false for a single node, and before Join.
+func (r *Router) Joined() bool { return r.joined() }
 
 // clusterStreamInterceptor and clusterInterceptor name this node's cluster
 // on every peer call it makes, once it has one (see checkClusterID).
 func (r *Router) clusterStreamInterceptor(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.ClientConn, method string, streamer grpc.Streamer, opts ...grpc.CallOption) (grpc.ClientStream, error) {
-	if id := r.ctl.ClusterID(); id != "" {
+	if id := r.clusterID(); id != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, control.ClusterHeader, id)
 	}
 	return streamer(ctx, desc, cc, method, opts...)
 }
 
 func (r *Router) clusterInterceptor(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
-	if id := r.ctl.ClusterID(); id != "" {
+	if id := r.clusterID(); id != "" {
 		ctx = metadata.AppendToOutgoingContext(ctx, control.ClusterHeader, id)
 	}
 	return invoker(ctx, method, req, reply, cc, opts...)
+}
+
+// clusterID is the ID of this node's cluster, "" before it has one.
+func (r *Router) clusterID() string {
+	if c := r.ctl(); c != nil {
+		return c.ClusterID()
+	}
+	return ""
 }
 
 // Run follows the cluster map until ctx ends: it keeps the ownership
 // current, hands keys over and reports what this node could not serve. It
 // returns when ctx ends. A single node has nothing to run.
 func (r *Router) Run(ctx context.Context) {
-	if r.ctl == nil {
+	if !r.joined() {
 		return
 	}
 	var wg sync.WaitGroup
@@ -302,12 +368,12 @@ func (r *Router) Run(ctx context.Context) {
 // follow rebuilds the ownership on every map this node applies, and
 // tells gossip where the map's members are.
 func (r *Router) follow(ctx context.Context) {
-	views, stop := r.cfg.Membership.Subscribe()
+	views, stop := r.members().Subscribe()
 	defer stop()
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
 	for {
-		m, changed := r.ctl.Watch()
+		m, changed := r.ctl().Watch()
 		r.update()
 		var known []string
 		for _, x := range m.Members {
@@ -315,7 +381,7 @@ func (r *Router) follow(ctx context.Context) {
 				known = append(known, x.Addrs.Gossip)
 			}
 		}
-		r.cfg.Membership.SetKnown(known)
+		r.members().SetKnown(known)
 		select {
 		case <-ctx.Done():
 			return
@@ -340,7 +406,7 @@ func (r *Router) unservedLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			r.cfg.Observer.Unserved(now.Sub(last), !r.ctl.LeaseValid(), !r.own.Load().settled)
+			r.cfg.Observer.Unserved(now.Sub(last), !r.ctl().LeaseValid(), !r.own.Load().settled)
 			last = now
 		}
 	}
@@ -353,8 +419,8 @@ func (r *Router) unservedLoop(ctx context.Context) {
 // and standby writes finish before the new ownership is published, and
 // later ones see it.
 func (r *Router) update() {
-	m := r.ctl.Map()
-	epoch := r.ctl.Epoch()
+	m := r.ctl().Map()
+	epoch := r.ctl().Epoch()
 	// Nothing new: no lock beyond a glance.
 	r.ownMu.Lock()
 	old := r.own.Load()
@@ -451,7 +517,7 @@ func (r *Router) Ready() bool { return r.Status() == "" }
 
 // Status describes why this node is not ready, "" when it is.
 func (r *Router) Status() string {
-	if r.ctl == nil {
+	if !r.joined() {
 		return ""
 	}
 	if err := r.leaseErr(); err != nil {
@@ -465,16 +531,16 @@ func (r *Router) Status() string {
 
 // leaseErr says why this node holds no lease now, nil when it holds one.
 func (r *Router) leaseErr() error {
-	if r.ctl.LeaseValid() {
+	if r.ctl().LeaseValid() {
 		return nil
 	}
 	switch {
-	case r.ctl.ClusterID() == "":
+	case r.ctl().ClusterID() == "":
 		return fmt.Errorf("%w: %s has not joined a cluster yet (bootstrapping, or waiting for the leader to add it)", ErrNoQuorum, r.cfg.Self)
-	case r.ctl.Epoch() == 0:
+	case r.ctl().Epoch() == 0:
 		return fmt.Errorf("%w: %s has no epoch yet", ErrNoQuorum, r.cfg.Self)
 	}
-	leader := r.ctl.Leader()
+	leader := r.ctl().Leader()
 	if leader == "" {
 		return fmt.Errorf("%w: %s holds no lease: no Raft leader is known (a quorum of voters is out of reach)", ErrNoQuorum, r.cfg.Self)
 	}
@@ -487,7 +553,10 @@ func (r *Router) leaseErr() error {
 // every member, is allowed: each member reserves, and if one check is
 // denied the reserved hits are released where they were recorded.
 func (r *Router) Check(ctx context.Context, checks []actor.Check, out []actor.Decision, nodes []string, allOrNothing bool) error {
-	if r.ctl == nil {
+	if !r.joined() {
+		if r.cfg.Clustered {
+			return r.errJoining()
+		}
 		for i := range nodes {
 			nodes[i] = r.cfg.Self
 		}
@@ -809,7 +878,7 @@ func (r *Router) decideEngine(ctx context.Context, gen uint64, checks []actor.Ch
 		}
 		return err
 	}
-	if !r.ctl.LeaseValid() {
+	if !r.ctl().LeaseValid() {
 		// The lease ran out while the actors decided (a pause, say): some
 		// other node may act for these keys by now. The hits stay
 		// recorded, unacknowledged: conservative.
@@ -898,7 +967,7 @@ func (r *Router) admit(ctx context.Context, own *ownership, checks []actor.Check
 	if err := r.leaseErr(); err != nil {
 		return err
 	}
-	if own.epoch != r.ctl.Epoch() {
+	if own.epoch != r.ctl().Epoch() {
 		return fmt.Errorf("%w: %s moved to a new epoch", actor.ErrStale, r.cfg.Self)
 	}
 	if own.settled {
@@ -921,7 +990,7 @@ func (r *Router) admit(ctx context.Context, own *ownership, checks []actor.Check
 			return nil
 		}
 		var we *waitError
-		if !errors.As(err, &we) || !r.cfg.Membership.Alive(we.member) {
+		if !errors.As(err, &we) || !r.members().Alive(we.member) {
 			// Waiting for a member that is down (or for its return) is no
 			// use within a call: refuse at once.
 			return err
@@ -952,7 +1021,7 @@ func (r *Router) admit(ctx context.Context, own *ownership, checks []actor.Check
 // the ownership changed (actor.Config.Owns).
 func (r *Router) Decidable(key string) bool {
 	own := r.own.Load()
-	if own == nil || r.ctl == nil {
+	if own == nil || !r.joined() {
 		return true
 	}
 	if own.cur.actingName(key) != r.cfg.Self {
@@ -967,7 +1036,7 @@ func (r *Router) Decidable(key string) bool {
 // (the sender routes them again, never through here); the others are
 // decided as decideHere does.
 func (r *Router) DecideForwarded(ctx context.Context, version uint64, checks []actor.Check, out []actor.Decision, marks []int64) error {
-	if r.ctl == nil {
+	if !r.joined() {
 		return r.cfg.Engine.Do(ctx, checks, out, actor.CallOptions{Marks: marks})
 	}
 	if err := r.catchUp(ctx, version); err != nil {
@@ -1005,7 +1074,7 @@ func (r *Router) catchUp(ctx context.Context, v uint64) error {
 		if have >= v {
 			return nil
 		}
-		m, changed := r.ctl.Watch()
+		m, changed := r.ctl().Watch()
 		if m.Version >= v {
 			r.update()
 			continue
@@ -1044,7 +1113,7 @@ func (r *Router) Owner(key string) (string, bool) {
 // the same configuration always gives the same shares.
 func (r *Router) Shares(samples int) map[string]float64 {
 	own := r.own.Load()
-	if own == nil || r.ctl == nil {
+	if own == nil || !r.joined() {
 		return map[string]float64{r.cfg.Self: 1}
 	}
 	counts := make(map[string]int)
@@ -1065,40 +1134,40 @@ func (r *Router) Shares(samples int) map[string]float64 {
 
 // Leader returns the name of the Raft leader this node knows, "" if none.
 func (r *Router) Leader() string {
-	if r.ctl == nil {
+	if !r.joined() {
 		return r.cfg.Self
 	}
-	return r.ctl.Leader()
+	return r.ctl().Leader()
 }
 
 // Voters returns the Raft configuration: whether each member's ID votes.
 func (r *Router) Voters() map[string]bool {
-	if r.ctl == nil {
+	if !r.joined() {
 		return nil
 	}
-	return r.ctl.Servers()
+	return r.ctl().Servers()
 }
 
 // Forget removes a member that is down for good from the cluster map (see
 // control.Control.Forget) and reports whether its keys go on from complete
 // copies.
 func (r *Router) Forget(ctx context.Context, name string) (bool, error) {
-	if r.ctl == nil {
+	if !r.joined() {
 		return false, fmt.Errorf("%w: not a cluster", control.ErrNoMember)
 	}
-	if err := r.ctl.Forget(ctx, name); err != nil {
+	if err := r.ctl().Forget(ctx, name); err != nil {
 		return false, err
 	}
-	x, _ := r.ctl.Map().Member(name)
+	x, _ := r.ctl().Map().Member(name)
 	return x.Releasable, nil
 }
 
 // Map returns the cluster map the router follows, nil for a single node.
 func (r *Router) Map() *control.Map {
-	if r.ctl == nil {
+	if !r.joined() {
 		return nil
 	}
-	return r.ctl.Map()
+	return r.ctl().Map()
 }
 
 // AdminConn returns a connection to the admin service of the live member

@@ -26,10 +26,10 @@ type Route struct {
 // name. A single node returns version 0 and itself, without an address.
 func (r *Router) Routes() (uint64, []Route) {
 	own := r.own.Load()
-	if r.ctl == nil || own == nil {
+	if !r.joined() || own == nil {
 		return 0, []Route{{Name: r.cfg.Self, Up: true}}
 	}
-	view := r.cfg.Membership.View()
+	view := r.members().View()
 	return own.cur.id, own.cur.routes(func(name string) string {
 		if m, ok := view.Member(name); ok {
 			return m.GRPCAddr
@@ -54,7 +54,7 @@ func (c *config) routes(addr func(string) string) []Route {
 // every answer.
 func (r *Router) RoutesVersion() uint64 {
 	own := r.own.Load()
-	if r.ctl == nil || own == nil {
+	if !r.joined() || own == nil {
 		return 0
 	}
 	return own.cur.id

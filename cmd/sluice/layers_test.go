@@ -1,6 +1,7 @@
 package main
 
 import (
+	"go/ast"
 	"go/parser"
 	"go/token"
 	"io/fs"
@@ -107,6 +108,51 @@ func TestImportsPointDown(t *testing.T) {
 	}
 	if checked < 50 {
 		t.Fatalf("checked %d imports of the module's own packages; the walk went wrong", checked)
+	}
+}
+
+// TestAPISeams holds package api (its non-test files) to the seams of
+// docs/architecture.md: it sees decisions and the cluster through the
+// interfaces it declares (Decider, Cluster, AdminPeers), never a concrete
+// router or membership, and keeps no storage of its own (the overrides'
+// is package api/overrides'), so it imports no persist.
+func TestAPISeams(t *testing.T) {
+	files, err := filepath.Glob("../../api/*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	checked := 0
+	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		checked++
+		fset := token.NewFileSet()
+		f, err := parser.ParseFile(fset, path, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, imp := range f.Imports {
+			if dep, _ := strconv.Unquote(imp.Path.Value); dep == "github.com/sluice-io/sluice/persist" {
+				t.Errorf("%s imports persist: api keeps no storage of its own", path)
+			}
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			sel, ok := n.(*ast.SelectorExpr)
+			if !ok {
+				return true
+			}
+			if x, ok := sel.X.(*ast.Ident); ok && x.Name == "cluster" {
+				switch sel.Sel.Name {
+				case "Router", "Membership", "NewRouter", "New":
+					t.Errorf("%s: %s names cluster.%s: api sees the cluster through its own interfaces (Decider, Cluster, AdminPeers)", path, fset.Position(sel.Pos()), sel.Sel.Name)
+				}
+			}
+			return true
+		})
+	}
+	if checked < 10 {
+		t.Fatalf("checked %d files of package api; the glob went wrong", checked)
 	}
 }
 

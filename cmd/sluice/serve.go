@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -9,20 +8,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"runtime"
-	"runtime/debug"
 	"strings"
 	"syscall"
-	"time"
 
 	"github.com/spf13/cobra"
 
-	"github.com/sluice-io/sluice/actor"
-	"github.com/sluice-io/sluice/api"
 	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/cmd/sluice/node"
 )
@@ -34,9 +28,6 @@ type serveOptions struct {
 	logFormat string
 	logLevel  string
 	readyFile string
-	// memoryLimit is the container's memory limit in bytes (0: none
-	// given): the Go runtime's soft limit is set under it.
-	memoryLimit int64
 
 	// Cluster flags: with --gossip-addr or --join the node joins a cluster.
 	gossipAddr    string
@@ -45,10 +36,6 @@ type serveOptions struct {
 	gossipKey     string
 	expect        int
 	ownerPolicy   string
-	// insecure lets a cluster node serve its peer service on a
-	// non-loopback address without a credential.
-	insecure bool
-	replicas int
 
 	// ratelimitEnv is what envoyproxy/ratelimit's variables set, and
 	// the ones found and ignored.
@@ -61,9 +48,12 @@ type serveOptions struct {
 }
 
 func (c *cli) serveCommand() *cobra.Command {
-	o := &serveOptions{cfg: node.DefaultConfig()}
-	o.cfg.Engine.Limits.MaxKeyLen = actor.DefaultMaxKeyLen
-	o.cfg.Engine.Limits.MaxBatch = actor.DefaultMaxBatch
+	return c.serveCommandFor(&serveOptions{cfg: node.DefaultConfig()})
+}
+
+// serveCommandFor is serve with its flags bound to o, whose cfg gives
+// their defaults.
+func (c *cli) serveCommandFor(o *serveOptions) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "serve",
 		Short: "Run a Sluice node",
@@ -109,7 +99,7 @@ docs/envoy.md), and those without one are listed in one log line.`,
 	fs.BoolVar(&cfg.AcceptWALLoss, "accept-wal-loss", false, "start even if the data file's write-ahead log ends with a damaged frame (acknowledged hits): drop that frame, keeping the file aside as .damaged")
 	fs.StringVar(&cfg.LimitsFile, "limits-file", "", "envoyproxy/ratelimit YAML limits file, or a directory of them, reloaded when it changes")
 	fs.StringVar(&cfg.LimitsXDS.Server, "limits-xds-server", "", "take the limits from this xDS management server (host:port) instead of --limits-file, as RateLimitConfig resources over ADS (envoyproxy/ratelimit's CONFIG_TYPE=GRPC_XDS_SOTW, CONFIG_GRPC_XDS_SERVER_URL); not ready until the first set arrives")
-	fs.StringVar(&cfg.LimitsXDS.NodeID, "limits-xds-node-id", "default", "node id presented to --limits-xds-server, which picks the limits by it (CONFIG_GRPC_XDS_NODE_ID)")
+	fs.StringVar(&cfg.LimitsXDS.NodeID, "limits-xds-node-id", cfg.LimitsXDS.NodeID, "node id presented to --limits-xds-server, which picks the limits by it (CONFIG_GRPC_XDS_NODE_ID)")
 	fs.StringVar(&cfg.LimitsXDS.CAFile, "limits-xds-ca", "", "CA file (PEM): connect to --limits-xds-server over TLS, verifying its certificate (CONFIG_GRPC_XDS_SERVER_TLS_CACERT)")
 	fs.StringVar(&cfg.LimitsXDS.CertFile, "limits-xds-cert", "", "client certificate file (PEM) presented to --limits-xds-server; needs --limits-xds-key and --limits-xds-ca (CONFIG_GRPC_XDS_CLIENT_TLS_CERT)")
 	fs.StringVar(&cfg.LimitsXDS.KeyFile, "limits-xds-key", "", "private key file (PEM) of --limits-xds-cert (CONFIG_GRPC_XDS_CLIENT_TLS_KEY)")
@@ -124,25 +114,25 @@ docs/envoy.md), and those without one are listed in one log line.`,
 	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA file (PEM): require client certificates signed by it")
 	fs.Var(newDurationValue(&cfg.TLSPollInterval, cfg.TLSPollInterval), "tls-poll-interval", "how often the --tls-cert, --tls-key and --tls-client-ca files are read again: changed ones are served from the next handshake on, without a restart (so is SIGHUP)")
 	fs.BoolVar(&cfg.RateLimitHeaders, "rate-limit-headers", false, "add rate limit header fields to Envoy responses, in --rate-limit-headers-format")
-	fs.Var(newEnumValue(&cfg.RateLimitHeadersFormat, "ietf", "ietf", "draft03"), "rate-limit-headers-format",
+	fs.Var(newEnumValue(&cfg.RateLimitHeadersFormat, cfg.RateLimitHeadersFormat, "ietf", "draft03"), "rate-limit-headers-format",
 		"fields of --rate-limit-headers: ietf (the current draft: RateLimit-Policy, RateLimit, Retry-After) or draft03 (envoyproxy/ratelimit's: limit, remaining, reset, named by --limit-*-header)")
 	fs.StringVar(&cfg.RateLimitHeaderNames.Limit, "limit-limit-header", "", "draft03: name of the limit field (empty: RateLimit-Limit; envoyproxy/ratelimit's LIMIT_LIMIT_HEADER)")
 	fs.StringVar(&cfg.RateLimitHeaderNames.Remaining, "limit-remaining-header", "", "draft03: name of the remaining field (empty: RateLimit-Remaining; LIMIT_REMAINING_HEADER)")
 	fs.StringVar(&cfg.RateLimitHeaderNames.Reset, "limit-reset-header", "", "draft03: name of the reset field (empty: RateLimit-Reset; LIMIT_RESET_HEADER)")
 	fs.BoolVar(&cfg.ResponseDynamicMetadata, "response-dynamic-metadata", false, "Envoy responses carry dynamic metadata: the request, and the metadata of the limits file's rules that allowed it (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA)")
-	fs.IntVar(&cfg.RuleMetricsMaxKeys, "rule-metrics-max-keys", api.DefaultRuleMetricsMaxKeys, "most per-rule statistics keys that hold request values (detailed_metric, value_to_metric, inline limits); the rest are counted under key \"other\"")
-	fs.Float64Var(&cfg.NearLimitRatio, "near-limit-ratio", api.DefaultNearLimitRatio, "share of a limit above which allowed hits count as near the limit in the per-rule statistics (envoyproxy/ratelimit's NEAR_LIMIT_RATIO)")
+	fs.IntVar(&cfg.RuleMetricsMaxKeys, "rule-metrics-max-keys", cfg.RuleMetricsMaxKeys, "most per-rule statistics keys that hold request values (detailed_metric, value_to_metric, inline limits); the rest are counted under key \"other\"")
+	fs.Float64Var(&cfg.NearLimitRatio, "near-limit-ratio", cfg.NearLimitRatio, "share of a limit above which allowed hits count as near the limit in the per-rule statistics (envoyproxy/ratelimit's NEAR_LIMIT_RATIO)")
 	fs.StringSliceVar(&cfg.UsageDomains, "usage-domain", nil, "Envoy domain whose every descriptor reports usage already spent (token budgets: hits_addend of apply_on_stream_done), recorded even over the limit; repeatable, or comma-separated; \"*\" for every domain")
 	fs.BoolVar(&cfg.ShadowMode, "shadow", false, "every limit of Envoy requests in shadow mode: counted and reported, never OVER_LIMIT (envoyproxy/ratelimit's SHADOW_MODE)")
 	fs.StringVar(&cfg.Tracing.Endpoint, "otlp-endpoint", "", "export OpenTelemetry traces of the decisions to this OTLP/HTTP collector: http://host:4318 (to /v1/traces unless the URL has a path), https:// for TLS; empty: no tracing, at no cost")
-	fs.Float64Var(&cfg.Tracing.SampleRatio, "trace-sample-ratio", 0.01, "share of the calls without a sampling decision from their caller that are traced (a caller's traceparent decides for its calls)")
-	fs.StringVar(&cfg.Tracing.ServiceName, "trace-service-name", "sluice", "service.name of the spans")
+	fs.Float64Var(&cfg.Tracing.SampleRatio, "trace-sample-ratio", cfg.Tracing.SampleRatio, "share of the calls without a sampling decision from their caller that are traced (a caller's traceparent decides for its calls)")
+	fs.StringVar(&cfg.Tracing.ServiceName, "trace-service-name", cfg.Tracing.ServiceName, "service.name of the spans")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiles on --http-addr under /debug/pprof/ (for profiling; off by default)")
 	fs.IntVar(&cfg.MaxMessageBytes, "max-message-bytes", cfg.MaxMessageBytes, "largest gRPC request, in bytes")
 	fs.IntVar(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "most connections each listener (gRPC, peer, admin, HTTP) holds open; past it new ones wait, unanswered, until one closes")
-	fs.Int64Var(&cfg.MaxInflightBytes, "max-inflight-bytes", api.DefaultMaxInflightBytes, "most bytes of decision requests (native and Envoy) the node works on at once (as received); past it calls wait up to --budget-wait, then get RESOURCE_EXHAUSTED")
-	fs.Int64Var(&cfg.MaxConnInflightBytes, "max-conn-inflight-bytes", api.DefaultMaxConnInflightBytes, "--max-inflight-bytes for the calls of one connection")
-	fs.DurationVar(&cfg.BudgetWait, "budget-wait", api.DefaultBudgetWait, "longest a call waits for --max-inflight-bytes or --max-conn-inflight-bytes before RESOURCE_EXHAUSTED (its deadline, if sooner, ends the wait)")
+	fs.Int64Var(&cfg.MaxInflightBytes, "max-inflight-bytes", cfg.MaxInflightBytes, "most bytes of decision requests (native and Envoy) the node works on at once (as received); past it calls wait up to --budget-wait, then get RESOURCE_EXHAUSTED")
+	fs.Int64Var(&cfg.MaxConnInflightBytes, "max-conn-inflight-bytes", cfg.MaxConnInflightBytes, "--max-inflight-bytes for the calls of one connection")
+	fs.DurationVar(&cfg.BudgetWait, "budget-wait", cfg.BudgetWait, "longest a call waits for --max-inflight-bytes or --max-conn-inflight-bytes before RESOURCE_EXHAUSTED (its deadline, if sooner, ends the wait)")
 	fs.IntVar(&cfg.MaxConcurrentStreams, "max-concurrent-streams", cfg.MaxConcurrentStreams, "most calls in flight on one gRPC connection, answered or not; past it clients queue their calls or open another connection")
 	fs.Var(newDurationValue(&cfg.KeepaliveTime, cfg.KeepaliveTime), "keepalive-time", "ping a client whose connection was silent this long")
 	fs.Var(newDurationValue(&cfg.KeepaliveTimeout, cfg.KeepaliveTimeout), "keepalive-timeout", "close a connection silent this long after the ping: a dead or stalled client is dropped")
@@ -162,14 +152,14 @@ docs/envoy.md), and those without one are listed in one log line.`,
 	fs.StringVar(&o.gossipKey, "gossip-key", "", "cluster: base64 AES key (16, 24 or 32 bytes) encrypting gossip; every member needs the same")
 	fs.IntVar(&o.expect, "expect", 0, "cluster: how many nodes bootstrap a new cluster together (a StatefulSet's replicas when it is first created); a node with no Raft state waits until that many nodes agree, and the lowest name bootstraps. Ignored once the cluster exists: its Raft configuration is the quorum. Required in a cluster")
 	fs.StringVar(&cfg.Control.Zone, "zone", "", "cluster: this node's failure domain (a Kubernetes zone): the Raft leader spreads voters across zones")
-	fs.Var(newDurationValue(&cfg.Control.Settings.Lease, 2*time.Second), "lease", "cluster: how long a node may decide after its last lease renewal was sent (L); the keys of a node that died go on elsewhere about L·1.1 after its last renewal. Every node of a cluster needs the same")
+	fs.Var(newDurationValue(&cfg.Control.Settings.Lease, cfg.Control.Settings.Lease), "lease", "cluster: how long a node may decide after its last lease renewal was sent (L); the keys of a node that died go on elsewhere about L·1.1 after its last renewal. Every node of a cluster needs the same")
 	fs.Var(newEnumValue(&o.ownerPolicy, "exact", "exact", "available"), "owner-policy",
 		"cluster: who decides the keys of a node that is down and that no standby holds: exact (nobody until it is back: UNAVAILABLE, never a wrong answer) or available (the next node, from what it holds, once the Raft leader ended the down node's epoch: up to one extra limit per key). Every node of a cluster needs the same")
-	fs.BoolVar(&o.insecure, "insecure", false, "serve the admin API, refunds or (cluster) the peer service on a non-loopback address without --admin-token or --tls-client-ca (anyone who reaches the port can then reset keys, raise limits, give hits back, forge handoffs and forwarded checks, and vote in Raft); logged as a warning at start-up")
-	fs.IntVar(&o.replicas, "replicas", 0, "cluster: nodes that keep each key's state: 2 gives every key a standby that has every acknowledged hit and takes over when its owner is down; 1 keeps it on the owner only (0: 2 with a data file, 1 with --durability memory)")
+	fs.BoolVar(&cfg.Insecure, "insecure", cfg.Insecure, "serve the admin API, refunds or (cluster) the peer service on a non-loopback address without --admin-token or --tls-client-ca (anyone who reaches the port can then reset keys, raise limits, give hits back, forge handoffs and forwarded checks, and vote in Raft); logged as a warning at start-up")
+	fs.IntVar(&cfg.Router.Replicas, "replicas", cfg.Router.Replicas, "cluster: nodes that keep each key's state: 2 gives every key a standby that has every acknowledged hit and takes over when its owner is down; 1 keeps it on the owner only (0: 2 with a data file, 1 with --durability memory)")
 	fs.Var(newEnumValue(&o.logFormat, "text", "text", "json"), "log-format", "log format")
 	fs.Var(newEnumValue(&o.logLevel, "info", "debug", "info", "warn", "error"), "log-level", "least severe level logged")
-	fs.Int64Var(&o.memoryLimit, "memory-limit", 0, "the container's memory limit in bytes (Kubernetes: the downward API's limits.memory): unless GOMEMLIMIT is set, the Go runtime's soft memory limit is set to 90% of it, leaving room for what the runtime does not count (0: none)")
+	fs.Int64Var(&cfg.MemoryLimit, "memory-limit", cfg.MemoryLimit, "the container's memory limit in bytes (Kubernetes: the downward API's limits.memory): unless GOMEMLIMIT is set, the Go runtime's soft memory limit is set to 90% of it, leaving room for what the runtime does not count (0: none)")
 	fs.StringVar(&o.readyFile, "ready-file", "", `once serving, write the bound addresses to this file as JSON {"grpc_addr":...,"http_addr":...,"pid":...}; removed at stop (for scripts and tests on port 0)`)
 	def := *o
 	o.defaults = &def
@@ -177,71 +167,14 @@ docs/envoy.md), and those without one are listed in one log line.`,
 	return cmd
 }
 
-// check reports flag values that no layer below would reject clearly.
-func (o *serveOptions) check() error {
-	for _, f := range []struct {
-		name string
-		v    int
-	}{
-		{"actors", o.cfg.Engine.Actors},
-		{"max-keys", o.cfg.Engine.MaxKeys},
-		{"mailbox-size", o.cfg.Engine.MailboxSize},
-		{"max-key-len", o.cfg.Engine.Limits.MaxKeyLen},
-		{"max-batch", o.cfg.Engine.Limits.MaxBatch},
-		{"max-message-bytes", o.cfg.MaxMessageBytes},
-		{"max-connections", o.cfg.MaxConnections},
-		{"max-concurrent-streams", o.cfg.MaxConcurrentStreams},
-		{"max-inflight-bytes", int(o.cfg.MaxInflightBytes)},
-		{"max-conn-inflight-bytes", int(o.cfg.MaxConnInflightBytes)},
-		{"rule-metrics-max-keys", o.cfg.RuleMetricsMaxKeys},
-	} {
-		if f.v < 0 {
-			return fmt.Errorf("--%s %d: must not be negative", f.name, f.v)
-		}
-	}
-	for _, f := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"limits-poll-interval", o.cfg.LimitsPollInterval},
-		{"shutdown-timeout", o.cfg.ShutdownTimeout},
-		{"keepalive-time", o.cfg.KeepaliveTime},
-		{"keepalive-timeout", o.cfg.KeepaliveTimeout},
-		{"max-connection-idle", o.cfg.MaxConnectionIdle},
-		{"keepalive-min-time", o.cfg.KeepaliveMinTime},
-		{"max-connection-age", o.cfg.MaxConnectionAge},
-		{"max-connection-age-grace", o.cfg.MaxConnectionAgeGrace},
-	} {
-		if f.v < 0 {
-			return fmt.Errorf("--%s %v: must not be negative", f.name, f.v)
-		}
-	}
-	return nil
-}
-
 // serve runs a node until ctx ends, then shuts it down gracefully.
 func (c *cli) serve(ctx context.Context, o *serveOptions) error {
-	if err := o.check(); err != nil {
-		return err
-	}
 	log := newLogger(c.stderr, o.logFormat, o.logLevel)
 	cfg := o.cfg
 	cfg.Logger = log
 	cfg.Build = node.BuildInfo{Version: buildVersion().Version, Revision: buildVersion().Commit}
-	if cfg.Durability == "fsync" && runtime.GOMAXPROCS(0) == 1 && os.Getenv("GOMAXPROCS") == "" {
-		// The store's writer spends most of its time in fdatasync, and the
-		// runtime keeps the writer's P until sysmon takes it back: with a
-		// single P nothing else runs meanwhile, so the next decisions do
-		// not queue up to share the next sync (1.2 records per commit and
-		// 2.6k decisions/s on one core here; 10k/s with a second P).
-		// Before the start-up log, which shows the actors this sizes.
-		runtime.GOMAXPROCS(2)
-		log.Info("fsync durability with one CPU: GOMAXPROCS raised to 2 so that decisions go on during an fdatasync (set GOMAXPROCS to choose)")
-	}
-	if limit, ok := goMemoryLimit(o.memoryLimit, os.Getenv("GOMEMLIMIT")); ok {
-		debug.SetMemoryLimit(limit)
-		log.Info("Go memory limit set under the container's", "memory_limit", o.memoryLimit, "gomemlimit", limit)
-	}
+	// Before the start-up log, which shows the actors GOMAXPROCS sizes.
+	node.SetRuntimeLimits(cfg, log)
 	if o.gossipAddr != "" || o.join != "" {
 		cc := cluster.DefaultConfig()
 		if o.gossipAddr != "" {
@@ -269,33 +202,9 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 			return fmt.Errorf("--owner-policy: %v", err)
 		}
 		cfg.Router.Policy = policy
-		switch {
-		case o.replicas < 0 || o.replicas > 2:
-			return fmt.Errorf("--replicas %d: want 1 or 2", o.replicas)
-		case o.replicas == 2 && cfg.Durability == "memory":
-			return fmt.Errorf("--replicas 2 with --durability memory: a node in memory mode keeps no copies; use 1, or a data file")
-		case o.replicas == 0:
-			o.replicas = defaultReplicas(cfg.Durability)
-		}
-		if o.replicas == 2 && cfg.Durability == "async" {
-			return fmt.Errorf("--durability async with --replicas 2: async acknowledges a decision before anything is written or copied, so a standby could miss acknowledged hits and take over without them; use --durability commit (the default) or fsync, or --replicas 1")
-		}
-		cfg.Router.Replicas = o.replicas
-		peerFlag, peerAddr := "--grpc-addr", cfg.GRPCAddr
-		if cfg.PeerAddr != "" {
-			peerFlag, peerAddr = "--peer-addr", cfg.PeerAddr
-		}
-		if cfg.AdminToken == "" && cfg.TLSClientCA == "" && !isLoopback(peerAddr) && !o.insecure {
-			return fmt.Errorf("%s %s: a cluster node serves its peer service (forwarded checks, handoffs, standby copies) and Raft on that port, and without --admin-token (the same on every node) or --tls-client-ca anyone who reaches it can forge them; set one (see docs/security.md), or pass --insecure to run without", peerFlag, peerAddr)
-		}
 		cfg.Cluster = &cc
 	} else if o.expect > 1 {
 		return fmt.Errorf("--expect %d: a cluster needs --gossip-addr or --join", o.expect)
-	}
-	if !o.insecure {
-		if err := openListener(&cfg); err != nil {
-			return err
-		}
 	}
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -304,13 +213,6 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 	log.Debug("configuration", o.attrs(o.clustered())...)
 	if rl := o.ratelimitEnv; len(rl.used) > 0 || len(rl.ignored) > 0 {
 		log.Info("envoyproxy/ratelimit environment variables", "read", rl.used, "ignored", rl.ignored)
-	}
-	if o.insecure {
-		log.Warn("--insecure: listeners on non-loopback addresses may serve resets, overrides, refunds and peer calls without a credential; anyone who reaches them can use them (see docs/security.md)")
-	}
-	if cfg.AdminToken != "" && cfg.TLSCert == "" && (!isLoopback(cfg.GRPCAddr) || !isLoopback(cmp.Or(cfg.AdminAddr, cfg.GRPCAddr)) ||
-		cfg.Cluster != nil && !isLoopback(cmp.Or(cfg.PeerAddr, cfg.GRPCAddr))) {
-		log.Warn("the admin token travels in clear text: serve with --tls-cert and --tls-key")
 	}
 	if o.readyFile != "" {
 		if err := os.Remove(o.readyFile); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -373,33 +275,8 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 	return nil
 }
 
-// goMemoryLimitShare is the share of the container's memory limit that
-// the Go runtime's soft limit takes: the rest is for what the kernel
-// charges to the container and the runtime does not count (the data
-// file's pages, socket buffers; docs/operations.md, "The Go runtime").
-const goMemoryLimitShare = 0.9
-
-// goMemoryLimit is the soft limit to give the Go runtime for a container
-// limit of limit bytes, and whether to set one: not without a limit, nor
-// when GOMEMLIMIT (gomemlimit, the variable's value) chose already.
-func goMemoryLimit(limit int64, gomemlimit string) (int64, bool) {
-	if limit <= 0 || gomemlimit != "" {
-		return 0, false
-	}
-	return int64(float64(limit) * goMemoryLimitShare), true
-}
-
 // clustered reports whether the flags make the node a cluster member.
 func (o *serveOptions) clustered() bool { return o.gossipAddr != "" || o.join != "" }
-
-// defaultReplicas is what --replicas 0 stands for with durability: a
-// standby per key with a data file, none in memory mode.
-func defaultReplicas(durability string) int {
-	if durability == "memory" {
-		return 1
-	}
-	return 2
-}
 
 // startAttrs is what the start-up line shows: the version, then the
 // settings that differ from their defaults (the whole configuration is
@@ -410,7 +287,7 @@ func (o *serveOptions) startAttrs() []any {
 		return all
 	}
 	def := *o.defaults
-	def.replicas = defaultReplicas(o.cfg.Durability) // as serve resolves 0
+	def.cfg.Router.Replicas = node.DefaultReplicas(o.cfg.Durability) // as the node resolves 0
 	changed := changedAttrs(attrList(all[2:]), attrList(def.attrs(o.clustered())))
 	out := []any{all[0], all[1]} // version
 	for _, a := range changed {
@@ -516,13 +393,13 @@ func (o *serveOptions) attrs(cluster bool) []any {
 		slog.Group("tracing", "otlp_endpoint", cfg.Tracing.Endpoint,
 			"sample_ratio", cfg.Tracing.SampleRatio, "service_name", cfg.Tracing.ServiceName),
 		"pprof", cfg.Pprof,
-		"insecure", o.insecure,
+		"insecure", cfg.Insecure,
 		"shutdown_timeout", cfg.ShutdownTimeout,
 		slog.Group("engine", engineAttrs(cfg.Engine)...),
 		"log_format", o.logFormat,
 		"log_level", o.logLevel,
 		"ready_file", o.readyFile,
-		"memory_limit", o.memoryLimit,
+		"memory_limit", cfg.MemoryLimit,
 		"gomaxprocs", runtime.GOMAXPROCS(0),
 	}
 	if !cluster {
@@ -535,7 +412,7 @@ func (o *serveOptions) attrs(cluster bool) []any {
 		"gossip_key", redact(o.gossipKey),
 		"expect", o.expect,
 		"owner_policy", o.ownerPolicy,
-		"replicas", o.replicas,
+		"replicas", cfg.WithDefaults().Router.Replicas,
 	))
 }
 
@@ -558,46 +435,6 @@ func newLogger(w io.Writer, format, level string) *slog.Logger {
 		return slog.New(slog.NewJSONHandler(w, opts))
 	}
 	return slog.New(slog.NewTextHandler(w, opts))
-}
-
-// isLoopback reports whether addr's host is a loopback address.
-// openListener returns an error naming the first listener of cfg that
-// would serve the admin API (resets, overrides) or refunds (gRPC, and
-// /json on the HTTP listener) to the network without a credential: on an
-// address that is not loopback, with no admin token, no client CA and,
-// for refunds, no refund token. --insecure skips it.
-func openListener(cfg *node.Config) error {
-	if cfg.AdminToken != "" || cfg.TLSClientCA != "" {
-		return nil
-	}
-	adminFlag, adminAddr := "--grpc-addr", cfg.GRPCAddr
-	if cfg.AdminAddr != "" {
-		adminFlag, adminAddr = "--admin-addr", cfg.AdminAddr
-	}
-	if !isLoopback(adminAddr) {
-		return fmt.Errorf("%s %s: the admin API (key reset, overrides) would be open to the network: without --admin-token or --tls-client-ca anyone who reaches that port can reset keys and raise limits; set one (see docs/security.md), listen on a loopback address, or pass --insecure to run without", adminFlag, adminAddr)
-	}
-	if cfg.RefundToken != "" {
-		return nil
-	}
-	for _, l := range []struct{ flag, addr string }{{"--grpc-addr", cfg.GRPCAddr}, {"--http-addr", cfg.HTTPAddr}} {
-		if l.addr != "" && !isLoopback(l.addr) {
-			return fmt.Errorf("%s %s: refunds would be open to the network: without --refund-token, --admin-token or --tls-client-ca anyone who reaches that port can give counted hits back; set one (see docs/security.md), listen on a loopback address, or pass --insecure to run without", l.flag, l.addr)
-		}
-	}
-	return nil
-}
-
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // readyInfo is the content of the --ready-file.

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/sluice-io/sluice/cmd/sluice/node"
 )
 
 // TestServeLogsReadable: the configuration logged at debug level shows the
@@ -96,9 +98,9 @@ func TestGoMemoryLimit(t *testing.T) {
 		{1 << 30, "500MiB", 0, false},
 		{0, "", 0, false},
 	} {
-		got, set := goMemoryLimit(tt.limit, tt.gomemlimit)
+		got, set := node.GoMemoryLimit(tt.limit, tt.gomemlimit)
 		if got != tt.want || set != tt.set {
-			t.Errorf("goMemoryLimit(%d, %q) = %d, %v; want %d, %v", tt.limit, tt.gomemlimit, got, set, tt.want, tt.set)
+			t.Errorf("GoMemoryLimit(%d, %q) = %d, %v; want %d, %v", tt.limit, tt.gomemlimit, got, set, tt.want, tt.set)
 		}
 	}
 }

@@ -5,9 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sluice-io/sluice/cluster"
@@ -54,16 +51,6 @@ func (n *Node) startCluster() error {
 	if err := m.Start(jctx); err != nil {
 		return err
 	}
-	dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
-	if n.certs != nil {
-		dial = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(n.certs.peerConfig()))}
-	}
-	if creds := n.api.PeerCredentials(n.certs != nil); creds != nil {
-		dial = append(dial, grpc.WithPerRPCCredentials(creds))
-	}
-	if n.traces != nil {
-		dial = append(dial, n.traces.dialOption()) // forwards carry the trace context
-	}
 	local := m.Local()
 	ctl := n.cfg.Control
 	ctl.NodeName, ctl.DataDir, ctl.Expect, ctl.Settings = n.cfg.NodeName, n.cfg.DataDir, ccfg.Expect, settings
@@ -73,7 +60,7 @@ func (n *Node) startCluster() error {
 	if n.certs != nil {
 		ctl.Transport.ServerTLS, ctl.Transport.ClientTLS = n.certs.serverConfig(false), n.certs.peerConfig()
 	}
-	ctl.DialOptions = dial
+	ctl.DialOptions = n.peerDialOptions()
 	ctl.Logger = n.log
 	ctl.Observer = n.metrics
 	c, err := control.New(ctl)
@@ -86,12 +73,8 @@ func (n *Node) startCluster() error {
 		m.Shutdown()
 		return err
 	}
-	rcfg := n.cfg.Router
-	rcfg.Membership, rcfg.Control, rcfg.Engine, rcfg.Self = m, c, n.engine, n.cfg.NodeName
-	rcfg.Logger, rcfg.Observer = n.log, n.metrics
-	rcfg.DialOptions = dial
-	r, err := cluster.NewRouter(rcfg)
-	if err != nil {
+	r := n.router
+	if err := r.Join(m, c); err != nil {
 		c.Shutdown()
 		m.Shutdown()
 		return err
@@ -99,7 +82,6 @@ func (n *Node) startCluster() error {
 	n.metrics.registerControl(n.registry, c)
 	n.membership.Store(m)
 	n.control.Store(c)
-	n.router.Store(r)
 	n.api.SyncOverrides(context.Background())
 	ctx, stop := context.WithCancel(context.Background())
 	n.stopRouter, n.routerDone = stop, make(chan struct{})
@@ -146,7 +128,7 @@ func (n *Node) watchReadiness(ctx context.Context) {
 // router, the control plane and gossip. It stays a member of the map and
 // of Raft: a restart takes a new epoch.
 func (n *Node) leaveCluster(ctx context.Context) {
-	m, c, r := n.membership.Load(), n.control.Load(), n.router.Load()
+	m, c, r := n.membership.Load(), n.control.Load(), n.router
 	if err := r.Leave(ctx); err != nil {
 		n.log.Warn("leave: could not end this node's epoch; the leader ends it once its lease is over", "err", err)
 	} else {

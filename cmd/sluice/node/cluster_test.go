@@ -85,6 +85,10 @@ func (tc *testCluster) add() *testServer {
 		cc.Expect = tc.expect
 		c.Cluster = &cc
 		c.Router.HandoffWait = 2 * time.Second
+		// The cluster tests exercise one copy per key (handoffs, an owner
+		// that is down) unless they ask for standbys: sluice serve's
+		// default with a data file is 2 (see DefaultReplicas).
+		c.Router.Replicas = 1
 		if tc.edit != nil {
 			tc.edit(c)
 		}

@@ -11,9 +11,13 @@
 //
 // # Lifecycle
 //
-// New allocates and opens storage; nothing listens yet. Start listens
+// New refuses a Config that Validate refuses, fills in its defaults
+// (WithDefaults), and allocates in named steps: it opens storage, builds
+// the router and the engine (which need each other: see newEngine), the
+// services and the listeners' handlers; nothing listens yet. Start listens
 // first (a bind error returns at once), serves in the background, and in a
-// cluster joins it, starts the control plane and the router; the node
+// cluster joins gossip, starts the control plane and attaches both to the
+// router (cluster.Router.Join), which then runs; the node
 // reports ready (grpc health SERVING, /readyz 200) once it may decide (see
 // cluster.Router.Ready). Shutdown reports not ready; in a cluster it
 // leaves its keys complete elsewhere (its standbys up to date, or, with one

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -19,15 +20,16 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
 	"github.com/sluice-io/sluice/actor"
-	"github.com/sluice-io/sluice/actor/clock"
 	"github.com/sluice-io/sluice/api"
 	"github.com/sluice-io/sluice/api/limits"
+	"github.com/sluice-io/sluice/api/overrides"
 	"github.com/sluice-io/sluice/api/ui"
 	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/cluster/control"
@@ -70,9 +72,12 @@ type Node struct {
 	certs  *certs   // TLS material, nil without TLS
 	traces *tracing // nil when the node does not trace
 
+	// router decides every check (see api.Decider): built by New, it
+	// decides every key here for a single node; in a cluster Start joins
+	// it to the membership and the control plane, which it stores below.
+	router     *cluster.Router
 	membership atomic.Pointer[cluster.Membership]
 	control    atomic.Pointer[control.Control]
-	router     atomic.Pointer[cluster.Router]
 	stopRouter context.CancelFunc // ends the router's Run
 	routerDone chan struct{}      // closed when Run returned
 	mux        *control.Mux       // splits the peer listener between gRPC and Raft, in a cluster
@@ -104,31 +109,14 @@ func (l *listener) boundAddr() string {
 }
 
 // New opens the data file, starts the engine and builds the services and
-// the listeners' handlers. Nothing listens until Start.
+// the listeners' handlers, in that order (openStore, loadTransport,
+// newEngine, newServices, newGRPC, newHTTP). Nothing listens until Start. It refuses a
+// configuration that Validate refuses, and runs cfg.WithDefaults().
 func New(cfg Config) (n *Node, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = clock.Real{}
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
-	if cfg.MaxMessageBytes == 0 {
-		cfg.MaxMessageBytes = 4 << 20
-	}
-	if cfg.ShutdownTimeout == 0 {
-		cfg.ShutdownTimeout = 10 * time.Second
-	}
-	if cfg.TLSPollInterval == 0 {
-		cfg.TLSPollInterval = 30 * time.Second
-	}
-	cfg = cfg.withTransportDefaults()
-	if cfg.Durability == "memory" && cfg.Router.Replicas > 1 {
-		// A node without a data file keeps no copies of other nodes' keys.
-		cfg.Router.Replicas = 1
-	}
+	cfg = cfg.WithDefaults()
 	n = &Node{cfg: cfg, log: cfg.Logger.With("node", cfg.NodeName), fatal: make(chan error, 1)}
 	built := n // "return nil, err" sets n to nil before the deferred call runs
 	defer func() {
@@ -136,40 +124,102 @@ func New(cfg Config) (n *Node, err error) {
 			built.closeStorage()
 		}
 	}()
+	SetRuntimeLimits(cfg, n.log)
+	n.warnOpen()
 	n.registry = prometheus.NewRegistry()
 	n.metrics = newMetrics(n.registry)
 	registerBuildInfo(n.registry, cfg.Build)
-
-	if cfg.Durability != "memory" {
-		mode, _ := persist.ParseMode(cfg.Durability)
-		path := filepath.Join(cfg.DataDir, "sluice.db")
-		n.store, err = persist.Open(persist.Options{
-			Path:           path,
-			Mode:           mode,
-			Logger:         n.log,
-			OnCommit:       n.metrics.commit,
-			AcceptWALLoss:  cfg.AcceptWALLoss,
-			CheckpointKeys: checkpointKeys(cfg.Engine.MaxKeys),
-			OnCompact:      n.metrics.compacted,
-		})
-		if err != nil {
+	for _, step := range []func() error{n.openStore, n.loadTransport, n.newEngine, n.newServices, n.newGRPC, n.newHTTP} {
+		if err := step(); err != nil {
 			return nil, err
 		}
-		n.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "sluice_data_file_bytes",
-			Help: "Size of the data file (its WAL files apart).",
-		}, func() float64 {
-			info, err := os.Stat(path)
-			if err != nil {
-				return 0
-			}
-			return float64(info.Size())
-		}))
 	}
-	if n.limits, err = n.newLimitsWatcher(); err != nil {
-		return nil, err
-	}
+	return n, nil
+}
 
+// warnOpen logs the listeners that serve without a credential (with
+// Config.Insecure) and an admin token that travels in clear text.
+func (n *Node) warnOpen() {
+	cfg := n.cfg
+	if cfg.Insecure {
+		n.log.Warn("--insecure: listeners on non-loopback addresses may serve resets, overrides, refunds and peer calls without a credential; anyone who reaches them can use them (see docs/security.md)")
+	}
+	if cfg.AdminToken != "" && cfg.TLSCert == "" && (!isLoopback(cfg.GRPCAddr) || !isLoopback(cmp.Or(cfg.AdminAddr, cfg.GRPCAddr)) ||
+		cfg.Cluster != nil && !isLoopback(cmp.Or(cfg.PeerAddr, cfg.GRPCAddr))) {
+		n.log.Warn("the admin token travels in clear text: serve with --tls-cert and --tls-key")
+	}
+}
+
+// openStore opens the data file, unless the node runs in memory.
+func (n *Node) openStore() error {
+	cfg := n.cfg
+	if cfg.Durability == "memory" {
+		return nil
+	}
+	mode, _ := persist.ParseMode(cfg.Durability)
+	path := filepath.Join(cfg.DataDir, "sluice.db")
+	var err error
+	n.store, err = persist.Open(persist.Options{
+		Path:           path,
+		Mode:           mode,
+		Logger:         n.log,
+		OnCommit:       n.metrics.commit,
+		AcceptWALLoss:  cfg.AcceptWALLoss,
+		CheckpointKeys: checkpointKeys(cfg.Engine.MaxKeys),
+		OnCompact:      n.metrics.compacted,
+	})
+	if err != nil {
+		return err
+	}
+	n.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_data_file_bytes",
+		Help: "Size of the data file (its WAL files apart).",
+	}, func() float64 {
+		info, err := os.Stat(path)
+		if err != nil {
+			return 0
+		}
+		return float64(info.Size())
+	}))
+	return nil
+}
+
+// loadTransport reads the TLS files and starts the tracer, which the
+// gRPC servers and the router's connections to the peers use.
+func (n *Node) loadTransport() error {
+	cfg := n.cfg
+	var err error
+	if cfg.TLSCert != "" {
+		n.certs, err = newCerts(cfg, n.log.With("component", "tls"), func(ok bool) {
+			result := "ok"
+			if !ok {
+				result = "error"
+			}
+			n.metrics.tlsReloads.WithLabelValues(result).Inc()
+		})
+		if err != nil {
+			return err
+		}
+		n.metrics.registerTLS(n.registry, n.certs)
+	}
+	n.traces, err = newTracing(cfg.Tracing, cfg.NodeName, cfg.Build.Version)
+	return err
+}
+
+// newEngine builds the router and starts the engine on the store. They
+// need each other: the router decides on the engine, and in a cluster
+// the engine asks the router whether a key moved (actor.Config.Owner) and
+// hands it every write for the standbys (actor.Config.Replicator).
+func (n *Node) newEngine() error {
+	cfg := n.cfg
+	rcfg := cfg.Router
+	rcfg.Clustered, rcfg.Self = cfg.Cluster != nil, cfg.NodeName
+	rcfg.Logger, rcfg.Observer = n.log, n.metrics
+	rcfg.DialOptions = n.peerDialOptions()
+	var err error
+	if n.router, err = cluster.NewRouter(rcfg); err != nil {
+		return err
+	}
 	ecfg := cfg.Engine
 	ecfg.Store, ecfg.Clock = n.store, cfg.Clock
 	ecfg.Logger = n.log.With("component", "actor")
@@ -177,18 +227,47 @@ func New(cfg Config) (n *Node, err error) {
 	ecfg.Trace = cfg.Tracing.Enabled()
 	if cfg.Cluster != nil {
 		// Calls routed before the ownership changed are checked again in
-		// the actors (see actor.Config.Owns), and writes go to the keys'
-		// standbys (see RouterConfig.Replicas).
-		ecfg.Owns = func(key string) bool {
-			r := n.router.Load()
-			return r == nil || r.Decidable(key)
-		}
-		ecfg.Replicator = replicator{n}
+		// the actors, and writes go to the keys' standbys (see
+		// RouterConfig.Replicas); until the node joined, the router owns
+		// every key and copies nothing (it decides nothing either).
+		ecfg.Owner, ecfg.Replicator = n.router, n.router
 	}
 	if n.engine, err = actor.New(ecfg); err != nil {
-		return nil, err
+		return err
 	}
+	n.router.SetEngine(n.engine)
+	return nil
+}
 
+// peerDialOptions are the options of the node's connections to its peers:
+// TLS with the node's certificate, the admin token, the trace context.
+func (n *Node) peerDialOptions() []grpc.DialOption {
+	dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if n.certs != nil {
+		dial = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(n.certs.peerConfig()))}
+	}
+	if creds := api.PeerCredentials(n.cfg.AdminToken, n.certs != nil); creds != nil {
+		dial = append(dial, grpc.WithPerRPCCredentials(creds))
+	}
+	if n.traces != nil {
+		dial = append(dial, n.traces.dialOption()) // forwards carry the trace context
+	}
+	return dial
+}
+
+// newServices reads the limits file and the overrides, and builds the
+// services (package api) on the engine and the router.
+func (n *Node) newServices() error {
+	cfg := n.cfg
+	var err error
+	if n.limits, err = n.newLimitsWatcher(); err != nil {
+		return err
+	}
+	peers := cluster.NewAdminPeers(n.router, cfg.AdminToken)
+	table, err := overrides.Open(overrides.Config{Store: n.store, Peers: peers, Logger: n.log})
+	if err != nil {
+		return err
+	}
 	n.api, err = api.New(api.Config{
 		NodeName:                cfg.NodeName,
 		AdminToken:              cfg.AdminToken,
@@ -207,34 +286,25 @@ func New(cfg Config) (n *Node, err error) {
 		BudgetWait:              cfg.BudgetWait,
 		Limits:                  cfg.Engine.Limits,
 	}, api.Deps{
-		Engine:     n.engine,
-		Store:      n.store,
-		Limits:     n.limits,
-		Clustered:  cfg.Cluster != nil,
-		Router:     n.router.Load,
-		Membership: n.membership.Load,
-		GRPCAddr:   n.GRPCAddr,
-		Registry:   n.registry,
-		Clock:      cfg.Clock,
-		Logger:     n.log,
+		Engine:    n.engine,
+		Decider:   n.router,
+		Cluster:   n.router,
+		Peers:     peers,
+		Overrides: table,
+		Limits:    n.limits,
+		GRPCAddr:  n.GRPCAddr,
+		Registry:  n.registry,
+		Clock:     cfg.Clock,
+		Logger:    n.log,
 	})
-	if err != nil {
-		return nil, err
-	}
+	return err
+}
 
-	if cfg.TLSCert != "" {
-		n.certs, err = newCerts(cfg, n.log.With("component", "tls"), func(ok bool) {
-			result := "ok"
-			if !ok {
-				result = "error"
-			}
-			n.metrics.tlsReloads.WithLabelValues(result).Inc()
-		})
-		if err != nil {
-			return nil, err
-		}
-		n.metrics.registerTLS(n.registry, n.certs)
-	}
+// newGRPC builds the gRPC servers, one per listener, with the same
+// options (limits, credentials, interceptors, tracing), and registers the
+// services on them.
+func (n *Node) newGRPC() error {
+	cfg := n.cfg
 	opts := append([]grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMessageBytes),
 		// A pool of goroutines for the calls, whose stacks have grown
@@ -264,9 +334,6 @@ func New(cfg Config) (n *Node, err error) {
 	if n.certs != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.certs.serverConfig(false))))
 	}
-	if n.traces, err = newTracing(cfg.Tracing, cfg.NodeName, cfg.Build.Version); err != nil {
-		return nil, err
-	}
 	if n.traces != nil {
 		opts = append(opts, grpc.StatsHandler(n.traces.serverHandler(cfg.NodeName)))
 	}
@@ -295,12 +362,19 @@ func New(cfg Config) (n *Node, err error) {
 	for _, l := range n.gRPCs { // probes of the peer and admin ports too
 		healthpb.RegisterHealthServer(l.srv, n.health)
 	}
-	sluicepb.RegisterPeerServiceServer(n.peer.srv, cluster.NewPeerService(n.router.Load, n.control.Load))
+	sluicepb.RegisterPeerServiceServer(n.peer.srv, cluster.NewPeerService(n.router))
 	// Reflection is an operator's tool: it goes with the admin service,
 	// and lists the services of its own listener only.
 	n.api.RegisterAdmin(n.admin.srv)
 	reflection.Register(n.admin.srv)
+	return nil
+}
 
+// newHTTP builds the handlers of the HTTP listener (metrics, health, the
+// web UI, envoyproxy/ratelimit's endpoints, profiles) and of the health
+// listener.
+func (n *Node) newHTTP() error {
+	cfg := n.cfg
 	healthz := func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") }
 	readyz := func(w http.ResponseWriter, _ *http.Request) {
 		if why := n.NotReady(); why != "" {
@@ -344,7 +418,7 @@ func New(cfg Config) (n *Node, err error) {
 	if n.certs != nil {
 		n.http.TLSConfig = n.certs.serverConfig(true)
 	}
-	return n, nil
+	return nil
 }
 
 // checkpointKeys sizes the data file's overlays (keys written since the
@@ -471,10 +545,7 @@ func (n *Node) NotReady() string {
 	if n.limits != nil && !n.limits.Loaded() {
 		return "waiting for the limits from the xDS server"
 	}
-	if r := n.router.Load(); r != nil {
-		return r.Status()
-	}
-	return ""
+	return n.router.Status()
 }
 
 // updateHealth sets grpc health, for every service, from NotReady.
@@ -580,7 +651,7 @@ func (n *Node) Crash() {
 		n.stopGRPC()
 		n.closeHTTP()
 		if m := n.membership.Load(); m != nil {
-			n.stopCluster(m, n.control.Load(), n.router.Load())
+			n.stopCluster(m, n.control.Load(), n.router)
 		}
 		n.wg.Wait()
 		n.shutdownErr = n.closeStorage()
@@ -625,8 +696,9 @@ func (n *Node) Membership() *cluster.Membership { return n.membership.Load() }
 // Control is the node's control plane, nil for a single node.
 func (n *Node) Control() *control.Control { return n.control.Load() }
 
-// Router is the node's cluster router, nil for a single node.
-func (n *Node) Router() *cluster.Router { return n.router.Load() }
+// Router is the node's router, which decides every check: on the engine
+// for a single node, on the members in a cluster.
+func (n *Node) Router() *cluster.Router { return n.router }
 
 // Registry is the node's own Prometheus registry.
 func (n *Node) Registry() *prometheus.Registry { return n.registry }
@@ -662,17 +734,4 @@ func (n *Node) ReloadTLS() error {
 		return nil
 	}
 	return n.certs.reload()
-}
-
-// replicator passes the engine's writes to the router once the node has
-// joined; before, the node decides nothing (it holds no lease).
-type replicator struct{ n *Node }
-
-// Replicate implements actor.Replicator.
-func (r replicator) Replicate(recs []persist.Record, done func(error)) {
-	if rt := r.n.router.Load(); rt != nil {
-		rt.Replicate(recs, done)
-		return
-	}
-	done(nil)
 }

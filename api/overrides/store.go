@@ -1,9 +1,7 @@
-package api
+package overrides
 
 import (
-	"encoding/base64"
 	"fmt"
-	"strings"
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -34,8 +32,8 @@ import (
 // With durability "memory" there is no data file: overrides live in memory
 // only, and a restart forgets them, like every key's state.
 
-// overridesBucket is the meta bucket that holds the overrides.
-const overridesBucket = "overrides"
+// bucket is the meta bucket that holds the overrides.
+const bucket = "overrides"
 
 // Markers that start an override's record key.
 const (
@@ -43,17 +41,17 @@ const (
 	prefixMarker = '*'
 )
 
-// overrideRecordKey is the record key of the override with key and prefix
-// flag. ListOverrides page tokens are this, base64url-encoded.
-func overrideRecordKey(key string, prefix bool) string {
+// RecordKey is the record key of the override with key and prefix flag.
+// ListOverrides page tokens are this, base64url-encoded.
+func RecordKey(key string, prefix bool) string {
 	if prefix {
 		return string(prefixMarker) + key
 	}
 	return string(exactMarker) + key
 }
 
-// parseOverrideRecordKey is the inverse of overrideRecordKey.
-func parseOverrideRecordKey(rk string) (key string, prefix, ok bool) {
+// ParseRecordKey is the inverse of RecordKey.
+func ParseRecordKey(rk string) (key string, prefix, ok bool) {
 	if rk == "" {
 		return "", false, false
 	}
@@ -66,14 +64,14 @@ func parseOverrideRecordKey(rk string) (key string, prefix, ok bool) {
 	return "", false, false
 }
 
-// loadOverrides reads the overrides stored in st, expired ones included:
-// match never applies them and listings skip them, and the next
-// SetOverride or DeleteOverride deletes them from the file.
-func loadOverrides(st *persist.Store) ([]*Override, error) {
+// load reads the overrides stored in st, expired ones included: Match
+// never applies them and listings skip them, and the next Set or Delete
+// deletes them from the file.
+func load(st *persist.Store) ([]*Override, error) {
 	var list []*Override
 	var bad error
-	err := st.ScanMeta(overridesBucket, func(rk string, value []byte) bool {
-		o, err := decodeOverride(rk, value)
+	err := st.ScanMeta(bucket, func(rk string, value []byte) bool {
+		o, err := decode(rk, value)
 		if err != nil {
 			bad = fmt.Errorf("api: load overrides from %s: record %q: %v (the file was not modified; delete the record with bbolt tools or restore a backup)", st.Path(), rk, err)
 			return false
@@ -87,20 +85,20 @@ func loadOverrides(st *persist.Store) ([]*Override, error) {
 	return list, bad
 }
 
-// encodeOverride returns the record value of o.
-func encodeOverride(o *Override) ([]byte, error) {
-	b, err := proto.Marshal(toProtoOverride(o))
+// encode returns the record value of o.
+func encode(o *Override) ([]byte, error) {
+	b, err := proto.Marshal(ToProto(o))
 	if err != nil {
 		return nil, fmt.Errorf("api: encode override %q: %w", o.Key, err)
 	}
 	return b, nil
 }
 
-// decodeOverride decodes the record rk, value. It checks what the record
-// must hold, not the limits of this node's configuration: an override stored
+// decode decodes the record rk, value. It checks what the record must
+// hold, not the limits of this node's configuration: an override stored
 // under other settings still loads.
-func decodeOverride(rk string, value []byte) (*Override, error) {
-	key, prefix, ok := parseOverrideRecordKey(rk)
+func decode(rk string, value []byte) (*Override, error) {
+	key, prefix, ok := ParseRecordKey(rk)
 	if !ok {
 		return nil, fmt.Errorf("record key does not start with %q or %q", exactMarker, prefixMarker)
 	}
@@ -124,9 +122,9 @@ func decodeOverride(rk string, value []byte) (*Override, error) {
 		}
 	}
 	if po.Algorithm != sluicepb.Algorithm_ALGORITHM_UNSPECIFIED {
-		algo, err := fromProtoAlgorithm(po.Algorithm)
-		if err != nil {
-			return nil, err
+		algo, ok := cluster.AlgorithmFromProto(po.Algorithm)
+		if !ok {
+			return nil, fmt.Errorf("algorithm: unknown value %d (want 1 sliding log, 2 sliding window or 3 token bucket)", po.Algorithm)
 		}
 		o.Algorithm, o.HasAlgorithm = algo, true
 	}
@@ -146,8 +144,8 @@ func decodeOverride(rk string, value []byte) (*Override, error) {
 	return o, nil
 }
 
-// toProtoOverride is o as the API shows it.
-func toProtoOverride(o *Override) *sluicepb.Override {
+// ToProto is o as the API shows it.
+func ToProto(o *Override) *sluicepb.Override {
 	po := &sluicepb.Override{Key: []byte(o.Key), Prefix: o.Prefix, Limit: o.Limit, Note: o.Note}
 	if o.Window > 0 {
 		po.Window = durationpb.New(o.Window)
@@ -162,33 +160,4 @@ func toProtoOverride(o *Override) *sluicepb.Override {
 		po.SetAt = timestamppb.New(o.SetAt)
 	}
 	return po
-}
-
-// Page tokens. Both are base64url without padding (RFC 4648 §5), so they
-// travel in URLs and shells as they are:
-//
-//   - ListKeys: the last key of the page.
-//   - ListOverrides: the record key of the last override of the page
-//     ("=" or "*", then its key; see overrideRecordKey).
-//
-// Clients must treat them as opaque.
-var tokenEncoding = base64.RawURLEncoding
-
-func encodeToken(s string) string { return tokenEncoding.EncodeToString([]byte(s)) }
-
-// decodeToken decodes a page token; "" decodes to "".
-func decodeToken(field, token string) (string, error) {
-	b, err := tokenEncoding.DecodeString(token)
-	if err != nil {
-		return "", badInput("%s: %q is not a page token this server issued (pass next_page_token as it came, or empty for the first page)", field, truncate(token, 64))
-	}
-	return string(b), nil
-}
-
-// truncate shortens s to at most n bytes for a message.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return strings.ToValidUTF8(s[:n], "") + "..."
 }
