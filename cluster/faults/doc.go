@@ -187,8 +187,10 @@
 //
 // Pick scenarios with -run, for example -run 'TestFaults/partition'.
 //
-// The test process builds the binary once (without -race, whatever the
-// tests run with) into a temporary directory and removes it at the end.
+// The test process builds the binary once into a temporary directory
+// (with -race when the tests run with it: the race detector watches the
+// nodes, and a race it reports fails the scenario) and removes it at the
+// end.
 // Each scenario removes its namespaces and kills its nodes when it ends,
 // failed or not. A test binary killed outright (a -timeout panic) may leave
 // namespaces named sf????sw and sf????n1..n5 behind: list them with ip

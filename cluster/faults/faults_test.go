@@ -38,9 +38,11 @@ var built struct {
 	err  error
 }
 
-// sluiceBinary builds ./cmd/sluice of this module (without -race: the
-// nodes are the system under test, not the code under the race detector)
-// and returns its path.
+// sluiceBinary builds ./cmd/sluice of this module and returns its path.
+// Under -race the nodes are built with it too: the build reuses what the
+// tests compiled (one build of every package, not two), and the race
+// detector watches the nodes through every fault; a race it reports
+// fails the scenario (raceReports).
 func sluiceBinary(t *testing.T) string {
 	t.Helper()
 	built.once.Do(func() {
@@ -58,7 +60,11 @@ func sluiceBinary(t *testing.T) string {
 			return
 		}
 		built.path = filepath.Join(built.dir, "sluice")
-		cmd := exec.Command("go", "build", "-o", built.path, "./cmd/sluice")
+		args := []string{"build", "-o", built.path}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, "./cmd/sluice")...)
 		cmd.Dir = filepath.Dir(mod)
 		if out, err := cmd.CombinedOutput(); err != nil {
 			built.err = fmt.Errorf("go build ./cmd/sluice: %v\n%s", err, out)

@@ -141,6 +141,9 @@ func startCluster(t *testing.T, cfg clusterConfig) (*cluster, error) {
 			n.conn.Close()
 			n.http.CloseIdleConnections()
 			n.log.Close()
+			if races := n.logLines("WARNING: DATA RACE"); len(races) > 0 {
+				t.Errorf("%s: the race detector reported %d data races; the first:\n%s", n.name, len(races), n.logAfter("WARNING: DATA RACE", 60))
+			}
 		}
 		if t.Failed() {
 			keep := os.Getenv("SLUICE_FAULT_LOGS")
@@ -467,6 +470,21 @@ func (n *node) logLines(s string) []string {
 		}
 	}
 	return out
+}
+
+// logAfter returns up to lines lines of the node's log from the first that
+// contains s.
+func (n *node) logAfter(s string, lines int) string {
+	b, err := os.ReadFile(n.log.Name())
+	if err != nil {
+		return err.Error()
+	}
+	i := bytes.Index(b, []byte(s))
+	if i < 0 {
+		return ""
+	}
+	all := bytes.SplitN(b[i:], []byte("\n"), lines+1)
+	return string(bytes.Join(all[:min(len(all), lines)], []byte("\n")))
 }
 
 // logTail returns the last lines of the node's log, over all its runs.
