@@ -157,6 +157,7 @@ func underAt(spends []spend, now time.Time) time.Time {
 // and a user over budget is refused until exactly the moment the window
 // has room again, and admitted from that nanosecond on.
 func TestTokenBudgetEnvoy(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		bed  func(*testing.T) budgetBed
@@ -283,6 +284,7 @@ func TestTokenBudgetEnvoy(t *testing.T) {
 // back the difference; a reservation settles once; expired reservations
 // are settled at their estimate, and leave nothing behind.
 func TestTokenBudgetReserve(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		bed  func(*testing.T) budgetBed

@@ -126,6 +126,7 @@ func waitServed(t *testing.T, cn string, client *tls.Certificate, addrs ...strin
 // (counted, and ReloadTLS says why) and the previous certificate stays;
 // the next good files are served.
 func TestTLSReload(t *testing.T) {
+	t.Parallel()
 	f := newCertFiles(t)
 	f.install("node-a", false)
 	ts := newTestServer(t, func(c *Config) {
@@ -173,6 +174,7 @@ func TestTLSReload(t *testing.T) {
 // handshake: clients signed by the new CA get in, those of the old one no
 // longer do.
 func TestTLSReloadClientCA(t *testing.T) {
+	t.Parallel()
 	f := newCertFiles(t)
 	a := f.install("node-a", true)
 	ts := newTestServer(t, func(c *Config) {
@@ -193,6 +195,7 @@ func TestTLSReloadClientCA(t *testing.T) {
 // TestPeerTLSFollowsReload: the node dials its peers with the certificate
 // in force, and verifies them against the client CA in force.
 func TestPeerTLSFollowsReload(t *testing.T) {
+	t.Parallel()
 	f := newCertFiles(t)
 	f.install("node-a", true)
 	c, err := newCerts(Config{TLSCert: f.cert, TLSKey: f.key, TLSClientCA: f.ca}, nil, nil)

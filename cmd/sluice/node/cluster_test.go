@@ -118,6 +118,7 @@ func (tc *testCluster) client(i int) sluicepb.RateLimitServiceClient {
 // exactly its limit, and so does each of 100 keys; every decision names the
 // key's owner, whichever node was asked.
 func TestClusterExact(t *testing.T) {
+	t.Parallel()
 	tc := newTestCluster(t, 3)
 	var allowed atomic.Int64
 	var wg sync.WaitGroup
@@ -194,6 +195,7 @@ func TestClusterExact(t *testing.T) {
 // give or take the calls that failed after their hit may have been
 // recorded. The changes cost at most one failed call per key.
 func TestClusterJoinLeaveKeepsState(t *testing.T) {
+	t.Parallel()
 	tc := newTestCluster(t, 3)
 	const keys, limit, workers = 100, 5, 4
 	// maxFailed bounds the calls the two changes may fail: a key waits for
@@ -361,6 +363,7 @@ func errorReason(err error) string {
 // reached, the decision fails with Unavailable within the deadline, naming
 // the owner.
 func TestClusterUnreachableOwnerFailsFast(t *testing.T) {
+	t.Parallel()
 	tc := newTestCluster(t, 2)
 	// Find a key node 1 owns, then cut node 1's gRPC without leaving.
 	view := tc.nodes[0].srv.Membership().View()
@@ -406,6 +409,7 @@ func TestClusterUnreachableOwnerFailsFast(t *testing.T) {
 // it is back and the others handed back what they recorded, nothing more
 // fits in the window: the cluster counts every hit again.
 func TestClusterCrashAndReturn(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("waits for failure detection")
 	}
@@ -544,6 +548,7 @@ func TestClusterCrashAndReturn(t *testing.T) {
 // whichever node is asked, listings cover every node, and an override set
 // through one node applies on all of them.
 func TestClusterAdminAnswersAsOne(t *testing.T) {
+	t.Parallel()
 	tc := newTestCluster(t, 3)
 	for k := 0; k < 30; k++ {
 		if _, err := tc.client(0).Check(tc.nodes[0].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(fmt.Sprintf("adm-%02d", k), 10, time.Hour, 3)}}); err != nil {
@@ -592,6 +597,7 @@ func TestClusterAdminAnswersAsOne(t *testing.T) {
 // forwarded checks and handoffs, and a caller without it cannot inject
 // decisions or state through the peer service.
 func TestClusterPeerServiceNeedsToken(t *testing.T) {
+	t.Parallel()
 	tc := newTestClusterWith(t, 2, func(c *Config) { c.AdminToken = "s3cret" })
 	for k := 0; k < 20; k++ {
 		resp, err := tc.client(0).Check(tc.nodes[0].ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(fmt.Sprintf("tok-%d", k), 5, time.Minute, 1)}})
@@ -670,6 +676,7 @@ func (tc *testCluster) used(i int, key string, limit int64) int64 {
 // and the hits the two others reserved are released: nothing stays
 // recorded for a call that was not acknowledged.
 func TestClusterAllOrNothingOwnerFails(t *testing.T) {
+	t.Parallel()
 	tc := newTestCluster(t, 3)
 	kA, kB, kC := tc.keyOwnedBy("a", "node-0"), tc.keyOwnedBy("b", "node-1"), tc.keyOwnedBy("c", "node-2")
 	tc.nodes[2].srv.StopServing() // reachable in the view, not on the wire
@@ -695,6 +702,7 @@ func TestClusterAllOrNothingOwnerFails(t *testing.T) {
 // failed by the earliest deadline among their callers: a caller whose
 // deadline passed is left out, and the others are answered.
 func TestClusterBatchKeepsEachDeadline(t *testing.T) {
+	t.Parallel()
 	// One sender per peer that holds each batch open 200ms: the two checks
 	// below share a batch.
 	tc := newTestClusterWith(t, 2, func(c *Config) {
@@ -729,6 +737,7 @@ func TestClusterBatchKeepsEachDeadline(t *testing.T) {
 // are unknown). A member that is alive cannot be forgotten, nor one that
 // does not exist.
 func TestClusterForgetMember(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("waits for failure detection")
 	}
@@ -807,6 +816,7 @@ func TestClusterForgetMember(t *testing.T) {
 // on the leaving node, which then stops without leaving (its keys wait for
 // it) rather than lose them.
 func TestClusterLeaveHandsOverInParallel(t *testing.T) {
+	t.Parallel()
 	tc := newTestClusterWith(t, 3, func(c *Config) { c.ShutdownTimeout = 3 * time.Second })
 	key := ""
 	for i := 0; key == ""; i++ {
@@ -853,6 +863,7 @@ func TestClusterLeaveHandsOverInParallel(t *testing.T) {
 // the keys back with what was recorded meanwhile, each hit counted once
 // (nothing more fits).
 func TestClusterStandbyTakesOver(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("waits for failure detection")
 	}

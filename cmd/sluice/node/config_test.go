@@ -12,6 +12,7 @@ import (
 // cannot work in one error, each on its own line, and accepts the
 // defaults.
 func TestValidateReportsEveryProblem(t *testing.T) {
+	t.Parallel()
 	clustered := func(c *Config) {
 		cc := cluster.DefaultConfig()
 		c.Cluster = &cc
@@ -89,6 +90,7 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 // cluster node with a data file keeps a standby per key, one in memory
 // mode none; the transport's zero bounds take their defaults.
 func TestNewResolvesServeDefaults(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		durability string
 		replicas   int

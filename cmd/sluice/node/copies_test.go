@@ -29,6 +29,7 @@ import (
 // the key over without losing one (S2 holds at every moment, not only
 // after the fact).
 func TestClusterRollingRestartKeepsCopies(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("restarts a cluster")
 	}
@@ -149,6 +150,7 @@ func (tc *testCluster) local(name, key string) (*sluicepb.GetKeyResponse, error)
 // its status, and the calls after it on the same stream are applied. A
 // caller without the token, or from another cluster, gets no stream.
 func TestClusterReplicateStream(t *testing.T) {
+	t.Parallel()
 	tc := newTestClusterWith(t, 2, func(c *Config) { c.AdminToken, c.Router.Replicas = "s3cret", 2 })
 	from, to := tc.nodes[0], tc.nodes[1]
 	key := tc.keyOwnedBy("rs-", "node-0")
@@ -244,6 +246,7 @@ func TestClusterReplicateStream(t *testing.T) {
 // standby sees no error (a cut stream would fail its calls in flight:
 // "standby did not confirm").
 func TestClusterStandbyStreamsOutliveConnectionAge(t *testing.T) {
+	t.Parallel()
 	tc := newTestClusterWith(t, 2, func(c *Config) {
 		c.Router.Replicas = 2
 		c.Router.ReplicaStreamAge = 50 * time.Millisecond

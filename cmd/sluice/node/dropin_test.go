@@ -90,6 +90,7 @@ func (ts *testServer) postJSON(token, body string) (int, *rlsv3.RateLimitRespons
 // envoyproxy/ratelimit's JSON with 200 or 429, refuses what is not a
 // request, and asks a refund for its credential.
 func TestJSONEndpoint(t *testing.T) {
+	t.Parallel()
 	ts := newDropinServer(t, dropinLimits, func(c *Config) { c.AdminToken, c.RefundToken = "adm", "ref" })
 	const day = `{"domain": "dummy", "descriptors": [{"entries": [{"key": "one_per_day", "value": "x"}]}]}`
 
@@ -155,6 +156,7 @@ func TestJSONEndpoint(t *testing.T) {
 // envoyproxy/ratelimit's format, behind the admin token when one is set,
 // and follows a reload.
 func TestRLConfigEndpoint(t *testing.T) {
+	t.Parallel()
 	ts := newDropinServer(t, dropinLimits, func(c *Config) { c.AdminToken = "adm" })
 	want := "dummy.one_per_day: unit=DAY requests_per_unit=1, shadow_mode: false, quota_mode: false\n" +
 		"dummy.two_per_minute_something: unit=MINUTE requests_per_unit=2, shadow_mode: true, quota_mode: false\n"
@@ -187,6 +189,7 @@ func TestRLConfigEndpoint(t *testing.T) {
 // draft03 with names of its own reach the Envoy API of a node; names
 // without draft03 are refused.
 func TestShadowAndDraft03Headers(t *testing.T) {
+	t.Parallel()
 	ts := newDropinServer(t, dropinLimits, func(c *Config) {
 		c.ShadowMode, c.RateLimitHeaders, c.RateLimitHeadersFormat = true, true, "draft03"
 		c.RateLimitHeaderNames.Limit = "X-RateLimit-Limit"
@@ -238,6 +241,7 @@ func TestShadowAndDraft03Headers(t *testing.T) {
 // answers (here over /json) carry the dynamic metadata, with the metadata
 // of the rule that allowed the request.
 func TestResponseDynamicMetadata(t *testing.T) {
+	t.Parallel()
 	ts := newDropinServer(t, dropinLimits+"    metadata: { team: growth }\n", func(c *Config) { c.ResponseDynamicMetadata = true })
 	code, resp, raw := ts.postJSON("", `{"domain": "dummy", "descriptors": [{"entries": [{"key": "two_per_minute", "value": "something"}]}]}`)
 	if code != http.StatusOK || resp.DynamicMetadata.GetFields()["metadata"].GetStructValue().GetFields()["team"].GetStringValue() != "growth" {
@@ -248,6 +252,7 @@ func TestResponseDynamicMetadata(t *testing.T) {
 // TestRuleMetrics: a node's /metrics carries the per-rule statistics, by
 // domain and rule key, and the count of folded keys from the start.
 func TestRuleMetrics(t *testing.T) {
+	t.Parallel()
 	ts := newDropinServer(t, dropinLimits, func(c *Config) { c.RuleMetricsMaxKeys = 5 })
 	if _, body := httpGet(t, "http://"+ts.srv.HTTPAddr()+"/metrics"); !strings.Contains(body, "\nsluice_rule_metrics_folded_total 0") {
 		t.Errorf("/metrics of a fresh node lacks sluice_rule_metrics_folded_total 0")
@@ -278,6 +283,7 @@ func TestRuleMetrics(t *testing.T) {
 // spread over two files and decides by the rules of both; without it, the
 // node refuses to start.
 func TestMergeDomainConfig(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	for name, data := range map[string]string{
 		"a.yaml": "domain: dummy\ndescriptors:\n  - key: one_per_day\n    rate_limit: {unit: day, requests_per_unit: 1}\n",
@@ -310,6 +316,7 @@ func TestMergeDomainConfig(t *testing.T) {
 // /healthcheck) until the first set is in force, then it
 // decides by them, lists them on /rlconfig, and follows each new version.
 func TestLimitsOverXDS(t *testing.T) {
+	t.Parallel()
 	xds := xdstest.New(t)
 	ts := newTestServer(t, func(c *Config) {
 		c.LimitsXDS = LimitsXDSConfig{Server: xds.Addr, NodeID: "sluice-a",

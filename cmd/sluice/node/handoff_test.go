@@ -20,6 +20,7 @@ import (
 // on a receiver that holds hits of its own, of another lineage, for every
 // algorithm.
 func TestClusterHandoffSentAgainCountsOnce(t *testing.T) {
+	t.Parallel()
 	tc := newTestClusterWith(t, 2, func(c *Config) { c.Router.Replicas = 2 })
 	const limit = 100
 	window := 24 * time.Hour // what a bucket refills while the test runs is below one hit

@@ -17,6 +17,7 @@ import (
 // NOT_SERVING once it shuts down; a service the node does not serve is
 // NotFound.
 func TestHealthPerService(t *testing.T) {
+	t.Parallel()
 	ts := newTestServer(t, nil)
 	services := []string{
 		"",

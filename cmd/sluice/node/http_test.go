@@ -31,6 +31,7 @@ func httpGet(t *testing.T, url string) (int, string) {
 // TestHealthReadyMetrics: grpc health and /readyz report serving, /metrics
 // counts decisions, and both flip to not serving on shutdown.
 func TestHealthReadyMetrics(t *testing.T) {
+	t.Parallel()
 	ts := newTestServer(t, nil)
 	base := "http://" + ts.srv.HTTPAddr()
 	if code, _ := httpGet(t, base+"/healthz"); code != 200 {
@@ -79,6 +80,7 @@ func TestHealthReadyMetrics(t *testing.T) {
 
 // TestPprof: profiles are served only when asked for.
 func TestPprof(t *testing.T) {
+	t.Parallel()
 	off := newTestServer(t, nil)
 	if code, _ := httpGet(t, "http://"+off.srv.HTTPAddr()+"/debug/pprof/"); code != http.StatusNotFound {
 		t.Fatalf("/debug/pprof/ without Pprof = %d; want 404", code)
@@ -95,6 +97,7 @@ func TestPprof(t *testing.T) {
 // build info, and sluice_members 1 for a node alone; a scraper that asks for
 // OpenMetrics gets it.
 func TestMetricsOfAFreshNode(t *testing.T) {
+	t.Parallel()
 	ts := newTestServer(t, nil)
 	url := "http://" + ts.srv.HTTPAddr() + "/metrics"
 	_, body := httpGet(t, url)
@@ -169,6 +172,7 @@ func TestMetricsOfAFreshNode(t *testing.T) {
 // health listener answers /healthz and /readyz in plain HTTP, without a
 // certificate, and serves nothing else; the HTTP listener still wants TLS.
 func TestHealthListener(t *testing.T) {
+	t.Parallel()
 	cert, key := apitest.Cert(t, t.TempDir(), "node")
 	ts := newTestServer(t, func(c *Config) {
 		c.TLSCert, c.TLSKey, c.TLSClientCA = cert, key, cert
@@ -199,6 +203,7 @@ func TestHealthListener(t *testing.T) {
 // TestHealthAddrClash: the health listener cannot share an address with
 // another listener.
 func TestHealthAddrClash(t *testing.T) {
+	t.Parallel()
 	cfg := DefaultConfig()
 	cfg.HealthAddr = cfg.HTTPAddr
 	if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), "--health-addr") {

@@ -80,6 +80,7 @@ func serviceCodes(t *testing.T, conn *grpc.ClientConn, clusterID string) map[str
 // works alongside. Every key allows exactly its limit, whichever node is
 // asked.
 func TestSeparateListeners(t *testing.T) {
+	t.Parallel()
 	tc := newTestClusterWith(t, 3, func(c *Config) {
 		c.AdminToken = testToken
 		if c.NodeName != "node-2" {
@@ -180,6 +181,7 @@ func TestSeparateListeners(t *testing.T) {
 // TestSeparateListenersConfig: --peer-addr needs a cluster, and two
 // listeners cannot share an address.
 func TestSeparateListenersConfig(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name string
 		edit func(*Config)

@@ -23,6 +23,7 @@ func (ts *testServer) listMembers() *sluicepb.ListMembersResponse {
 // as dead (its epoch ended, still a member) with no keys and the two others
 // own about half each.
 func TestListMembersCluster(t *testing.T) {
+	t.Parallel()
 	tc := newTestCluster(t, 3)
 	for i, ts := range tc.nodes {
 		got := ts.listMembers()

@@ -12,6 +12,7 @@ import (
 // TestClusterPeersOverTLS: with TLS and client certificates required,
 // nodes forward to each other over TLS with their own certificate.
 func TestClusterPeersOverTLS(t *testing.T) {
+	t.Parallel()
 	cert, key := apitest.Cert(t, t.TempDir(), "node")
 	tc := newTestClusterWith(t, 2, func(c *Config) { c.TLSCert, c.TLSKey, c.TLSClientCA = cert, key, cert })
 	owners := map[string]int{}

@@ -99,6 +99,7 @@ func (c *collector) trace(id trace.TraceID) []*exported {
 // whose events say when the check was decided, committed and copied to
 // the standby. Nothing else is traced: health checks are not.
 func TestTracing(t *testing.T) {
+	t.Parallel()
 	col := newCollector(t)
 	tc := newTestClusterWith(t, 2, func(c *Config) {
 		c.Router.Replicas = 2

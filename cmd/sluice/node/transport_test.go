@@ -49,6 +49,7 @@ func checkBody(t *testing.T, key string) []byte {
 // its answers holds at most that many. A gRPC client with more calls than
 // the bound queues them: every one is answered.
 func TestStreamBound(t *testing.T) {
+	t.Parallel()
 	const bound = 4
 	ts := newTestServer(t, func(c *Config) { c.MaxConcurrentStreams = bound })
 	// A window of 0 bytes: the node can send no answer's DATA.
@@ -101,6 +102,7 @@ func TestStreamBound(t *testing.T) {
 // closes, and then it is. Each listener has a budget of its own: the admin
 // listener serves while the decision one is full.
 func TestConnectionBound(t *testing.T) {
+	t.Parallel()
 	ts := newTestServer(t, func(c *Config) {
 		c.MaxConnections = 2
 		c.AdminAddr = "127.0.0.1:0"
@@ -136,6 +138,7 @@ func TestConnectionBound(t *testing.T) {
 // next one only once the first closed (closing twice frees one slot), and
 // Close ends an Accept that waits for a slot.
 func TestLimitListener(t *testing.T) {
+	t.Parallel()
 	inner, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -198,6 +201,7 @@ func TestLimitListener(t *testing.T) {
 // client that answers pings but makes no call is sent away (GOAWAY) after
 // MaxConnectionIdle.
 func TestKeepalive(t *testing.T) {
+	t.Parallel()
 	for _, tt := range []struct {
 		name string
 		edit func(*Config)
@@ -224,6 +228,7 @@ func TestKeepalive(t *testing.T) {
 // a new node, perhaps); a gRPC client calling all along sees no error, and
 // its calls go on over new connections. Unset, the age is 5 minutes.
 func TestMaxConnectionAge(t *testing.T) {
+	t.Parallel()
 	if got := DefaultConfig().withTransportDefaults(); got.MaxConnectionAge != 5*time.Minute || got.MaxConnectionAgeGrace != 30*time.Second {
 		t.Errorf("default MaxConnectionAge %v, grace %v; want 5m, 30s", got.MaxConnectionAge, got.MaxConnectionAgeGrace)
 	}
@@ -269,6 +274,7 @@ func TestMaxConnectionAge(t *testing.T) {
 // with no call in flight; a client that pings faster is sent away (GOAWAY
 // ENHANCE_YOUR_CALM, after which the node closes the connection).
 func TestKeepaliveEnforcement(t *testing.T) {
+	t.Parallel()
 	ts := newTestServer(t, func(c *Config) { c.KeepaliveMinTime = 50 * time.Millisecond })
 	for _, tt := range []struct {
 		every    time.Duration

@@ -104,6 +104,7 @@ func demoTraffic(t *testing.T, tc *testCluster, seconds int) {
 // to docs/ui. Without Chromium it skips, or fails with CI set (.ci/run
 // installs it).
 func TestUIPages(t *testing.T) {
+	t.Parallel()
 	path := chromium.Find()
 	if path == "" {
 		const msg = "no Chromium: install Debian's chromium (or set SLUICE_CHROMIUM) to render the pages"

@@ -136,6 +136,7 @@ func (ts *testServer) check(t *testing.T, key string, limit int64, n int) {
 // log with its override, the overrides and the Envoy key lookup; and the
 // pages themselves, with their security headers.
 func TestUISingleNode(t *testing.T) {
+	t.Parallel()
 	ts := newTestServer(t, nil)
 	addr := ts.srv.HTTPAddr()
 	ts.check(t, "tenant:hot", 10, 30) // 10 allowed, 20 denied
@@ -238,6 +239,7 @@ func TestUISingleNode(t *testing.T) {
 // bearer token (a wrong one is refused); the pages themselves hold no data
 // and need none.
 func TestUIAdminToken(t *testing.T) {
+	t.Parallel()
 	ts := newTestServer(t, func(c *Config) { c.AdminToken = "s3cret" })
 	addr := ts.srv.HTTPAddr()
 	for _, path := range []string{"api/overview", "api/key?key=a", "api/overrides", "api/envoykey?domain=d&entry=a=b"} {
@@ -261,6 +263,7 @@ func TestUIAdminToken(t *testing.T) {
 // key's owner and standby, membership changes, and a key's state from its
 // owner.
 func TestUICluster(t *testing.T) {
+	t.Parallel()
 	tc := newTestClusterWith(t, 3, func(c *Config) { c.Router.Replicas = 2 })
 	for i, ts := range tc.nodes {
 		ts.check(t, "shared", 100, 10*(i+1)) // 60 in all
