@@ -57,7 +57,11 @@ func TestBroken(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	cmd := exec.Command("go", "test", "-json", "./...")
+	args := []string{"test", "-json"}
+	if raceEnabled { // reuse the standard library as the tests compiled it
+		args = append(args, "-race")
+	}
+	cmd := exec.Command("go", append(args, "./...")...)
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
 	events, err := cmd.Output()
