@@ -17,21 +17,21 @@ import (
 	"github.com/sluice-io/sluice/shard"
 )
 
-// Errors returned by the engine. Callers may match them with errors.Is.
 // DefaultMaxKeys is Config.MaxKeys when it is not set and the engine has a
 // Store: keys past it leave memory, and their state stays on disk (at about
-// 250 bytes a key in memory, 32 MiB of keys). A large key space then costs
-// the node no more memory than this many keys do, and no more CPU either:
-// a key that comes back from disk costs about what the garbage collector
-// would spend marking it in memory (docs/benchmarks.md, "How cost grows
-// with the key space").
-const DefaultMaxKeys = 131_072
+// 250 bytes a key in memory, 25 MiB of keys). A large key space then costs
+// the node no more memory than this many keys do; at a million keys in use
+// it also costs less CPU per decision than holding them all, whose entries
+// the garbage collector marks again and again (docs/benchmarks.md, "How
+// cost grows with the key space").
+const DefaultMaxKeys = 100_000
 
 // DefaultMemoryMaxKeys is Config.MaxKeys when it is not set and the engine
 // has no Store (memory mode), where keys cannot leave memory and a new key
 // past the bound is refused.
 const DefaultMemoryMaxKeys = 1_000_000
 
+// Errors returned by the engine. Callers may match them with errors.Is.
 var (
 	// ErrOverloaded means an actor's mailbox was full: the node is saturated.
 	// Nothing was recorded for the call unless the call spanned several

@@ -454,6 +454,10 @@ func (w *bboltWriter) writeTx(db *bolt.DB, ov *overlay, ents []*entry, last bool
 				return err
 			}
 		}
+		// In deadline order too: the old deadlines of keys in key order
+		// are spread over the whole index, and visited in index order
+		// each node is searched once while it is in the cache.
+		sortIndexKeys(w.dels)
 		for _, k := range w.dels {
 			if err := exp.Delete(k); err != nil {
 				return err
