@@ -19,12 +19,12 @@ import (
 
 // DefaultMaxKeys is Config.MaxKeys when it is not set and the engine has a
 // Store: keys past it leave memory, and their state stays on disk (at about
-// 250 bytes a key in memory, 25 MiB of keys). A large key space then costs
+// 250 bytes a key in memory, 32 MiB of keys). A large key space then costs
 // the node no more memory than this many keys do; at a million keys in use
 // it also costs less CPU per decision than holding them all, whose entries
 // the garbage collector marks again and again (docs/benchmarks.md, "How
 // cost grows with the key space").
-const DefaultMaxKeys = 100_000
+const DefaultMaxKeys = 131_072
 
 // DefaultMemoryMaxKeys is Config.MaxKeys when it is not set and the engine
 // has no Store (memory mode), where keys cannot leave memory and a new key
