@@ -17,10 +17,21 @@ import (
 	"github.com/sluice-io/sluice/shard"
 )
 
-// Errors returned by the engine. Callers may match them with errors.Is.
-// DefaultMaxKeys is Config.MaxKeys when it is not set.
-const DefaultMaxKeys = 1_000_000
+// DefaultMaxKeys is Config.MaxKeys when it is not set and the engine has a
+// Store: keys past it leave memory, and their state stays on disk (at about
+// 250 bytes a key in memory, 32 MiB of keys). A large key space then costs
+// the node no more memory than this many keys do; at a million keys in use
+// it also costs less CPU per decision than holding them all, whose entries
+// the garbage collector marks again and again (docs/benchmarks.md, "How
+// cost grows with the key space").
+const DefaultMaxKeys = 131_072
 
+// DefaultMemoryMaxKeys is Config.MaxKeys when it is not set and the engine
+// has no Store (memory mode), where keys cannot leave memory and a new key
+// past the bound is refused.
+const DefaultMemoryMaxKeys = 1_000_000
+
+// Errors returned by the engine. Callers may match them with errors.Is.
 var (
 	// ErrOverloaded means an actor's mailbox was full: the node is saturated.
 	// Nothing was recorded for the call unless the call spanned several
@@ -91,7 +102,7 @@ type Config struct {
 	// MaxKeys bounds the keys held in memory by the whole node. Past it the
 	// least recently used keys leave memory (their state stays on disk). In
 	// memory mode (no Store) a new key past the bound gets ErrTooManyKeys.
-	// Default DefaultMaxKeys.
+	// Default DefaultMaxKeys with a Store, DefaultMemoryMaxKeys without.
 	MaxKeys int
 	// MaxLogRuns bounds a sliding log: with a limit above it, hit times are
 	// rounded up to window/MaxLogRuns, so a log never holds more than
@@ -203,6 +214,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.MaxKeys <= 0 {
 		c.MaxKeys = DefaultMaxKeys
+		if c.Store == nil {
+			c.MaxKeys = DefaultMemoryMaxKeys
+		}
 	}
 	if c.MaxLogRuns <= 0 {
 		c.MaxLogRuns = 1000

@@ -518,9 +518,15 @@ func (s *state) logAdd(now, n int64, maxRuns int) {
 	}
 	if len(s.buf) == cap(s.buf) {
 		// Grow, up to the most runs this limit needs (the allocation is
-		// rounded up to its size class).
+		// rounded up to its size class). A new log takes one run (16
+		// bytes): most keys of a large key space are touched once or
+		// twice, and a ring of four would hold 48 bytes of nothing for
+		// each of them; a second run grows it to four.
 		bound := int(min(s.limit, int64(maxRuns))) + 1
-		want := max(min(max(2*len(s.buf), 4), bound), len(s.buf)+1)
+		want := 1
+		if len(s.buf) > 0 {
+			want = max(min(max(2*len(s.buf), 4), bound), len(s.buf)+1)
+		}
 		a, b := s.segments()
 		grown := slices.Grow([]run(nil), want)
 		s.buf = append(append(grown, a...), b...)

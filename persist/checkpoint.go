@@ -300,10 +300,14 @@ func sweepBolt(keys, exp *bolt.Bucket, now int64, budget int, inOverlay func(key
 // bboltWriter writes overlays into bbolt; it keeps its buffers from one
 // transaction to the next.
 type bboltWriter struct {
-	arena []byte
-	ents  []*entry
-	dels  [][]byte // expiry index entries to delete
-	ins   [][]byte // expiry index entries to insert
+	arena  []byte
+	ents   []*entry
+	sorted []sortEntry // scratch of sortEntries
+	dels   [][]byte    // expiry index entries to delete
+	ins    [][]byte    // expiry index entries to insert
+	// cur is a cursor on the keys bucket of the transaction being written,
+	// reused from key to key (Bucket.Get allocates one per call).
+	cur *bolt.Cursor
 }
 
 // maxKeptArena is the largest arena, in bytes, kept for the next checkpoint.
@@ -333,9 +337,7 @@ const maxTxKeys = 4096
 // longer tail of one node (quadratic: seconds for 100k records); in order,
 // each is appended.
 func (w *bboltWriter) writeOverlay(db *bolt.DB, ov *overlay, whole bool, hook func(*bolt.Tx) error) (next int64, empty bool, err error) {
-	w.ents = w.ents[:0]
-	ov.m.each(func(e *entry) { w.ents = append(w.ents, e) })
-	slices.SortFunc(w.ents, func(a, b *entry) int { return strings.Compare(a.key, b.key) })
+	w.sortEntries(ov)
 	defer func() {
 		clear(w.ents)
 		w.ents = w.ents[:0]
@@ -355,6 +357,68 @@ func (w *bboltWriter) writeOverlay(db *bolt.DB, ov *overlay, whole bool, hook fu
 			return next, empty, err
 		}
 	}
+}
+
+// sortEntry is an overlay entry and 8 bytes of its key, from the first
+// byte in which the overlay's keys may differ, as a big-endian number.
+type sortEntry struct {
+	pre uint64
+	e   *entry
+}
+
+// sortEntries puts the entries of ov into w.ents in key order. Keys share
+// prefixes (a tenant, "bench:"): they are compared first by the 8 bytes
+// after the prefix all of them share, held in the array being sorted, and
+// only on a tie by the whole key, so that most comparisons read neither the
+// entry nor the key's bytes (sorting with strings.Compare on the entries'
+// keys took 5% of a node's CPU at a million keys).
+func (w *bboltWriter) sortEntries(ov *overlay) {
+	w.sorted = w.sorted[:0]
+	first, common := "", -1
+	ov.m.each(func(e *entry) {
+		w.sorted = append(w.sorted, sortEntry{e: e})
+		switch {
+		case common < 0:
+			first, common = e.key, len(e.key)
+		case common > 0:
+			n := min(common, len(e.key))
+			i := 0
+			for i < n && first[i] == e.key[i] {
+				i++
+			}
+			common = i
+		}
+	})
+	common = max(common, 0)
+	for i := range w.sorted {
+		w.sorted[i].pre = keyPrefix(w.sorted[i].e.key, common)
+	}
+	slices.SortFunc(w.sorted, func(a, b sortEntry) int {
+		switch {
+		case a.pre < b.pre:
+			return -1
+		case a.pre > b.pre:
+			return 1
+		}
+		return strings.Compare(a.e.key, b.e.key)
+	})
+	w.ents = w.ents[:0]
+	for i := range w.sorted {
+		w.ents = append(w.ents, w.sorted[i].e)
+	}
+	clear(w.sorted)
+	w.sorted = w.sorted[:0]
+}
+
+// keyPrefix returns key[from:from+8] as a big-endian number, padded with
+// zeros: two keys that share their first from bytes compare as their
+// prefixes do, unless the prefixes are equal.
+func keyPrefix(key string, from int) uint64 {
+	var b [8]byte
+	if from < len(key) {
+		copy(b[:], key[from:])
+	}
+	return binary.BigEndian.Uint64(b[:])
 }
 
 // writeTx writes ents, part of ov, in one transaction: with the WAL position
@@ -383,11 +447,17 @@ func (w *bboltWriter) writeTx(db *bolt.DB, ov *overlay, ents []*entry, last bool
 		// the index grows at its ends: pages that split are left fuller
 		// than bbolt's default of half.
 		exp.FillPercent = expiryFillPercent
+		w.cur = keys.Cursor()
+		defer func() { w.cur = nil }()
 		for _, e := range ents {
 			if err := w.put(keys, e); err != nil {
 				return err
 			}
 		}
+		// In deadline order too: the old deadlines of keys in key order
+		// are spread over the whole index, and visited in index order
+		// each node is searched once while it is in the cache.
+		sortIndexKeys(w.dels)
 		for _, k := range w.dels {
 			if err := exp.Delete(k); err != nil {
 				return err
@@ -483,7 +553,12 @@ func sortIndexKeys(ks [][]byte) {
 func (w *bboltWriter) put(keys *bolt.Bucket, e *entry) error {
 	k := w.alloc(len(e.key))
 	copy(k, e.key)
-	old := keys.Get(k)
+	// keys.Get(k), with the transaction's cursor (the keys bucket holds
+	// no nested buckets).
+	var old []byte
+	if found, v := w.cur.Seek(k); found != nil && bytes.Equal(found, k) {
+		old = v
+	}
 	var oldDL []byte
 	if len(old) >= 8 {
 		oldDL = old[:8]

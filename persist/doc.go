@@ -50,13 +50,17 @@
 //
 // A checkpoint starts when the overlay holds Options.CheckpointKeys keys
 // (default 262144; the node sets it to its --max-keys, at least 4096, so
-// that the cap on keys in memory bounds the overlays too) or the WAL written since the last one reaches
+// that the cap on keys in memory bounds the overlays too), when its entries
+// take Options.CheckpointMemory bytes (default 64 MiB, about 200 bytes a key
+// plus values longer than an entry holds inline: a key's value in the
+// overlay is whole, and a long sliding log's is a few KiB), or when the WAL
+// written since the last one reaches
 // Options.CheckpointBytes (default 256 MiB); when Scan is called (it reads
 // the data file, after a checkpoint of what is committed); and in Close.
 // Nothing starts one on a timer. If a checkpoint still runs when the next
 // one is due, the writer waits for it: memory holds two overlays at most,
 // and since a key's entry holds only its latest record, an overlay's size
-// follows CheckpointKeys, not the WAL's. If a checkpoint fails, its overlay
+// follows CheckpointKeys and CheckpointMemory, not the WAL's. If a checkpoint fails, its overlay
 // stays (read by Get, kept in the WAL) and the next checkpoint writes it
 // again; Flush reports the failure once.
 //

@@ -59,12 +59,13 @@ func ParseMode(s string) (Mode, error) {
 
 // Defaults of the Options fields that are left zero.
 const (
-	DefaultOpenTimeout     = time.Second
-	DefaultMaxQueue        = 4096
-	DefaultMaxTxRecords    = 50000
-	DefaultCheckpointKeys  = 256 << 10
-	DefaultCheckpointBytes = 256 << 20
-	DefaultCompactMinFree  = 16 << 20
+	DefaultOpenTimeout      = time.Second
+	DefaultMaxQueue         = 4096
+	DefaultMaxTxRecords     = 50000
+	DefaultCheckpointKeys   = 256 << 10
+	DefaultCheckpointBytes  = 256 << 20
+	DefaultCheckpointMemory = 64 << 20
+	DefaultCompactMinFree   = 16 << 20
 )
 
 // Options configures a Store. The zero value of every field but Path selects
@@ -117,6 +118,13 @@ type Options struct {
 	// 256 MiB (DefaultCheckpointBytes).
 	CheckpointBytes int64
 
+	// CheckpointMemory starts a checkpoint once the overlay's entries
+	// take this many bytes of memory (about 200 bytes a key, plus values
+	// longer than 64 bytes: a sliding log of a thousand runs is a few KiB).
+	// With CheckpointKeys it bounds the overlays whatever their values:
+	// two of them at most. Default 64 MiB (DefaultCheckpointMemory).
+	CheckpointMemory int64
+
 	// CompactMinFree is the free space, in bytes, past which the data file
 	// is compacted (copied into a new file that replaces it) once its free
 	// pages also outnumber the pages in use: a file holds at most about
@@ -162,14 +170,15 @@ type Options struct {
 // field set to its default.
 func DefaultOptions(path string) Options {
 	return Options{
-		Path:            path,
-		Mode:            ModeCommit,
-		OpenTimeout:     DefaultOpenTimeout,
-		MaxQueue:        DefaultMaxQueue,
-		MaxTxRecords:    DefaultMaxTxRecords,
-		CheckpointKeys:  DefaultCheckpointKeys,
-		CheckpointBytes: DefaultCheckpointBytes,
-		CompactMinFree:  DefaultCompactMinFree,
+		Path:             path,
+		Mode:             ModeCommit,
+		OpenTimeout:      DefaultOpenTimeout,
+		MaxQueue:         DefaultMaxQueue,
+		MaxTxRecords:     DefaultMaxTxRecords,
+		CheckpointKeys:   DefaultCheckpointKeys,
+		CheckpointBytes:  DefaultCheckpointBytes,
+		CheckpointMemory: DefaultCheckpointMemory,
+		CompactMinFree:   DefaultCompactMinFree,
 	}
 }
 
@@ -198,6 +207,9 @@ func (o Options) Validate() error {
 	if o.CheckpointBytes < 0 {
 		errs = append(errs, fmt.Errorf("persist: options: CheckpointBytes %d is negative (use 0 for the default %d)", o.CheckpointBytes, DefaultCheckpointBytes))
 	}
+	if o.CheckpointMemory < 0 {
+		errs = append(errs, fmt.Errorf("persist: options: CheckpointMemory %d is negative (use 0 for the default %d)", o.CheckpointMemory, DefaultCheckpointMemory))
+	}
 	return errors.Join(errs...)
 }
 
@@ -217,6 +229,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.CheckpointBytes == 0 {
 		o.CheckpointBytes = DefaultCheckpointBytes
+	}
+	if o.CheckpointMemory == 0 {
+		o.CheckpointMemory = DefaultCheckpointMemory
 	}
 	if o.CompactMinFree == 0 {
 		o.CompactMinFree = DefaultCompactMinFree

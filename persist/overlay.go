@@ -55,6 +55,7 @@ type overlay struct {
 	free []*entry // entries of a recycled overlay, for reuse
 
 	bytes   int64  // WAL bytes written into it, frame headers included
+	mem     int64  // what its entries cost in memory, roughly: see entryMem
 	toGen   uint64 // the WAL generation of its last records
 	lastSeq uint64 // the sequence number of its last frame
 }
@@ -71,19 +72,44 @@ func (o *overlay) keyOf(k []byte) string {
 	return string(k)
 }
 
+// entryOverhead is what an entry costs an overlay besides its key and a
+// value too long for entry.small: the entry (128 bytes), its table slot
+// (16 bytes, at a load of a half to a quarter) and its heap item (24 bytes).
+const entryOverhead = 128 + 2*16 + 24
+
+// entryMem is what e costs its overlay: entryOverhead, its key (which the
+// caller's copy may share; counted anyway) and its value's array when that
+// is not e.small.
+func entryMem(e *entry) int64 {
+	n := int64(entryOverhead + len(e.key))
+	if c := cap(e.value); c > inlineValue {
+		n += int64(c)
+	}
+	return n
+}
+
 // put records a put of key; value is copied.
 func (o *overlay) put(key string, deadline int64, value []byte) {
 	e := o.m.get(key)
 	if e == nil {
 		e = o.newEntry(key)
 	}
+	before := cap(e.value)
 	if len(value) <= inlineValue && cap(e.value) <= inlineValue {
 		e.value = append(e.small[:0], value...)
 	} else {
 		e.value = append(e.value[:0], value...)
 	}
+	o.grew(e, before)
 	e.del = false
 	o.setDeadline(e, deadline)
+}
+
+// grew accounts for e's value array, whose capacity was before.
+func (o *overlay) grew(e *entry, before int) {
+	if after := cap(e.value); after != before {
+		o.mem += int64(max(after, inlineValue) - max(before, inlineValue))
+	}
 }
 
 // appendTo records an append of value to the value of key, whose entry in
@@ -99,9 +125,13 @@ func (o *overlay) put(key string, deadline int64, value []byte) {
 // keeps using that array, as it does for a long value.
 func (o *overlay) appendTo(e *entry, key string, deadline int64, value, base []byte, limit int) (ok bool) {
 	ok = true
+	if e != nil {
+		defer o.grew(e, cap(e.value))
+	}
 	switch {
 	case e == nil:
 		e = o.newEntry(key)
+		defer o.grew(e, cap(e.value))
 	case e.del:
 		base = nil
 	case len(e.value)+len(value) <= limit:
@@ -162,6 +192,7 @@ func (o *overlay) newEntry(key string) *entry {
 		e = &entry{key: key}
 	}
 	o.m.add(e)
+	o.mem += entryMem(e)
 	return e
 }
 
@@ -203,7 +234,7 @@ func (o *overlay) recycle() {
 	o.m.clear()
 	clear(o.heap)
 	o.heap = o.heap[:0]
-	o.bytes, o.toGen, o.lastSeq = 0, 0, 0
+	o.bytes, o.toGen, o.lastSeq, o.mem = 0, 0, 0, 0
 }
 
 // top returns the item with the earliest deadline, current or not.

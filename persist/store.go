@@ -714,12 +714,14 @@ func (s *Store) Get(keys []string, fn func(i int, deadline int64, value []byte))
 	// bbolt by now (a checkpoint drops an overlay only after its commit).
 	var buf []byte
 	err := s.view(func(tx *bolt.Tx) error {
-		b := tx.Bucket(bucketKeys)
+		// One cursor for every key: Bucket.Get allocates one per call.
+		// The keys bucket holds no nested buckets.
+		c := tx.Bucket(bucketKeys).Cursor()
 		for _, i := range misses {
 			k := keys[i]
 			buf = append(buf[:0], k...)
-			v := b.Get(buf)
-			if v == nil {
+			found, v := c.Seek(buf)
+			if v == nil || !bytes.Equal(found, buf) {
 				continue
 			}
 			if len(v) < 8 {

@@ -214,6 +214,7 @@ func TestOptionsValidate(t *testing.T) {
 		{"negative queue", Options{Path: "x", MaxQueue: -1}, "MaxQueue"},
 		{"negative tx", Options{Path: "x", MaxTxRecords: -1}, "MaxTxRecords"},
 		{"negative checkpoint keys", Options{Path: "x", CheckpointKeys: -1}, "CheckpointKeys"},
+		{"negative checkpoint memory", Options{Path: "x", CheckpointMemory: -1}, "CheckpointMemory"},
 		{"negative checkpoint bytes", Options{Path: "x", CheckpointBytes: -1}, "CheckpointBytes"},
 	}
 	for _, tt := range tests {

@@ -646,6 +646,50 @@ func TestCheckpointThresholds(t *testing.T) {
 	}
 }
 
+// TestCheckpointMemory: a checkpoint also starts once the overlay's
+// entries take CheckpointMemory bytes, long before CheckpointKeys keys
+// when values are long (a key's appends grow its value in the overlay):
+// the overlays stay bounded whatever the values.
+func TestCheckpointMemory(t *testing.T) {
+	o := testOptions(t)
+	o.CheckpointKeys = 1 << 20
+	o.CheckpointMemory = 64 << 10
+	ckpts := make(chan int, 100)
+	o.OnCheckpoint = func(records int, _ time.Duration) { ckpts <- records }
+	s := openStore(t, o)
+	chunk := strings.Repeat("x", 1000)
+	for i := range 8 {
+		// 8 keys of 8 KB each: about 65 KiB with the entries.
+		key := fmt.Sprintf("long-%d", i)
+		submit(t, s, put(key, 1, chunk))
+		for range 7 {
+			submit(t, s, app(key, 1, chunk))
+		}
+		if i < 6 {
+			select {
+			case n := <-ckpts:
+				t.Fatalf("checkpoint of %d records with %d keys of 8 KB in the overlay; want none below 64 KiB", n, i+1)
+			default:
+			}
+		}
+	}
+	select {
+	case n := <-ckpts:
+		if n < 7 || n > 8 {
+			t.Errorf("checkpoint of %d records; want the 7 or 8 keys that reached 64 KiB", n)
+		}
+	case <-time.After(waitTimeout):
+		t.Fatalf("no checkpoint with 64 KB of values in the overlay (CheckpointMemory %d)", o.CheckpointMemory)
+	}
+	checkpoint(t, s)
+	got := dump(t, s)
+	for i := range 8 {
+		if v := got[fmt.Sprintf("long-%d", i)]; len(v.Value) != 8000 {
+			t.Errorf("long-%d: %d bytes after the checkpoints; want 8000", i, len(v.Value))
+		}
+	}
+}
+
 // TestSweepOverlay: a Sweep deletes expired records in the overlay, in the
 // frozen overlay under a checkpoint and in the data file, never a record
 // rewritten with a later deadline; the deletions go through the WAL, so that

@@ -593,13 +593,14 @@ func (w *writer) report(err error) {
 }
 
 // maybeCheckpoint freezes the current overlay once it holds
-// CheckpointKeys keys or CheckpointBytes of WAL. If the previous checkpoint
+// CheckpointKeys keys or CheckpointMemory bytes of entries, or
+// CheckpointBytes of WAL. If the previous checkpoint
 // still runs, it waits for it first: that bounds the memory of the
 // overlays to two of them.
 func (w *writer) maybeCheckpoint() {
 	s := w.s
 	cur := s.cur
-	if cur.m.len() < s.opts.CheckpointKeys && cur.bytes < s.opts.CheckpointBytes {
+	if cur.m.len() < s.opts.CheckpointKeys && cur.mem < s.opts.CheckpointMemory && cur.bytes < s.opts.CheckpointBytes {
 		return
 	}
 	if cur.bytes < w.ckRetryAt {

@@ -17,8 +17,12 @@ func readableAttr(_ []string, a slog.Attr) slog.Attr {
 }
 
 // engineAttrs describes the engine's configuration as the engine runs it:
-// the flags left at 0 show the defaults they stand for.
-func engineAttrs(cfg actor.Config) []any {
+// the flags left at 0 show the defaults they stand for (durability decides
+// that of --max-keys).
+func engineAttrs(cfg actor.Config, durability string) []any {
+	if cfg.MaxKeys <= 0 && durability != "memory" {
+		cfg.MaxKeys = actor.DefaultMaxKeys // the default with a data file
+	}
 	cfg = cfg.Effective()
 	return []any{
 		"actors", cfg.Actors,

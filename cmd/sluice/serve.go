@@ -142,7 +142,7 @@ docs/envoy.md), and those without one are listed in one log line.`,
 	fs.Var(newDurationValue(&cfg.KeepaliveMinTime, cfg.KeepaliveMinTime), "keepalive-min-time", "shortest interval at which clients may ping (with or without calls); a client that pings more often is disconnected")
 	fs.Var(newDurationValue(&cfg.ShutdownTimeout, cfg.ShutdownTimeout), "shutdown-timeout", "how long a graceful stop lets calls in flight finish before cutting them")
 	fs.IntVar(&cfg.Engine.Actors, "actors", 0, "actor goroutines keys are spread over (0: 4 × GOMAXPROCS)")
-	fs.IntVar(&cfg.Engine.MaxKeys, "max-keys", 0, "most keys in memory; past it idle keys leave memory, their state stays on disk (0: 1000000)")
+	fs.IntVar(&cfg.Engine.MaxKeys, "max-keys", 0, "most keys in memory; past it idle keys leave memory, their state stays on disk (0: 131072; with --durability memory, where keys cannot leave memory and new ones past it are refused: 1000000)")
 	fs.IntVar(&cfg.Engine.MailboxSize, "mailbox-size", 0, "calls that may wait for one actor before the node answers RESOURCE_EXHAUSTED (0: 1024)")
 	fs.IntVar(&cfg.Engine.Limits.MaxKeyLen, "max-key-len", cfg.Engine.Limits.MaxKeyLen, "longest key, in bytes")
 	fs.IntVar(&cfg.Engine.Limits.MaxBatch, "max-batch", cfg.Engine.Limits.MaxBatch, "most checks in one call")
@@ -395,7 +395,7 @@ func (o *serveOptions) attrs(cluster bool) []any {
 		"pprof", cfg.Pprof,
 		"insecure", cfg.Insecure,
 		"shutdown_timeout", cfg.ShutdownTimeout,
-		slog.Group("engine", engineAttrs(cfg.Engine)...),
+		slog.Group("engine", engineAttrs(cfg.Engine, cfg.Durability)...),
 		"log_format", o.logFormat,
 		"log_level", o.logLevel,
 		"ready_file", o.readyFile,

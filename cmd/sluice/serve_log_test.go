@@ -24,7 +24,7 @@ func TestServeLogsReadable(t *testing.T) {
 	logs := n.logs.String()
 	for _, want := range []string{
 		" engine.actors=" + strconv.Itoa(4*runtime.GOMAXPROCS(0)) + " ",
-		" engine.max_keys=1000000 ",
+		" engine.max_keys=131072 ",
 		" engine.mailbox_size=1024 ",
 		" limits_poll_interval=2s ",
 		" shutdown_timeout=10s ",

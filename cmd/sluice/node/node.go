@@ -427,7 +427,7 @@ func (n *Node) newHTTP() error {
 // than it costs the actors. Between 4096 and persist's default.
 func checkpointKeys(maxKeys int) int {
 	if maxKeys <= 0 {
-		maxKeys = actor.DefaultMaxKeys
+		maxKeys = actor.DefaultMaxKeys // the engine's default with a data file
 	}
 	return min(max(maxKeys, 4096), persist.DefaultCheckpointKeys)
 }
