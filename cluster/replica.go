@@ -223,6 +223,11 @@ type laneCall struct {
 	batch    []*replItem
 	n        int // records
 	deadline time.Time
+	// sending is held while Send encodes the call: its records point into
+	// the engine's buffers, which finishing an item hands back for reuse,
+	// so an item is finished (failed by a deadline or a broken stream, or
+	// answered) only once Send has returned.
+	sending sync.WaitGroup
 }
 
 // standbySender returns the sender to the live member name, for its
@@ -366,13 +371,16 @@ func (l *replicaLane) sendBatch() bool {
 			l.mu.Lock()
 			broken := st.broken
 			if !broken {
+				call.sending.Add(1)
 				st.inflight = append(st.inflight, call)
 			}
 			l.mu.Unlock()
 			if broken { // it failed since: nothing of this call was sent
 				err = errors.New("stream ended")
 			} else {
-				if err := st.stream.Send(req); err != nil {
+				err := st.stream.Send(req)
+				call.sending.Done()
+				if err != nil {
 					l.broke(st, err) // fails the call, now in flight
 				}
 				return more
@@ -443,6 +451,7 @@ func (l *replicaLane) answers(st *laneStream) {
 			return
 		}
 		kick(l.wake)
+		call.sending.Wait()
 		if resp.Code != 0 {
 			// Refused, nothing of it applied: its copies are in doubt
 			// (the calls after it were applied without them).
@@ -530,6 +539,7 @@ func (l *replicaLane) broke(st *laneStream, err error) {
 	s.r.unsync(s.name)
 	err = fmt.Errorf("%w: %s: %v", errStandby, s.name, err)
 	for _, call := range calls {
+		call.sending.Wait() // st.cancel() above ends a Send that blocks
 		s.r.cfg.Observer.Replicated(s.name, call.n, err)
 		for _, it := range call.batch {
 			it.finish(err)
