@@ -106,13 +106,13 @@ func (n *nativeService) Routes(ctx context.Context, _ *sluicepb.RoutesRequest) (
 	if err := s.joining(); err != nil {
 		return nil, toStatus(err)
 	}
-	// A single node lists itself, at the address it is bound to.
 	version, routes := s.cluster.Routes()
 	resp := &sluicepb.RoutesResponse{Version: version, Node: s.cfg.NodeName, Members: make([]*sluicepb.RouteMember, len(routes))}
 	if m := s.cluster.Map(); m != nil {
 		resp.ClusterId = m.ClusterID
 	}
 	for i, x := range routes {
+		// A single node lists itself, at the address it is bound to.
 		if x.Name == s.cfg.NodeName && x.Addr == "" {
 			x.Addr = s.grpcAddr()
 		}

@@ -394,6 +394,8 @@ func TestServeStartErrors(t *testing.T) {
 		{"bad limits file", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--limits-file", "/nonexistent/limits.yaml"}, "limits.yaml"},
 		{"peer service open", []string{"--data-dir", t.TempDir(), "--grpc-addr", "0.0.0.0:0", "--gossip-addr", "127.0.0.1:0", "--expect", "3"}, "--admin-token"},
 		{"peer service open on --peer-addr", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--peer-addr", "0.0.0.0:0", "--gossip-addr", "127.0.0.1:0", "--expect", "3"}, "--peer-addr 0.0.0.0:0"},
+		{"cluster without --expect", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--gossip-addr", "127.0.0.1:0"}, "--expect: set how many nodes bootstrap the cluster together"},
+		{"--expect without a cluster", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--expect", "3"}, "--expect 3: a cluster needs --gossip-addr or --join"},
 		{"peer address without a cluster", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--peer-addr", "127.0.0.1:0"}, "only a cluster node"},
 		{"admin port in use", []string{"--data-dir", t.TempDir(), "--grpc-addr", "127.0.0.1:0", "--admin-addr", n.grpcAddr}, "--admin-addr"},
 		{"admin API open", []string{"--data-dir", t.TempDir(), "--grpc-addr", "0.0.0.0:0"}, "--grpc-addr 0.0.0.0:0: the admin API (key reset, overrides) would be open to the network"},

@@ -193,10 +193,7 @@ func (c *cli) serve(ctx context.Context, o *serveOptions) error {
 			}
 			cc.GossipKey = key
 		}
-		if o.expect < 1 {
-			return fmt.Errorf("--expect: set how many nodes bootstrap the cluster together (the StatefulSet's replicas, or the N of scripts/cluster-up.sh): a node with no Raft state waits for that many, so that nodes started apart never form two clusters")
-		}
-		cc.Expect = o.expect
+		cc.Expect = o.expect // 0 when not given: Validate refuses it
 		policy, err := cluster.ParsePolicy(o.ownerPolicy)
 		if err != nil {
 			return fmt.Errorf("--owner-policy: %v", err)

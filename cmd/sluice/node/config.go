@@ -445,9 +445,19 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// validateCluster reports the cluster settings that cannot work: the
-// replicas, with the durability.
+// validateCluster reports the cluster settings that cannot work: an
+// unset expect, and the replicas with the durability.
 func (c Config) validateCluster() []error {
+	var errs []error
+	if c.Cluster.Expect < 1 {
+		errs = append(errs, errors.New("node: config: --expect: set how many nodes bootstrap the cluster together (the StatefulSet's replicas, or the N of scripts/cluster-up.sh): a node with no Raft state waits for that many, so that nodes started apart never form two clusters"))
+	}
+	return append(errs, c.validateReplicas()...)
+}
+
+// validateReplicas reports the replicas that cannot work with the
+// durability.
+func (c Config) validateReplicas() []error {
 	switch replicas := c.Router.Replicas; {
 	case replicas < 0 || replicas > 2:
 		return []error{fmt.Errorf("node: config: --replicas %d: want 1 or 2", replicas)}

@@ -42,6 +42,10 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 			clustered(c)
 			c.GRPCAddr, c.Router.Replicas, c.DataDir = "0.0.0.0:0", 3, ""
 		}, []string{"--grpc-addr 0.0.0.0:0: a cluster node serves its peer service", "--replicas 3: want 1 or 2", "data dir is empty; a cluster node keeps its Raft log"}},
+		{"expect unset, replicas 3", func(c *Config) {
+			clustered(c)
+			c.Cluster.Expect, c.Router.Replicas = 0, 3
+		}, []string{"--expect: set how many nodes bootstrap the cluster together", "--replicas 3: want 1 or 2"}},
 		{"replicas 2 in memory", func(c *Config) {
 			clustered(c)
 			c.Durability, c.Router.Replicas = "memory", 2
