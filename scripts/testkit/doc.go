@@ -1,6 +1,7 @@
 // Package testkit holds what the tests of every package share: polling for
-// a condition until a deadline ([Eventually], [Wait]) and a buffer that many
-// goroutines may write to at once ([SyncBuffer]).
+// a condition until a deadline ([Eventually], [Wait]), a buffer that many
+// goroutines may write to at once ([SyncBuffer]) and the last lines of a
+// log ([Tail]).
 //
 // Tests poll; they do not sleep. A test that waits for something to happen
 // asks for that thing with [Eventually] (or [Wait] on a goroutine other than

@@ -94,3 +94,19 @@ func TestSyncBuffer(t *testing.T) {
 		t.Errorf("after 800 writes of one byte, Len() = %d; want 800", got)
 	}
 }
+
+func TestTail(t *testing.T) {
+	tail := NewTail(3)
+	if got := tail.String(); got != "" {
+		t.Errorf("empty tail: %q", got)
+	}
+	tail.Write([]byte("a\n"))
+	tail.Write([]byte("b\nc\n"))
+	if got := tail.String(); got != "a\nb\nc\n" {
+		t.Errorf("three lines: %q", got)
+	}
+	tail.Write([]byte("d\ne\n"))
+	if got := tail.String(); got != "c\nd\ne\n" {
+		t.Errorf("after five lines: %q; want the last three", got)
+	}
+}

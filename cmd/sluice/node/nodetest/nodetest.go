@@ -39,6 +39,9 @@ type Node struct {
 	stopped atomic.Bool
 }
 
+// logLines is how many lines of each node's log a failed test shows.
+const logLines = 60
+
 // Start starts a node named name; edit, if not nil, may change its config.
 func Start(t testing.TB, name string, edit func(*node.Config)) *Node {
 	t.Helper()
@@ -50,7 +53,15 @@ func Start(t testing.TB, name string, edit func(*node.Config)) *Node {
 	cfg.DataDir = ""
 	cfg.Engine.Actors = 2
 	cfg.ShutdownTimeout = 5 * time.Second
-	cfg.Logger = slog.New(slog.DiscardHandler)
+	// The node's log is shown only if the test fails, after the node
+	// stopped (cleanups run last first).
+	tail := testkit.NewTail(logLines)
+	cfg.Logger = slog.New(slog.NewTextHandler(tail, nil))
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("last %d lines of %s's log:\n%s", logLines, name, tail)
+		}
+	})
 	if edit != nil {
 		edit(&cfg)
 	}
