@@ -421,7 +421,7 @@ func restart(t *testing.T, c *cluster, tm timing, nodes []*node, flags []string)
 		if err := n.signal(syscall.SIGTERM); err != nil {
 			t.Fatal(err)
 		}
-		code, err := n.wait(60 * time.Second)
+		code, err := n.waitStopped(60 * time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -444,6 +444,54 @@ func (n *node) wait(timeout time.Duration) (int, error) {
 	}
 }
 
+// waitStopped waits for the node to exit after SIGTERM and returns its
+// exit code. A node still running after timeout is stuck: it gets SIGQUIT,
+// and the error shows where its goroutines were (see stacks).
+func (n *node) waitStopped(timeout time.Duration) (int, error) {
+	code, err := n.wait(timeout)
+	if err == nil {
+		return code, nil
+	}
+	n.signal(syscall.SIGCONT)
+	n.signal(syscall.SIGQUIT)
+	n.wait(10 * time.Second)
+	return 0, fmt.Errorf("%w; its goroutines in Sluice's code and Raft's at SIGQUIT:\n%s", err, n.stacks())
+}
+
+// stacks returns, from the node's last SIGQUIT dump in its log, each
+// goroutine whose stack passes through Sluice's code or Raft's: its
+// header line (with how long it has waited) and its functions but the
+// runtime's, without their arguments and file lines.
+func (n *node) stacks() string {
+	b, err := os.ReadFile(n.log.Name())
+	if err != nil {
+		return err.Error()
+	}
+	i := bytes.LastIndex(b, []byte("SIGQUIT: quit"))
+	if i < 0 {
+		return "(no goroutine dump in the log)"
+	}
+	var out []string
+	for _, g := range strings.Split(string(b[i:]), "\n\n") {
+		if !strings.HasPrefix(g, "goroutine ") || !strings.Contains(g, "sluice-io/sluice") && !strings.Contains(g, "hashicorp/raft") {
+			continue
+		}
+		lines := strings.Split(g, "\n")
+		keep := []string{lines[0]}
+		for _, l := range lines[1:] {
+			if l == "" || strings.HasPrefix(l, "\t") || strings.HasPrefix(l, "runtime.") {
+				continue
+			}
+			if i := strings.LastIndex(l, "("); i > 0 {
+				l = l[:i]
+			}
+			keep = append(keep, "  "+l)
+		}
+		out = append(out, strings.Join(keep, "\n"))
+	}
+	return strings.Join(out, "\n")
+}
+
 // kill ends the node at once if it runs (stopped or not) and waits for it.
 func (n *node) kill() {
 	if n.cmd == nil {
