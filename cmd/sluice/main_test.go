@@ -26,7 +26,7 @@ import (
 // TestMain checks for leaked goroutines after the tests, and removes the
 // built binary.
 func TestMain(m *testing.M) {
-	code := clustertest.Run(m)
+	code := clustertest.RunParallel(m, 4)
 	if dir := binDir.dir; dir != "" {
 		os.RemoveAll(dir)
 	}
