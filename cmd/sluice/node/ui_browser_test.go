@@ -42,7 +42,11 @@ func demoTraffic(t *testing.T, tc *testCluster, seconds int) {
 	t.Helper()
 	rng := rand.New(rand.NewPCG(1, 2))
 	tail := rand.NewZipf(rng, 1.3, 1, 400)
-	ctx := metadata.AppendToOutgoingContext(tc.nodes[0].ctx(), "authorization", "Bearer "+demoToken)
+	// Each call gets its own deadline: the demo's seconds are the fake
+	// clock's, and on a loaded machine they take longer than one
+	// deadline's worth of wall time.
+	authed := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+demoToken)
+	call := func() (context.Context, context.CancelFunc) { return context.WithTimeout(authed, 30*time.Second) }
 	check := func(key string, limit int64) *sluicepb.Check {
 		return &sluicepb.Check{Key: []byte(key), Limit: limit, Window: durationpb.New(time.Minute)}
 	}
@@ -70,6 +74,8 @@ func demoTraffic(t *testing.T, tc *testCluster, seconds int) {
 			// A check refused as UNAVAILABLE (a lease or a standby late on
 			// a loaded machine) is sent again.
 			if err := testkit.Wait(2*time.Second, func() error {
+				ctx, cancel := call()
+				defer cancel()
 				_, err := sluicepb.NewRateLimitServiceClient(ts.conn).Check(ctx, &sluicepb.CheckRequest{Checks: checks})
 				if err != nil && status.Code(err) != codes.Unavailable {
 					t.Fatalf("second %d: Check through node-%d: %v", s, i, err)
@@ -82,11 +88,16 @@ func demoTraffic(t *testing.T, tc *testCluster, seconds int) {
 				Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: fmt.Sprintf("10.0.0.%d", 1+rng.IntN(4))}},
 				Limit:   &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 40, Unit: typev3.RateLimitUnit_MINUTE},
 			}
-			if _, err := rlsv3.NewRateLimitServiceClient(ts.conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}}); err != nil {
+			ctx, cancel := call()
+			_, err := rlsv3.NewRateLimitServiceClient(ts.conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
+			cancel()
+			if err != nil {
 				t.Fatalf("second %d: ShouldRateLimit through node-%d: %v", s, i, err)
 			}
 			if s >= seconds-20 && s < seconds-14 && i == 2 { // a client sending bad requests
+				ctx, cancel := call()
 				sluicepb.NewRateLimitServiceClient(ts.conn).Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{check("tenant:acme", -1)}})
+				cancel()
 			}
 		}
 	}
