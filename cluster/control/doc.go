@@ -13,9 +13,9 @@
 // its epoch (one per process start, taken through the log), and its lease,
 // renewed with the leader every L/4 and timed on CLOCK_BOOTTIME. The
 // leader answers renewals after a Raft barrier, ends the epoch of a member
-// that stopped renewing (or that gossip declared dead) once its lease is
-// over for sure, initialises a new cluster, adds the nodes gossip finds and
-// keeps voters placed. Bootstrap follows Consul's bootstrap-expect with the
+// that stopped renewing (or that gossip has not seen alive for a lease)
+// once its lease is over for sure, initialises a new cluster, adds the
+// nodes gossip finds and keeps voters placed. Bootstrap follows Consul's bootstrap-expect with the
 // holes closed: see tryBootstrap.
 //
 // Gossip (package cluster's Membership) only finds members and suspects

@@ -85,7 +85,9 @@ type granter struct {
 	lastGrant map[string]time.Duration
 	lastAsk   map[string]time.Duration
 	epochSeen map[string]uint64        // the epoch lastAsk is about
-	seenAt    map[string]time.Duration // when this leader first saw that epoch
+	// seenAt is when gossip last saw the member alive, or when this
+	// leader first saw its epoch if later.
+	seenAt map[string]time.Duration
 	ending    map[string]ending
 	kick      chan struct{}
 }
@@ -307,17 +309,7 @@ func (g *granter) endDown() {
 			isEnding = false
 		}
 		if !isEnding && x.Name != c.cfg.NodeName {
-			ask, ok := g.lastAsk[x.Name]
-			if !ok {
-				ask = g.since
-			}
-			why := ""
-			switch {
-			case !c.cfg.Gossip.Alive(x.Name) && now-g.seenAt[x.Name] > c.cfg.Settings.Lease:
-				why = "gossip declared it dead"
-			case now-ask > c.cfg.Settings.Lease:
-				why = fmt.Sprintf("no renewal for %v", (now - ask).Round(time.Millisecond))
-			}
+			why := g.downLocked(x.Name, now, c.cfg.Gossip.Alive(x.Name), c.cfg.Settings.Lease)
 			if why == "" {
 				continue
 			}
@@ -340,6 +332,29 @@ func (g *granter) endDown() {
 		x, _ := c.Map().Member(d.name)
 		c.log.Warn("ended the epoch of a member that is down", "member", d.name, "epoch", d.epoch, "keys_go_on_from_copies", x.Releasable)
 	}
+}
+
+// downLocked says why the member named name is down at now, "" if it is
+// not: it has not asked for a renewal for longer than the lease, or gossip
+// has not seen it alive for longer than the lease (alive is what gossip
+// says now). A member that gossip declares dead for a moment only (a stale
+// rumour spread once a partition heals, until the member refutes it) is
+// not down: ending its epoch would refuse its keys for nothing.
+func (g *granter) downLocked(name string, now time.Duration, alive bool, lease time.Duration) string {
+	if alive {
+		g.seenAt[name] = now
+	}
+	ask, ok := g.lastAsk[name]
+	if !ok {
+		ask = g.since
+	}
+	switch {
+	case !alive && now-g.seenAt[name] > lease:
+		return fmt.Sprintf("gossip has not seen it alive for %v", (now - g.seenAt[name]).Round(time.Millisecond))
+	case now-ask > lease:
+		return fmt.Sprintf("no renewal for %v", (now - ask).Round(time.Millisecond))
+	}
+	return ""
 }
 
 // forceEnd makes the leader end the live epoch of the member named name
