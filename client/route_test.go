@@ -83,6 +83,7 @@ func forwarded(tc *nodetest.Cluster) float64 {
 // forwarded two times out of three, which the nodes count: the counter
 // the first half reads is the one that would show a miss.
 func TestRoutingChecksReachOwners(t *testing.T) {
+	t.Parallel() // each on a cluster of its own, waiting more than computing
 	tc := nodetest.StartCluster(t, 3, nil)
 	c := routingClient(t, tc, nil)
 	ctx := context.Background()
@@ -150,6 +151,7 @@ func TestRoutingChecksReachOwners(t *testing.T) {
 // check, and a key checked twice in the batch sees its first hit in the
 // second check.
 func TestRoutingSplitsBatchInOrder(t *testing.T) {
+	t.Parallel() // each on a cluster of its own, waiting more than computing
 	tc := nodetest.StartCluster(t, 3, nil)
 	c := routingClient(t, tc, nil)
 	// Four keys of each member, interleaved: a, b, c, a, b, c, ...
@@ -264,6 +266,7 @@ func waitNoForwards(t *testing.T, tc *nodetest.Cluster, c *client.Client, prefix
 //     address given (the connection to it is not ready, or it cannot be
 //     dialed and nothing was sent).
 func TestRoutingStaleView(t *testing.T) {
+	t.Parallel() // each on a cluster of its own, waiting more than computing
 	for _, tt := range []struct {
 		name   string
 		change func(*nodetest.Cluster)
@@ -294,6 +297,7 @@ func TestRoutingStaleView(t *testing.T) {
 // client's failure policy, which Sluice did not decide, is not counted).
 // The keys the new member takes must arrive there at their limit.
 func TestRoutingExactWhileMembersChange(t *testing.T) {
+	t.Parallel() // each on a cluster of its own, waiting more than computing
 	tc := nodetest.StartCluster(t, 3, nil)
 	// Without the denial cache, every check asks Sluice.
 	c := routingClient(t, tc, func(cfg *client.Config) { cfg.CacheSize = -1 })

@@ -84,12 +84,12 @@ type granter struct {
 	pending   []*renewal
 	lastGrant map[string]time.Duration
 	lastAsk   map[string]time.Duration
-	epochSeen map[string]uint64        // the epoch lastAsk is about
+	epochSeen map[string]uint64 // the epoch lastAsk is about
 	// seenAt is when gossip last saw the member alive, or when this
 	// leader first saw its epoch if later.
 	seenAt map[string]time.Duration
-	ending    map[string]ending
-	kick      chan struct{}
+	ending map[string]ending
+	kick   chan struct{}
 }
 
 // renewal is one Renew waiting for the next barrier.
