@@ -103,7 +103,6 @@ func TestTracing(t *testing.T) {
 	col := newCollector(t)
 	tc := newTestClusterWith(t, 2, func(c *Config) {
 		c.Router.Replicas = 2
-		c.Router.ReplicaTimeout = 10 * time.Second // a loaded machine
 		c.Tracing = TracingConfig{Endpoint: "http://" + col.addr, SampleRatio: 1}
 	})
 	key := tc.keyOwnedBy("traced:", "node-1")

@@ -126,7 +126,6 @@ func TestUIPages(t *testing.T) {
 	}
 	tc := newTestClusterWith(t, 3, func(c *Config) {
 		c.Router.Replicas = 2
-		c.Router.ReplicaTimeout = 10 * time.Second // a loaded machine
 		c.AdminToken = demoToken
 	})
 	admin := tc.nodes[0].admin()
