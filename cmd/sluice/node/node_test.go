@@ -18,7 +18,7 @@ import (
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 )
 
-func TestMain(m *testing.M) { os.Exit(clustertest.RunParallel(m, 4)) }
+func TestMain(m *testing.M) { os.Exit(clustertest.Run(m)) }
 
 // epoch is where the fake clocks of tests start.
 var epoch = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
