@@ -76,24 +76,6 @@ func FreePort(t testing.TB, ips ...string) int {
 // interval, so the check polls for up to 10 s. Idle connections of
 // http.DefaultClient are closed first.
 func Run(m *testing.M) int {
-	return run(m)
-}
-
-// RunParallel is Run for a package whose tests wait more than they
-// compute (elections, leases, processes starting up): unless the command
-// line sets -test.parallel, up to n of its parallel tests run at once
-// instead of GOMAXPROCS, so that their waits overlap.
-func RunParallel(m *testing.M, n int) int {
-	flag.Parse()
-	set := false
-	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
-	if !set {
-		flag.Set("test.parallel", strconv.Itoa(n))
-	}
-	return run(m)
-}
-
-func run(m *testing.M) int {
 	code := m.Run()
 	if code != 0 {
 		return code
@@ -109,4 +91,18 @@ func run(m *testing.M) int {
 		return 1
 	}
 	return 0
+}
+
+// RunParallel is Run for a package whose tests wait more than they
+// compute (elections, leases, processes starting up): unless the command
+// line sets -test.parallel, up to n of its parallel tests run at once
+// instead of GOMAXPROCS, so that their waits overlap.
+func RunParallel(m *testing.M, n int) int {
+	flag.Parse()
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "test.parallel" })
+	if !set {
+		flag.Set("test.parallel", strconv.Itoa(n))
+	}
+	return Run(m)
 }
