@@ -56,10 +56,10 @@ type actor struct {
 	// whole state succeeds (see pin).
 	pinned []*entry
 	// receipts remembers, for keys in memory that an import added up with
-	// a state of another lineage and that have not changed since, what is
-	// needed to take a later version of that state without counting it
-	// twice (see importStates). Nil until the first one.
-	receipts map[string]*receipt
+	// a state of another lineage, what is needed to take a later version
+	// of that state without counting it twice (see importStates). Nil
+	// until the first one.
+	receipts map[string][]*receipt
 	// damaged holds the keys not in memory whose stored state cannot be
 	// decoded, each logged and counted once, until a write replaces the
 	// record (insert removes the key). Bounded by the damaged records of
@@ -68,14 +68,11 @@ type actor struct {
 }
 
 // receipt is what importStates remembers of a key after adding up an
-// imported state of another lineage with the key's: the key's state
-// before (prev), the imported state's lineage, and the key's state after
-// the last import of that lineage (after, encoded), by which a later
-// import knows the key has not changed since.
+// imported state of another lineage with the key's: that lineage, and
+// what was imported of it (the versions joined).
 type receipt struct {
-	prev    state
 	lineage uint64
-	after   []byte
+	in      state
 }
 
 // pendingWrite is a storage write of the actor that settle has not seen
@@ -303,6 +300,9 @@ func (a *actor) decideCall(c *call, now int64, checks *int) (wrote bool) {
 				changed = changed || dropped
 			}
 		} else {
+			if len(a.receipts) > 0 && ent.st.isEmpty(now) {
+				a.dropReceipt(ent.key) // its history ended: a new one starts
+			}
 			changed = ent.st.decide(now, ch, a.e.cfg.MaxLogRuns, &c.out[i])
 			if c.marks != nil {
 				c.marks[i] = ent.st.mark()
@@ -311,7 +311,6 @@ func (a *actor) decideCall(c *call, now int64, checks *int) (wrote bool) {
 		if changed {
 			wrote = true
 			a.markDirty(ent)
-			a.dropReceipt(ent.key)
 		} else if !ent.dirty && ent.st.deadline() == 0 {
 			a.remove(ent) // a peek at a key nobody wrote: keep nothing
 		}
@@ -410,24 +409,21 @@ func (a *actor) list(c *call) {
 // lineage. Merged with a key of the same lineage they join (each hit
 // once); merged with a key of another lineage they add up, and a second
 // version would add up again, counting the first version's hits twice.
-// So when an import adds up (the key holds hits of another lineage, or
-// of none), the key keeps a receipt: its state before the import (prev)
-// and the imported lineage. A later import of that lineage, while the key
-// holds exactly what the imports made of it, is taken as what the first
-// import would have made of the newer version: the key becomes
-// join(key, prev ⊕ in), both sides copies of the key's own history
-// (reimport). Per instant (a log's timestamp, a window's bucket, a
-// bucket's tokens at now) that is prev + max(old, in): each hit of the
-// imported history once, prev's hits once, and never less than the key
-// counted before.
+// So when an import adds up (the key holds hits of another lineage), the
+// key keeps a receipt: the imported lineage and what was imported of it
+// (the versions joined). A later import of that lineage adds up only its
+// excess over the receipt (see state.excess), and the receipt takes the
+// new version in: per instant (a log's timestamp, a window's bucket, a
+// bucket's used tokens) the key then counts its other hits plus the larger
+// of the versions, each hit of the imported history once.
 //
-// Anything else that changes the key (a decision recorded, a release, a
-// reset, a Forget, an import of another lineage, leaving memory, a
-// rollback) ends its receipt: a join with prev ⊕ in could then lose what
-// the change added in the same instant. Without a receipt (ended, or lost
-// with the process) a newer version adds up again: over-counting, which
-// only denies more. Receipts are in memory only, at most one per key in
-// memory.
+// A receipt stays while the key changes otherwise: hits this node records
+// (it may decide the key between two imports, when the sender retries a
+// part whose answer was lost) are the key's own and add to what the
+// excess adds. It ends with the key's state (a reset, a Forget, leaving
+// memory, a rollback); without it a newer version adds up again, which
+// over-counts and only denies more. Receipts are in memory only, at most
+// maxReceipts per key in memory, the oldest lineage giving way.
 func (a *actor) importStates(c *call, now int64) (wrote bool) {
 	maxRuns := a.e.cfg.MaxLogRuns
 	for i := range c.checks {
@@ -446,32 +442,49 @@ func (a *actor) importStates(c *call, now int64) (wrote bool) {
 		}
 		a.markDirty(ent) // written (and copied to the standby) again in any case
 		wrote = true
-		if r := a.receipts[key]; r != nil {
-			if in.lineage == r.lineage && sameState(&ent.st, r.after, now, maxRuns) {
-				ent.st.reimport(now, &r.prev, &in, maxRuns)
-				r.after = ent.st.appendBinary(r.after[:0])
-				continue
-			}
-			a.dropReceipt(key)
+		if !ent.st.valid() || ent.st.isEmpty(now) {
+			a.dropReceipt(key) // its history ended
 		}
-		var prev state
 		adds := in.lineage != 0 && in.lineage != ent.st.lineage && in.valid() && !in.isEmpty(now) &&
 			ent.st.valid() && !ent.st.isEmpty(now)
-		if adds {
-			prev = ent.st.clone()
+		if !adds {
+			ent.st.merge(now, &in, maxRuns)
+			continue
+		}
+		if r := a.receipt(key, in.lineage); r != nil {
+			e := in.excess(now, &r.in, maxRuns)
+			ent.st.merge(now, &e, maxRuns)
+			r.in.merge(now, &in, maxRuns) // a join: the same lineage
+			continue
 		}
 		ent.st.merge(now, &in, maxRuns)
-		if adds {
-			if a.receipts == nil {
-				a.receipts = make(map[string]*receipt)
-			}
-			a.receipts[ent.key] = &receipt{prev: prev, lineage: in.lineage, after: ent.st.appendBinary(nil)}
+		if a.receipts == nil {
+			a.receipts = make(map[string][]*receipt)
 		}
+		rs := a.receipts[ent.key]
+		if len(rs) == maxReceipts {
+			rs = append(rs[:0], rs[1:]...)
+		}
+		a.receipts[ent.key] = append(rs, &receipt{lineage: in.lineage, in: in.clone()})
 	}
 	return wrote
 }
 
-// dropReceipt ends the receipt of key, if it has one (see importStates).
+// maxReceipts bounds the receipts of one key: the lineages whose imports
+// it remembers (see importStates).
+const maxReceipts = 4
+
+// receipt returns key's receipt for lineage, or nil.
+func (a *actor) receipt(key string, lineage uint64) *receipt {
+	for _, r := range a.receipts[key] {
+		if r.lineage == lineage {
+			return r
+		}
+	}
+	return nil
+}
+
+// dropReceipt ends the receipts of key, if it has any (see importStates).
 func (a *actor) dropReceipt(key string) {
 	if len(a.receipts) > 0 {
 		delete(a.receipts, key)

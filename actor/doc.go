@@ -62,10 +62,12 @@
 // closing engine, a full mailbox) leaves each hit here, on the new owner,
 // or on both (counted twice, which only denies more), never on neither.
 // A state imported again (a retry after the receiver committed, or a newer
-// version of it) into a key it was added up with is joined with what the
-// first import made, through a receipt the key keeps in memory until it
-// changes otherwise, rather than added up again (see importStates and
-// docs/engine.md, "Imported again").
+// version of it) into a key it was added up with adds only what it holds
+// beyond what was taken in, through a receipt the key keeps in memory,
+// rather than adding up again; and Collect splits such a key's state by
+// history (Exported.Parts), so that the node that handed a history over
+// and kept it joins it instead of counting it twice (see importStates and
+// docs/engine.md, "Imported again" and "Handed back").
 //
 // A call may carry the ownership generation its caller read before routing
 // it (CallOptions.Generation). Fence moves the generation on. An actor

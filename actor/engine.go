@@ -899,6 +899,28 @@ type Exported struct {
 	// unix ns (the deadline its record has in the store). Set by Collect,
 	// Get and CollectReplicas; Import does not read it.
 	Deadline int64
+	// Parts, set by Collect for a key that took in states of other
+	// histories by adding them up (it holds receipts, see importStates),
+	// is State split by history: first the key's own hits beyond those it
+	// took in, then each history taken in, as imported. Imported one after
+	// the other in place of State, they count at least what State counts,
+	// and a receiver that holds one of those histories (the node that
+	// handed it over and kept it, not knowing it was delivered) joins it
+	// with its own copy instead of counting it twice. Nil otherwise.
+	Parts [][]byte
+}
+
+// Split returns what to hand over of x: its Parts, each as a state of
+// x's key, or x itself if it has none.
+func (x Exported) Split() []Exported {
+	if len(x.Parts) == 0 {
+		return []Exported{x}
+	}
+	out := make([]Exported, len(x.Parts))
+	for i, p := range x.Parts {
+		out[i] = Exported{Key: x.Key, State: p, Deadline: x.Deadline}
+	}
+	return out
 }
 
 // Import merges handed-over states into their keys: the result counts at
@@ -907,8 +929,8 @@ type Exported struct {
 // standby's copy, the owner's disk) merges idempotently, each hit they
 // share counted once; states of different lineages add up (see merge),
 // and a newer version of a state (or the same, sent again) that was added
-// up with the key is then joined with what that made, its hits counted
-// once, as long as the key did not change otherwise (see importStates).
+// up with the key then adds only what it holds beyond what was taken in,
+// its hits counted once, while the key is in memory (see importStates).
 func (e *Engine) Import(ctx context.Context, states []Exported) error {
 	for start := 0; start < len(states); start += e.cfg.Limits.MaxBatch {
 		part := states[start:min(start+e.cfg.Limits.MaxBatch, len(states))]

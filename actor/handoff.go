@@ -144,7 +144,8 @@ func (e *Engine) Forget(ctx context.Context, keys []Exported) (forgotten int, er
 func (a *actor) collect(c *call, now int64) {
 	add := func(key string, st *state) {
 		if !st.isEmpty(now) {
-			c.exports[a.id] = append(c.exports[a.id], Exported{Key: key, State: st.appendBinary(nil), Deadline: st.deadline()})
+			c.exports[a.id] = append(c.exports[a.id], Exported{Key: key, State: st.appendBinary(nil), Deadline: st.deadline(),
+				Parts: a.parts(key, st, now)})
 		}
 	}
 	if c.moved != nil {
@@ -213,6 +214,35 @@ func (a *actor) forget(c *call, now int64) (wrote bool) {
 	}
 	c.count.Add(n)
 	return wrote
+}
+
+// parts splits st, the state of key, by history when the key holds
+// receipts (see Exported.Parts): its own hits beyond every history it
+// took in, then each of those as taken in. It returns nil when the key
+// has no receipt, or none of them counts anything any more.
+func (a *actor) parts(key string, st *state, now int64) [][]byte {
+	rs := a.receipts[key]
+	if len(rs) == 0 {
+		return nil
+	}
+	maxRuns := a.e.cfg.MaxLogRuns
+	own := st.clone()
+	var taken [][]byte
+	for _, r := range rs {
+		if r.in.isEmpty(now) {
+			continue
+		}
+		own = own.excess(now, &r.in, maxRuns)
+		taken = append(taken, r.in.appendBinary(nil))
+	}
+	if len(taken) == 0 {
+		return nil
+	}
+	out := make([][]byte, 0, 1+len(taken))
+	if own.valid() {
+		out = append(out, own.appendBinary(nil))
+	}
+	return append(out, taken...)
 }
 
 // sameState reports whether st holds the state encoded in b: the same

@@ -82,7 +82,7 @@ import (
 //   - SlidingLog: the union of the live runs, sorted, equal timestamps adding
 //     their counts (merge alone counts the same hit handed over twice
 //     twice: conservative; importStates keeps a receipt so that it does
-//     not, see reimport). With equal windows and a limit at most maxRuns,
+//     not, see excess). With equal windows and a limit at most maxRuns,
 //     used(t) = min(s₀.used(t) + o.used(t), limit+1) exactly (with another
 //     window, o's hits count while they are live under both). Only the
 //     newest limit+1 hits are kept: as for penalties (logDecide), that
@@ -171,25 +171,67 @@ func (s *state) merge(now int64, o *state, maxRuns int) {
 	}
 }
 
-// reimport takes o, a newer version of a state of another lineage that
-// was added up with prev (s.merge(now, old) with s holding prev then), into
-// s, which holds what that merge made, perhaps joined with earlier
-// versions in this way since, and nothing else: s becomes join(s, prev ⊕
-// o), both sides of s's lineage (see importStates). With t any time from
-// now on and both sides on s's parameters, that counts prev(t) +
-// max(old(t), o(t)) per timestamp (log), per bucket (window), or in used
-// tokens (bucket): each hit of o's history once, as merging prev with the
-// join of old and o would. It counts at least what s counts, and at least
-// what prev ⊕ o counts: never less than either.
-func (s *state) reimport(now int64, prev, o *state, maxRuns int) {
-	t := prev.clone()
-	t.merge(now, o, maxRuns)
-	if t.valid() {
-		// prev ⊕ o is s's history: if prev holds nothing by now, t is a
-		// copy of o, under o's lineage; joined all the same.
-		t.lineage = s.lineage
+// excess returns what s holds beyond old, where old is an earlier version
+// of s's history (or several joined): the hits of s that old lacks, per
+// timestamp (log), per bucket (window) or in tokens used at now (bucket),
+// as a state of s's lineage and parameters, or the zero state if old holds
+// all of s. Added up with a state that holds old's hits (merge), it counts
+// each hit of s's history once: per instant that state's other hits plus
+// max(old, s), what it would count had it taken the join of old and s. If
+// old cannot be set beside s (other parameters, another bucket grid, a
+// refill time that differs), excess is all of s: its hits that old holds
+// count twice, which only denies more.
+func (s *state) excess(now int64, old *state, maxRuns int) state {
+	if !s.valid() || s.isEmpty(now) {
+		return state{}
 	}
-	s.merge(now, &t, maxRuns)
+	e := s.clone()
+	if !old.valid() || old.isEmpty(now) || old.algo != s.algo || old.limit != s.limit || old.window != s.window {
+		return e
+	}
+	switch s.algo {
+	case SlidingLog:
+		prior := old.appendEntries(nil)
+		var out []run
+		j := 0
+		for _, r := range s.appendEntries(nil) {
+			for j < len(prior) && prior[j].at < r.at {
+				j++
+			}
+			n := r.n
+			if j < len(prior) && prior[j].at == r.at {
+				n -= prior[j].n
+			}
+			if n > 0 && !s.expired(r.at, now) && (len(out) == 0 || r.at > out[len(out)-1].at) {
+				out = append(out, run{r.at, n})
+			}
+		}
+		e.setLog(out, maxRuns, len(out))
+	case SlidingWindow:
+		e.windowAdvance(now)
+		t := *old
+		t.windowAdvance(now)
+		if t.at != e.at {
+			return s.clone()
+		}
+		e.prev, e.cur = max(0, e.prev-t.prev), max(0, e.cur-t.cur)
+	case TokenBucket:
+		e.bucketRefill(now)
+		t := *old
+		t.bucketRefill(now)
+		if t.at != e.at {
+			return s.clone()
+		}
+		used := t.tokens - e.tokens // what s used beyond old
+		if !(used > 0) {
+			return state{}
+		}
+		e.tokens = float64(e.limit) - used
+	}
+	if e.isEmpty(now) {
+		return state{}
+	}
+	return e
 }
 
 // converted returns s's hits as a state of another algorithm, limit and

@@ -115,6 +115,9 @@ func ExampleClient_CheckAll() {
 func ExampleFailClosed() {
 	cfg := client.DefaultConfig()
 	cfg.Addr = "127.0.0.1:1" // nothing listens there
+	// A deadline a loaded machine meets: the refusal comes at once, but
+	// with the default 20 ms a slow dial would end as a timeout.
+	cfg.Timeout = time.Second
 	c, err := client.New(cfg)
 	if err != nil {
 		log.Fatal(err)

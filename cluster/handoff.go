@@ -477,12 +477,12 @@ func (r *Router) collectCopies(ctx context.Context, own *ownership, box func(str
 // denies more. Sent again, they count once on m, which keeps a receipt of
 // each state it added up with its own (see actor.Engine.Import). A key
 // this node acts for again before it sent it again is not sent again: m
-// hands its state back, which holds this node's hits, and they add up
-// with the ones kept here (counted twice). Waiting for the answer of a
-// part after its round was cancelled would avoid that, but is not safe:
+// hands its state back, split by history (actor.Exported.Parts), and the
+// history this node kept joins with what it kept, each hit once. (Waiting
+// for the answer of a part after its round was cancelled is not safe:
 // under the newer ownership m may hand the key back before Forget runs,
 // and if what comes back encodes as what was collected, Forget deletes it
-// here after m forgot it too, and the key's hits are nowhere.
+// here after m forgot it too, and the key's hits are nowhere.)
 func (r *Router) handTo(ctx context.Context, m control.Member, toEpoch, fromEpoch, id, seq, version uint64, b *outbox) error {
 	p, err := r.peers.get(m.Name)
 	if err != nil {
@@ -496,10 +496,15 @@ func (r *Router) handTo(ctx context.Context, m control.Member, toEpoch, fromEpoc
 		req := &sluicepb.HandoffRequest{
 			FromNode: r.cfg.Self, FromEpoch: fromEpoch, Config: id, Complete: last, Sequence: seq,
 			ToNode: m.Name, ToEpoch: toEpoch, MapVersion: version,
-			Keys: make([]*sluicepb.KeyRecord, len(part)),
+			Keys: make([]*sluicepb.KeyRecord, 0, len(part)),
 		}
-		for i, x := range part {
-			req.Keys[i] = &sluicepb.KeyRecord{Key: []byte(x.Key), State: x.State}
+		for _, x := range part {
+			// A key that took in other histories goes split by history
+			// (actor.Exported.Parts): one m handed over and kept joins
+			// with m's copy instead of counting twice.
+			for _, y := range x.Split() {
+				req.Keys = append(req.Keys, &sluicepb.KeyRecord{Key: []byte(y.Key), State: y.State})
+			}
 		}
 		cctx, cancel := context.WithTimeout(ctx, r.cfg.HandoffTimeout)
 		_, err := p.client.Handoff(cctx, req)
