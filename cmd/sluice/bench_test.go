@@ -358,8 +358,11 @@ func TestBenchBadInput(t *testing.T) {
 			t.Errorf("sluice bench %s: %v\nwant exit code 1, nothing on stdout and one line on stderr containing %q",
 				strings.Join(args, " "), r, tc.want)
 		}
-		if d := time.Since(start); d > 10*time.Second {
-			t.Errorf("sluice bench %s took %v to fail; want a prompt error", strings.Join(args, " "), d)
+		// Half the minute it was given: a run that went on past the first
+		// call takes it all, and a loaded machine (the fault suite beside
+		// it) has taken 12 s to start the client and fail.
+		if d := time.Since(start); d > 30*time.Second {
+			t.Errorf("sluice bench %s took %v to fail; want it to stop at the first call, long before its minute", strings.Join(args, " "), d)
 		}
 	}
 }
