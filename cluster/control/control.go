@@ -243,9 +243,7 @@ func New(cfg Config) (*Control, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream: c.stream, MaxPool: 3, Timeout: 5 * time.Second, Logger: newHCLogger(c.log),
-	})
+	c.trans = newRaftTransport(c.stream, newHCLogger(c.log))
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(st.id)
 	rc.HeartbeatTimeout = cfg.RaftTimeout

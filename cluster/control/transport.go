@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 )
 
@@ -215,6 +216,22 @@ type stream struct {
 	quit     chan struct{}
 	once     sync.Once
 	wg       sync.WaitGroup
+}
+
+// newRaftTransport returns Raft's transport over s, replicating with one
+// AppendEntries in flight per follower: no pipeline. hashicorp/raft's
+// pipeline (MaxRPCsInFlight >= 2) can deadlock when a follower rejects an
+// entry, which followers do after a restart: its decoder stops reading,
+// one more send waits on the decoder, and the follower's replication
+// stops for good while heartbeats still reach it (no election heals it),
+// and Raft's Shutdown then waits forever (seen here: a node stuck after
+// SIGTERM in a rolling restart; hashicorp/raft#612, grafana/pyroscope#5518).
+// A round trip per batch of entries costs the control plane nothing it
+// needs: its writes are a few per second.
+func newRaftTransport(s *stream, logger hclog.Logger) *raft.NetworkTransport {
+	return raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream: s, MaxPool: 3, Timeout: 5 * time.Second, Logger: logger, MaxRPCsInFlight: 1,
+	})
 }
 
 func newStream(cfg TransportConfig) (*stream, error) {

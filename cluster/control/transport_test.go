@@ -2,12 +2,14 @@ package control
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 )
 
@@ -109,3 +111,20 @@ func TestHandshakeRefuses(t *testing.T) {
 }
 
 func rafAddr(a string) raft.ServerAddress { return raft.ServerAddress(a) }
+
+// TestRaftTransportDoesNotPipeline: Raft replicates over this transport
+// with one AppendEntries in flight (see newRaftTransport): asked for a
+// pipeline, it refuses, as hashicorp/raft's replication expects of a
+// transport without one.
+func TestRaftTransportDoesNotPipeline(t *testing.T) {
+	_, s := muxStream(t, "secret", "c1")
+	trans := newRaftTransport(s, hclog.NewNullLogger())
+	defer trans.Close()
+	p, err := trans.AppendEntriesPipeline("peer", raft.ServerAddress(s.Addr().String()))
+	if !errors.Is(err, raft.ErrPipelineReplicationNotSupported) {
+		if p != nil {
+			p.Close()
+		}
+		t.Fatalf("AppendEntriesPipeline: %v; want raft.ErrPipelineReplicationNotSupported", err)
+	}
+}
