@@ -27,6 +27,16 @@ func importKey(t testing.TB, e *Engine, x Exported) {
 	}
 }
 
+// dayHits returns a function that records cost hits of key on a
+// harness, in algo, limit 100 per day: what a bucket refills in the
+// seconds a test waits is below one hit.
+func dayHits(t *testing.T, key string, algo Algorithm) func(h *harness, cost int64) {
+	return func(h *harness, cost int64) {
+		t.Helper()
+		h.check(Check{Key: key, Limit: 100, Window: 24 * time.Hour, Algorithm: algo, Cost: cost})
+	}
+}
+
 // TestImportAgainCountsOnce: a handed-over state that arrives twice (the
 // sender retried a handoff whose answer it did not get, after the
 // receiver committed it), or a newer version of it (the sender's state
@@ -39,12 +49,7 @@ func TestImportAgainCountsOnce(t *testing.T) {
 	for _, algo := range []Algorithm{SlidingLog, SlidingWindow, TokenBucket} {
 		t.Run(algo.String(), func(t *testing.T) {
 			const key = "k"
-			hit := func(h *harness, cost int64) {
-				t.Helper()
-				// A window of a day: what a bucket refills in the second
-				// the test waits is below one hit.
-				h.check(Check{Key: key, Limit: 100, Window: 24 * time.Hour, Algorithm: algo, Cost: cost})
-			}
+			hit := dayHits(t, key, algo)
 			to := newHarness(t, "commit", nil)
 			from := newHarness(t, "commit", nil)
 			hit(to, 7)   // the receiver's own history (it took the key over from empty)
@@ -123,10 +128,7 @@ func TestHandedBackCountsOnce(t *testing.T) {
 	for _, algo := range []Algorithm{SlidingLog, SlidingWindow, TokenBucket} {
 		t.Run(algo.String(), func(t *testing.T) {
 			const key = "k"
-			hit := func(h *harness, cost int64) {
-				t.Helper()
-				h.check(Check{Key: key, Limit: 100, Window: 24 * time.Hour, Algorithm: algo, Cost: cost})
-			}
+			hit := dayHits(t, key, algo)
 			first := newHarness(t, "commit", nil)
 			second := newHarness(t, "commit", nil)
 			third := newHarness(t, "commit", nil)
