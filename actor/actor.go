@@ -300,8 +300,8 @@ func (a *actor) decideCall(c *call, now int64, checks *int) (wrote bool) {
 				changed = changed || dropped
 			}
 		} else {
-			if len(a.receipts) > 0 && ent.st.isEmpty(now) {
-				a.dropReceipt(ent.key) // its history ended: a new one starts
+			if len(a.receipts) > 0 {
+				a.expireReceipts(ent, now)
 			}
 			changed = ent.st.decide(now, ch, a.e.cfg.MaxLogRuns, &c.out[i])
 			if c.marks != nil {
@@ -420,10 +420,11 @@ func (a *actor) list(c *call) {
 // A receipt stays while the key changes otherwise: hits this node records
 // (it may decide the key between two imports, when the sender retries a
 // part whose answer was lost) are the key's own and add to what the
-// excess adds. It ends with the key's state (a reset, a Forget, leaving
-// memory, a rollback); without it a newer version adds up again, which
-// over-counts and only denies more. Receipts are in memory only, at most
-// maxReceipts per key in memory, the oldest lineage giving way.
+// excess adds. It ends with the key's state (a reset, a Forget, its hits
+// all expired, leaving memory, a rollback), and once what it took in has
+// expired; without it a newer version adds up again, which over-counts
+// and only denies more. Receipts are in memory only, at most maxReceipts
+// per key in memory, the oldest lineage giving way.
 func (a *actor) importStates(c *call, now int64) (wrote bool) {
 	maxRuns := a.e.cfg.MaxLogRuns
 	for i := range c.checks {
@@ -442,8 +443,8 @@ func (a *actor) importStates(c *call, now int64) (wrote bool) {
 		}
 		a.markDirty(ent) // written (and copied to the standby) again in any case
 		wrote = true
-		if !ent.st.valid() || ent.st.isEmpty(now) {
-			a.dropReceipt(key) // its history ended
+		if len(a.receipts) > 0 {
+			a.expireReceipts(ent, now)
 		}
 		adds := in.lineage != 0 && in.lineage != ent.st.lineage && in.valid() && !in.isEmpty(now) &&
 			ent.st.valid() && !ent.st.isEmpty(now)
@@ -482,6 +483,33 @@ func (a *actor) receipt(key string, lineage uint64) *receipt {
 		}
 	}
 	return nil
+}
+
+// expireReceipts ends the receipts of ent that can matter no more: all of
+// them once the key holds nothing (its history ended), and each one once
+// what it took in has expired (a later version of that history then
+// holds only hits the key never counted).
+func (a *actor) expireReceipts(ent *entry, now int64) {
+	rs := a.receipts[ent.key]
+	if rs == nil {
+		return
+	}
+	if ent.st.isEmpty(now) {
+		a.dropReceipt(ent.key)
+		return
+	}
+	kept := rs[:0]
+	for _, r := range rs {
+		if !r.in.isEmpty(now) {
+			kept = append(kept, r)
+		}
+	}
+	clear(rs[len(kept):])
+	if len(kept) == 0 {
+		delete(a.receipts, ent.key)
+		return
+	}
+	a.receipts[ent.key] = kept
 }
 
 // dropReceipt ends the receipts of key, if it has any (see importStates).

@@ -234,3 +234,30 @@ func TestExcessCountsEachHitOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestReceiptsExpire: a receipt is kept no longer than it can matter:
+// until what it took in has expired, and all of a key's receipts until
+// the key holds nothing.
+func TestReceiptsExpire(t *testing.T) {
+	now := int64(time.Hour)
+	hit := func(at int64, window time.Duration) state {
+		var s state
+		s.reset(at, SlidingLog, 10, int64(window))
+		s.logAdd(at, 1, 64)
+		s.lineage = newLineage()
+		return s
+	}
+	ent := &entry{key: "k", st: hit(now-int64(time.Minute), time.Hour)}
+	gone := &receipt{in: hit(now-2*int64(time.Minute), time.Minute)}
+	live := &receipt{in: hit(now-10*int64(time.Second), time.Minute)}
+	a := &actor{receipts: map[string][]*receipt{"k": {gone, live}}}
+
+	a.expireReceipts(ent, now)
+	if rs := a.receipts["k"]; len(rs) != 1 || rs[0] != live {
+		t.Fatalf("receipts after the first one's hits expired: %v; want only the live one", rs)
+	}
+	a.expireReceipts(ent, now+int64(time.Hour))
+	if rs, ok := a.receipts["k"]; ok {
+		t.Fatalf("receipts of a key that holds nothing: %v; want none", rs)
+	}
+}
