@@ -3386,7 +3386,9 @@ func (*ReleaseResponse) Descriptor() ([]byte, []int) {
 // HandoffRequest is one part of a handoff from one node to another.
 type HandoffRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The keys of this part and their encoded states.
+	// The keys of this part and their encoded states. A key that took in
+	// other histories comes once per history, its own first; the receiver
+	// merges them in order.
 	Keys []*KeyRecord `protobuf:"bytes,1,rep,name=keys,proto3" json:"keys,omitempty"`
 	// Name of the node handing the keys over.
 	FromNode string `protobuf:"bytes,2,opt,name=from_node,json=fromNode,proto3" json:"from_node,omitempty"`
