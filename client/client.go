@@ -829,16 +829,26 @@ func classify(err error) Failure {
 const (
 	errorDomain  = "sluice.io"
 	reasonMoving = "OWNERSHIP_MOVING"
+	// metaRecorded and recordedMaybe: the ErrorInfo's metadata saying
+	// that some of the call's hits may be recorded (the server's
+	// cluster.MetaRecorded and cluster.RecordedMaybe).
+	metaRecorded  = "recorded"
+	recordedMaybe = "maybe"
 )
+
+// errorInfo returns the node's ErrorInfo on st, or nil.
+func errorInfo(st *status.Status) *errdetails.ErrorInfo {
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == errorDomain {
+			return ei
+		}
+	}
+	return nil
+}
 
 // reason returns the reason of the node's ErrorInfo on st, or "".
 func reason(st *status.Status) string {
-	for _, d := range st.Details() {
-		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetDomain() == errorDomain {
-			return ei.GetReason()
-		}
-	}
-	return ""
+	return errorInfo(st).GetReason()
 }
 
 // fromNode reports whether an UNAVAILABLE status is a node's answer (it
@@ -853,15 +863,19 @@ func fromNode(st *status.Status) bool {
 	return strings.HasPrefix(msg, "cluster: ") || strings.HasPrefix(msg, "sluice: ") || strings.HasPrefix(msg, "actor: ")
 }
 
-// moving reports whether err is a node's "ownership moving" refusal, which
-// a second try may get past.
+// moving reports whether err is a node's "ownership moving" refusal made
+// before anything of the call was recorded, which a second try may get
+// past.
 func moving(err error) bool {
 	st, ok := status.FromError(err)
 	if !ok || st.Code() != codes.Unavailable {
 		return false
 	}
-	if r := reason(st); r != "" {
-		return r == reasonMoving
+	if ei := errorInfo(st); ei != nil {
+		// A call that moved after some of its checks were decided (a
+		// batch over several owners) may have recorded their hits: sent
+		// again, they would count twice.
+		return ei.GetReason() == reasonMoving && ei.GetMetadata()[metaRecorded] != recordedMaybe
 	}
 	return strings.HasPrefix(st.Message(), "cluster: ownership moving")
 }
