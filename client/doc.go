@@ -39,9 +39,12 @@
 //   - One retry on "ownership moving". In a cluster, a key whose owner is
 //     changing is refused for a moment (UNAVAILABLE "cluster: ownership
 //     moving"). The client sends the call once more after a short pause
-//     (2 ms, or a quarter of the time left), within the same deadline.
-//     Other refusals are not retried: "no quorum" or "still joining" last
-//     longer than any deadline worth waiting.
+//     (2 ms, or a quarter of the time left), within the same deadline,
+//     unless the node says some of its hits may be recorded (a batch over
+//     several owners that moved after part of it was decided: sent again,
+//     those would count twice). Other refusals are not retried: "no
+//     quorum" or "still joining" last longer than any deadline worth
+//     waiting.
 //   - Exactness is Sluice's: the client never allows what Sluice denied,
 //     except by the FailOpen policy when Sluice did not decide.
 //
