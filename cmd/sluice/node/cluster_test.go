@@ -94,6 +94,12 @@ func (tc *testCluster) add() *testServer {
 		// missed the default half second, failing checks the tests
 		// expected allowed.
 		c.Router.ReplicaTimeout = 10 * time.Second
+		// Nor how fast Raft fails over: a leader steps down when it hears
+		// from no quorum for half the Raft timeout (default 500 ms), and
+		// with several clusters in one process under the race detector a
+		// leader starved that long lost its leadership mid-test, failing
+		// checks with "no Raft leader is known".
+		c.Control.RaftTimeout = 2 * time.Second
 		if tc.edit != nil {
 			tc.edit(c)
 		}

@@ -234,7 +234,10 @@ func TestMaxConnectionAge(t *testing.T) {
 	}
 	ts := newTestServer(t, func(c *Config) {
 		c.MaxConnectionIdle = time.Hour // not what sends the connections away here
-		c.MaxConnectionAge, c.MaxConnectionAgeGrace = 300*time.Millisecond, 200*time.Millisecond
+		// A grace long enough for the client's ping ack to come back on a
+		// loaded machine: the node closes without the last GOAWAY if the
+		// grace ends first.
+		c.MaxConnectionAge, c.MaxConnectionAgeGrace = 300*time.Millisecond, 2*time.Second
 	})
 
 	// Raw HTTP/2: the node's GOAWAY, then a ping to learn the client saw
