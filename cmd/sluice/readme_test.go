@@ -8,7 +8,7 @@ import (
 )
 
 // testCommand is the README's test command, which .ci/run runs.
-const testCommand = "go test -race -parallel 4 -json ./... | go run -race ./scripts/testsummary"
+const testCommand = "go test -race -json ./... | go run -race ./scripts/testsummary"
 
 // TestREADME: the README's first screen runs Sluice and its tests, says
 // that the first run compiles for a while and which ports the node takes;

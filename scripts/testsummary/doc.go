@@ -2,7 +2,7 @@
 // prints its results without -json, then says which tests were skipped and
 // why, so that no suite is skipped silently:
 //
-//	go test -race -parallel 4 -json ./... | go run -race ./scripts/testsummary
+//	go test -race -json ./... | go run -race ./scripts/testsummary
 //
 // It prints, as each package finishes, the line go test prints for it ("ok",
 // "FAIL", or "no test files") and, for a package that failed, the output of
