@@ -559,30 +559,52 @@ func (c *Control) LeaseValid() bool {
 // LeaseRemaining returns how long the lease still runs (0 or less: none).
 func (c *Control) LeaseRemaining() time.Duration { return c.lease.remaining(c.epoch.Load()) }
 
-// renewLoop renews this node's lease every L/4.
+// renewLoop renews this node's lease every L/4. Each renewal runs on its
+// own and may take L/2, so that a leader slow to answer one (a loaded
+// machine, a slow quorum) does not hold the next back; at most two are in
+// flight, but a new epoch's first renewal never waits.
 func (c *Control) renewLoop(ctx context.Context) {
 	every := c.cfg.Settings.Lease / 4
 	t := time.NewTicker(every)
 	defer t.Stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	inflight := make(chan struct{}, 2)
 	for {
+		kicked := false
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		case <-c.renewKick:
+			kicked = true
 		}
 		e := c.epoch.Load()
 		if e == 0 || c.stopping.Load() {
 			continue
 		}
-		sent := c.clock.Now()
-		rctx, cancel := context.WithTimeout(ctx, every)
-		granted, _, err := c.renew(rctx, e)
-		cancel()
-		if err == nil && granted {
-			c.lease.extend(e, sent)
+		if !kicked {
+			select {
+			case inflight <- struct{}{}:
+			default:
+				continue // two renewals still wait for the leader
+			}
 		}
-		c.cfg.Observer.Renewed(err == nil && granted)
+		sent := c.clock.Now()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if !kicked {
+				defer func() { <-inflight }()
+			}
+			rctx, cancel := context.WithTimeout(ctx, 2*every)
+			granted, _, err := c.renew(rctx, e)
+			cancel()
+			if err == nil && granted {
+				c.lease.extend(e, sent)
+			}
+			c.cfg.Observer.Renewed(err == nil && granted)
+		}()
 	}
 }
 

@@ -147,10 +147,13 @@ func (g *granter) serve() {
 		return
 	}
 	err := g.c.raft.Barrier(time.Second).Error()
-	m := g.c.Map()
-	now := g.c.clock.Now()
+	// The map and the time are read under g.mu, so that endDown, which
+	// runs beside serve, either sees this grant or has already marked the
+	// epoch ending.
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	m := g.c.Map()
+	now := g.c.clock.Now()
 	for _, r := range batch {
 		var a grant
 		x, ok := m.Member(r.name)
@@ -242,6 +245,22 @@ func (c *Control) lead(ctx context.Context) {
 		}
 		c.log.Info("initialised the cluster", "cluster", c.ClusterID(), "settings", c.cfg.Settings.String())
 	}
+	// Renewals are granted on a goroutine of their own: a reconcile or an
+	// epoch's end waiting on a slow quorum must not hold a lease back.
+	granting := make(chan struct{})
+	go func() {
+		defer close(granting)
+		for {
+			select {
+			case <-ctx.Done():
+				g.failPending()
+				return
+			case <-g.kick:
+				g.serve()
+			}
+		}
+	}()
+	defer func() { <-granting }()
 	c.reconcile(g)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
@@ -249,10 +268,7 @@ func (c *Control) lead(ctx context.Context) {
 	for {
 		select {
 		case <-ctx.Done():
-			g.failPending()
 			return
-		case <-g.kick:
-			g.serve()
 		case <-tick.C:
 			g.endDown()
 			if time.Since(lastReconcile) >= reconcileEvery {
