@@ -1,7 +1,6 @@
 package main
 
 import (
-	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,15 +13,13 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"testing"
-	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	sigsyaml "sigs.k8s.io/yaml"
-
-	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // helmChart is the Helm chart, from this package's directory.
@@ -34,9 +31,8 @@ const helmChart = "../../scripts/k8s/helm/sluice"
 // objects with the same specs: args, env, ports, probes, resources,
 // scheduling, Services, budget, NetworkPolicy; labels and the image
 // aside), and so are its ServiceMonitor and Secret, so that the two
-// cannot drift apart silently. It needs the helm binary: $SLUICE_HELM,
-// or helm on PATH (.ci/run installs it); without it the test is skipped,
-// except under CI.
+// cannot drift apart silently. It renders with scripts/helmtemplate
+// (Helm's own packages), which it builds (see helmBinary).
 func TestHelmChart(t *testing.T) {
 	t.Parallel()
 	helm := helmBinary(t)
@@ -204,14 +200,17 @@ topologySpreadConstraints:
 			{[]string{"--set-string", "limits.edge\\.yaml=descriptors: []"}, "limits: edge.yaml names no domain"},
 			{[]string{"--set-string", "limits.edge/x\\.yaml=domain: edge"}, "want NAME.yaml or NAME.yml"},
 		} {
-			out, err := helmRun(t, helm, append([]string{"template", "sluice", helmChart}, tt.args...)...)
+			out, err := helmRun(helm, "sluice", tt.args...)
 			if err == nil || !strings.Contains(out, tt.want) {
 				t.Errorf("helm template %q: %v\n%s\nwant a failure saying %q", tt.args, err, out, tt.want)
 			}
 		}
-		// helm lint renders NOTES.txt, which helm template does not.
-		if out, err := helmRun(t, helm, "lint", helmChart, "--set-string", "limits.edge\\.yaml=domain: edge"); err != nil {
-			t.Errorf("helm lint: %v\n%s", err, out)
+		// NOTES.txt renders (helm template leaves it out; helm install
+		// prints it), naming the Secret to create and the limits.
+		out, err := helmRun(helm, "sluice", "--notes", "--set-string", "limits.edge\\.yaml=domain: edge")
+		_, notes, _ := strings.Cut(out, "# Notes\n")
+		if err != nil || !strings.Contains(notes, "The pods need the Secret sluice") || !strings.Contains(notes, "Limits: edge.yaml") {
+			t.Errorf("NOTES.txt: %v\n%s\nwant notes naming the Secret sluice and the limits edge.yaml", err, out)
 		}
 	})
 
@@ -225,61 +224,55 @@ topologySpreadConstraints:
 	})
 }
 
-// helmBinary finds helm: $SLUICE_HELM, else on PATH. Without it the test
-// is skipped, or fails under CI (CI=true), where .ci/run installs it.
-func helmBinary(t *testing.T) string {
-	t.Helper()
-	missing := t.Skip
-	if os.Getenv("CI") != "" {
-		missing = t.Fatal
-	}
-	if p := os.Getenv("SLUICE_HELM"); p != "" {
-		if err := waitHelm(p, os.Getenv("SLUICE_HELM_WAIT")); err != nil {
-			missing(fmt.Sprintf("helm not found at $SLUICE_HELM: %v (.ci/run installs it)", err))
-		}
-		return p
-	}
-	if p, err := exec.LookPath("helm"); err == nil {
-		return p
-	}
-	missing("helm not found: set SLUICE_HELM or put helm on PATH (.ci/run installs it)")
-	return ""
+// helmRenderer is scripts/helmtemplate, built once per test binary.
+var helmRenderer struct {
+	once      sync.Once
+	dir, path string
+	err       error
 }
 
-// waitHelm waits for the helm binary at path to appear, for at most wait
-// (a duration; empty: not at all): .ci/run builds it in the background
-// when its cache has none, and moves it to path once built, or leaves a
-// file "failed" beside it, with the build's log in build.log.
-func waitHelm(path, wait string) error {
-	d, err := time.ParseDuration(cmp.Or(wait, "0s"))
-	if err != nil {
-		return fmt.Errorf("SLUICE_HELM_WAIT=%q: %v", wait, err)
+// helmBinary builds scripts/helmtemplate, which renders a chart as helm
+// template does, with Helm's own packages (a module of its own, pinned):
+// under a minute from an empty build cache once go vet -race has built
+// the Kubernetes API packages it shares with the tests, a few times less
+// than the whole helm command. Under -short the test is skipped; where
+// the build fails (Helm's modules cannot be downloaded) it is skipped
+// too, or fails under CI (CI=true).
+func helmBinary(t *testing.T) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("builds scripts/helmtemplate from Helm's packages; skipped with -short")
 	}
-	var failed error
-	err = testkit.Wait(d, func() error {
-		_, err := os.Stat(path)
-		if err == nil {
-			return nil
+	helmRenderer.once.Do(func() {
+		helmRenderer.dir, helmRenderer.err = os.MkdirTemp("", "sluice-test-helm-")
+		if helmRenderer.err != nil {
+			return
 		}
-		if _, ferr := os.Stat(filepath.Join(filepath.Dir(path), "failed")); ferr == nil {
-			log, _ := os.ReadFile(filepath.Join(filepath.Dir(path), "build.log"))
-			failed = fmt.Errorf("the build of helm failed:\n%s", log)
-			return nil
+		helmRenderer.path = filepath.Join(helmRenderer.dir, "helmtemplate")
+		args := []string{"build", "-o", helmRenderer.path}
+		if raceEnabled {
+			args = append(args, "-race") // shares the tests' build of k8s.io/api
 		}
-		return err
+		cmd := exec.Command("go", append(args, ".")...)
+		cmd.Dir = "../../scripts/helmtemplate"
+		if out, err := cmd.CombinedOutput(); err != nil {
+			helmRenderer.err = fmt.Errorf("could not build scripts/helmtemplate: %v\n%s", err, out)
+		}
 	})
-	if failed != nil {
-		return failed
+	if err := helmRenderer.err; err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
 	}
-	return err
+	return helmRenderer.path
 }
 
 // helmTemplate renders the chart as release with the extra arguments and
 // decodes the result strictly.
 func helmTemplate(t *testing.T, helm, release string, args ...string) manifests {
 	t.Helper()
-	cmd := helmCommand(t, helm, append([]string{"template", release, helmChart}, args...)...)
-	out, err := cmd.Output()
+	out, err := exec.Command(helm, append([]string{release, helmChart}, args...)...).Output()
 	if err != nil {
 		var exit *exec.ExitError
 		if errors.As(err, &exit) {
@@ -290,19 +283,10 @@ func helmTemplate(t *testing.T, helm, release string, args ...string) manifests 
 	return decodeManifests(t, "helm template "+release, out)
 }
 
-// helmCommand is helm with args, in homes of its own: its cache, config
-// and data are none of the user's.
-func helmCommand(t *testing.T, helm string, args ...string) *exec.Cmd {
-	home := t.TempDir()
-	cmd := exec.Command(helm, args...)
-	cmd.Env = append(os.Environ(), "HELM_CACHE_HOME="+filepath.Join(home, "cache"),
-		"HELM_CONFIG_HOME="+filepath.Join(home, "config"), "HELM_DATA_HOME="+filepath.Join(home, "data"))
-	return cmd
-}
-
-// helmRun runs helm with args and returns what it printed.
-func helmRun(t *testing.T, helm string, args ...string) (string, error) {
-	out, err := helmCommand(t, helm, args...).CombinedOutput()
+// helmRun renders the chart as release with args and returns what the
+// renderer printed.
+func helmRun(helm, release string, args ...string) (string, error) {
+	out, err := exec.Command(helm, append([]string{release, helmChart}, args...)...).CombinedOutput()
 	return string(out), err
 }
 

@@ -27,8 +27,10 @@ import (
 // built binary.
 func TestMain(m *testing.M) {
 	code := clustertest.RunParallel(m, 4)
-	if dir := binDir.dir; dir != "" {
-		os.RemoveAll(dir)
+	for _, dir := range []string{binDir.dir, helmRenderer.dir} {
+		if dir != "" {
+			os.RemoveAll(dir)
+		}
 	}
 	os.Exit(code)
 }
