@@ -85,13 +85,14 @@ func TestBench(t *testing.T) {
 		{"closed envoy uniform batch 10", []string{"--api", "envoy", "--batch", "10", "--keys", "100"}},
 		{"closed client uniform", []string{"--api", "client"}},
 		{"closed client batch 10 routing on", []string{"--api", "client", "--batch", "10", "--routing", "on"}},
-		// Open loop: a call the workers cannot send on time is not sent.
-		// Three seconds, after a warmup of one, leave a loaded machine
-		// time to send some: in CI, beside the fault suite, the node once
-		// answered nothing for over a second, and a run of one second
-		// after 0.1 s sent none of its calls.
-		{"open native hot batch 10", []string{"--rate", "300", "--dist", "hot", "--batch", "10", "--duration", "3s", "--warmup", "1s"}},
-		{"open envoy zipf", []string{"--rate", "300", "--api", "envoy", "--dist", "zipf", "--duration", "3s", "--warmup", "1s"}},
+		// Open loop: a call the workers cannot send on time is not sent,
+		// and the calls due in the warmup are sent before those measured.
+		// At 300 calls/s, on 2 cores busy with three other processes, the
+		// four workers of the race-built bench worked through the
+		// warmup's 300 calls until the end and sent none of the measured
+		// 900 (3 runs of 6; all sent at 50 calls/s, p99 30 to 105 ms).
+		{"open native hot batch 10", []string{"--rate", "50", "--dist", "hot", "--batch", "10", "--duration", "3s", "--warmup", "1s"}},
+		{"open envoy zipf", []string{"--rate", "50", "--api", "envoy", "--dist", "zipf", "--duration", "3s", "--warmup", "1s"}},
 	} {
 		// One at a time: closed loops beside it would take the cores an
 		// open loop needs to send on time.
