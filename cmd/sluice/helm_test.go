@@ -13,7 +13,6 @@ import (
 	"slices"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -224,49 +223,29 @@ topologySpreadConstraints:
 	})
 }
 
-// helmRenderer is scripts/helmtemplate, built once per test binary.
-var helmRenderer struct {
-	once      sync.Once
-	dir, path string
-	err       error
-}
+// helmRenderer is scripts/helmtemplate, built by helmBinary.
+var helmRenderer built
 
 // helmBinary builds scripts/helmtemplate, which renders a chart as helm
 // template does, with Helm's own packages (a module of its own, pinned):
 // from an empty build cache, once go vet -race has built the Kubernetes
 // API packages it shares with the tests, 78 CPU-seconds (41 s on a quiet
 // machine), a quarter of the whole helm command's. Under -short the test
-// is skipped; where
-// the build fails (Helm's modules cannot be downloaded) it is skipped
-// too, or fails under CI (CI=true).
+// is skipped; where the build fails (Helm's modules cannot be downloaded)
+// it is skipped too, or fails under CI (CI=true).
 func helmBinary(t *testing.T) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds scripts/helmtemplate from Helm's packages; skipped with -short")
 	}
-	helmRenderer.once.Do(func() {
-		helmRenderer.dir, helmRenderer.err = os.MkdirTemp("", "sluice-test-helm-")
-		if helmRenderer.err != nil {
-			return
-		}
-		helmRenderer.path = filepath.Join(helmRenderer.dir, "helmtemplate")
-		args := []string{"build", "-o", helmRenderer.path}
-		if raceEnabled {
-			args = append(args, "-race") // shares the tests' build of k8s.io/api
-		}
-		cmd := exec.Command("go", append(args, ".")...)
-		cmd.Dir = "../../scripts/helmtemplate"
-		if out, err := cmd.CombinedOutput(); err != nil {
-			helmRenderer.err = fmt.Errorf("could not build scripts/helmtemplate: %v\n%s", err, out)
-		}
-	})
-	if err := helmRenderer.err; err != nil {
+	path, err := helmRenderer.build("../../scripts/helmtemplate", "helmtemplate")
+	if err != nil {
 		if os.Getenv("CI") != "" {
 			t.Fatal(err)
 		}
 		t.Skip(err)
 	}
-	return helmRenderer.path
+	return path
 }
 
 // helmTemplate renders the chart as release with the extra arguments and

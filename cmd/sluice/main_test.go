@@ -27,7 +27,7 @@ import (
 // built binary.
 func TestMain(m *testing.M) {
 	code := clustertest.RunParallel(m, 4)
-	for _, dir := range []string{binDir.dir, helmRenderer.dir} {
+	for _, dir := range []string{sluiceBin.dir, helmRenderer.dir} {
 		if dir != "" {
 			os.RemoveAll(dir)
 		}
@@ -198,40 +198,50 @@ func waitReadyFile[T any](path string, exited <-chan T, timeout time.Duration) (
 	return info, err
 }
 
-// binDir holds the sluice binary, built once per test binary by
-// sluiceBinary and removed by TestMain.
-var binDir struct {
-	once sync.Once
-	dir  string
-	path string
-	err  error
+// built is a binary the tests build once per test binary; TestMain
+// removes it.
+type built struct {
+	once      sync.Once
+	dir, path string
+	err       error
 }
 
-// sluiceBinary builds the sluice binary (with -race when the tests run with
-// it, so the build reuses their compiled packages) and returns its path. It
-// skips the test under -short.
+// build builds the main package in src as name, once (with -race when the
+// tests run with it, so that the build reuses their compiled packages),
+// and returns its path.
+func (b *built) build(src, name string) (string, error) {
+	b.once.Do(func() {
+		b.dir, b.err = os.MkdirTemp("", "sluice-test-"+name+"-")
+		if b.err != nil {
+			return
+		}
+		b.path = filepath.Join(b.dir, name)
+		args := []string{"build", "-o", b.path}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		cmd := exec.Command("go", append(args, ".")...)
+		cmd.Dir = src
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.err = fmt.Errorf("go build %s: %v\n%s", src, err, out)
+		}
+	})
+	return b.path, b.err
+}
+
+// sluiceBin is the sluice binary, built by sluiceBinary.
+var sluiceBin built
+
+// sluiceBinary builds the sluice binary and returns its path. It skips
+// the test under -short.
 func sluiceBinary(t testing.TB) string {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs the sluice binary; skipped with -short")
 	}
-	binDir.once.Do(func() {
-		binDir.dir, binDir.err = os.MkdirTemp("", "sluice-test-bin-")
-		if binDir.err != nil {
-			return
-		}
-		binDir.path = filepath.Join(binDir.dir, "sluice")
-		args := []string{"build", "-o", binDir.path}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		out, err := exec.Command("go", append(args, ".")...).CombinedOutput()
-		if err != nil {
-			binDir.err = fmt.Errorf("go build: %v\n%s", err, out)
-		}
-	})
-	if binDir.err != nil {
-		t.Fatal(binDir.err)
+	path, err := sluiceBin.build(".", "sluice")
+	if err != nil {
+		t.Fatal(err)
 	}
-	return binDir.path
+	return path
 }
