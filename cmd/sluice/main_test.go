@@ -24,7 +24,7 @@ import (
 )
 
 // TestMain checks for leaked goroutines after the tests, and removes the
-// built binary.
+// built binaries.
 func TestMain(m *testing.M) {
 	code := clustertest.RunParallel(m, 4)
 	for _, dir := range []string{sluiceBin.dir, helmRenderer.dir} {

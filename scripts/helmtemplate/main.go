@@ -9,10 +9,11 @@
 //	helmtemplate [-f FILE]... [--set K=V]... [--set-string K=V]... [--set-file K=FILE]... [--notes] RELEASE CHART
 //
 // As helm does, it merges the -f files in order, then every --set, then
-// every --set-string, then every --set-file, whatever order they come in. It prints the hooks and
-// the manifests, each after a "# Source:" line; with --notes, NOTES.txt
-// follows them after a "# Notes" line (helm lint renders it; helm template
-// does not). Errors go to standard error, with exit status 1.
+// every --set-string, then every --set-file, whatever order they come in.
+// It prints the manifests, then the hooks, each after a "# Source:" line;
+// with --notes, the chart's NOTES.txt follows them after a "# Notes" line
+// (helm install prints it; helm template does not). Errors go to standard
+// error, with exit status 1.
 //
 // It lives in a module of its own, so that Helm's dependencies are not the
 // service's.
@@ -99,7 +100,6 @@ func run(args []string, w io.Writer) error {
 			return fmt.Errorf("--set-string %s: %w", s, err)
 		}
 	}
-
 	for _, s := range fileSets {
 		read := func(name []rune) (any, error) {
 			b, err := os.ReadFile(string(name))
@@ -125,9 +125,8 @@ func run(args []string, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	noteFile := path.Join(ch.Name(), "templates", "NOTES.txt")
-	note := out[noteFile]
-	for k := range out {
+	note := out[path.Join(ch.Name(), "templates", "NOTES.txt")]
+	for k := range out { // helm renders no chart's notes as a manifest
 		if strings.HasSuffix(k, "NOTES.txt") {
 			delete(out, k)
 		}
