@@ -684,6 +684,13 @@ func (c *call) route(own *ownership) ([]group, error) {
 			continue
 		}
 		name, _, err := own.cur.acting(c.checks[i].Key)
+		if err != nil && len(own.cur.ring) == 0 {
+			// Nobody owns keys yet: if this node holds no lease either,
+			// the cluster has not formed, which no retry gets past.
+			if lerr := c.r.leaseErr(); lerr != nil {
+				err = lerr
+			}
+		}
 		if err != nil {
 			c.r.cfg.Observer.Refused(reason(err), len(c.checks))
 			return nil, err

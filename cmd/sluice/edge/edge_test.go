@@ -18,13 +18,17 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/cluster/clustertest"
 	"github.com/sluice-io/sluice/cmd/sluice/node"
 	"github.com/sluice-io/sluice/cmd/sluice/node/nodetest"
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
@@ -342,12 +346,26 @@ func TestDegradation(t *testing.T) {
 		}, "timeout", deadline},
 		{"unavailable", func(t *testing.T) string {
 			gossip := "127.0.0.1:" + strconv.Itoa(clustertest.FreePort(t))
-			return nodetest.Start(t, "n1", func(c *node.Config) {
+			n := nodetest.Start(t, "n1", func(c *node.Config) {
 				cc := cluster.DefaultConfig()
 				cc.GossipAddr = gossip
 				cc.Expect = 3 // alone: no quorum, UNAVAILABLE
 				c.Cluster = &cc
-			}).Addr
+			})
+			// It says so, not "ownership moving", which the client
+			// would try once more.
+			conn, err := grpc.NewClient(n.Addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			_, err = sluicepb.NewRateLimitServiceClient(conn).Check(context.Background(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{
+				{Key: []byte("k"), Limit: 5, Window: durationpb.New(time.Minute)},
+			}})
+			if st := status.Convert(err); st.Code() != codes.Unavailable || !strings.HasPrefix(st.Message(), "cluster: no quorum") {
+				t.Fatalf("a node alone of 3 answered %v; want UNAVAILABLE, no quorum", err)
+			}
+			return n.Addr
 		}, "unavailable", 0},
 		{"overloaded", func(t *testing.T) string {
 			return nodetest.NewRefuser(t, status.Error(codes.ResourceExhausted, "actor: overloaded: mailbox full"), -1, "").Addr
