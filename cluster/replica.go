@@ -50,6 +50,11 @@ type replication struct {
 	mu       sync.Mutex
 	standbys map[string]*standbySender // by name
 	lanes    map[laneKey]*laneIn       // receiving side
+	// closed ends the Replicate streams this node receives: a stream
+	// lives until its sender retires it, and a graceful stop would wait
+	// that long.
+	closed    chan struct{}
+	closeOnce sync.Once
 }
 
 // laneKey names one lane of one sender epoch, on the receiving side.
@@ -70,11 +75,13 @@ func (p *replication) init(r *Router) {
 	p.r = r
 	p.standbys = make(map[string]*standbySender)
 	p.lanes = make(map[laneKey]*laneIn)
+	p.closed = make(chan struct{})
 	// Above any sequence an earlier process of this node used.
 	p.seq.Store(uint64(time.Now().UnixNano()))
 }
 
 func (p *replication) close() {
+	p.closeOnce.Do(func() { close(p.closed) })
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, s := range p.standbys {
@@ -690,6 +697,11 @@ loop:
 			}
 			break loop
 		case err = <-failed:
+			break loop
+		case <-r.repl.closed:
+			// The calls received so far are answered; the sender sends
+			// the rest elsewhere, as for any broken stream.
+			err = fmt.Errorf("cluster: this standby is stopping: %w", actor.ErrClosed)
 			break loop
 		}
 	}
