@@ -47,7 +47,24 @@ func newTestClusterWith(t *testing.T, n int, edit func(*Config)) *testCluster {
 	}
 	tc.waitMembers(n)
 	tc.waitReady()
+	t.Cleanup(tc.stop)
 	return tc
+}
+
+// stop stops the nodes still running, the last started first, as the
+// nodes' own cleanups would. The last one has no quorum left to end its
+// epoch with, and would try for its whole ShutdownTimeout: it is given a
+// second, which a leave through a quorum does not need.
+func (tc *testCluster) stop() {
+	last := slices.IndexFunc(tc.nodes, func(ts *testServer) bool { return ts.srv != nil })
+	for i := len(tc.nodes) - 1; i > last; i-- {
+		tc.nodes[i].stop()
+	}
+	if last >= 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		tc.nodes[last].stopCtx(ctx)
+	}
 }
 
 // waitReady waits until every running node holds a lease and every key it

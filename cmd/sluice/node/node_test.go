@@ -93,12 +93,15 @@ func (ts *testServer) start() {
 	}
 }
 
-func (ts *testServer) stop() {
+func (ts *testServer) stop() { ts.stopCtx(context.Background()) }
+
+// stopCtx is stop with ctx bounding the graceful part of the shutdown.
+func (ts *testServer) stopCtx(ctx context.Context) {
 	if ts.srv == nil {
 		return
 	}
 	ts.closeConns()
-	if err := ts.srv.Shutdown(context.Background()); err != nil {
+	if err := ts.srv.Shutdown(ctx); err != nil {
 		ts.t.Errorf("Shutdown: %v", err)
 	}
 	ts.srv = nil
