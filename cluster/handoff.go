@@ -602,10 +602,15 @@ func (r *Router) OnlyOwner() bool {
 // current configuration, so that its keys go on from their copies at
 // once; with one replica it moves to phase leaving and hands every key to
 // the members that act for it now. If ctx ends first, it ends its epoch
-// anyway: its keys then wait for it (policy exact) until it is back.
+// anyway: its keys then wait for it (policy exact) until it is back. The
+// only member that owns keys has nobody to hand them to, nor copies to
+// bring up to date: it ends its epoch at once.
 func (r *Router) Leave(ctx context.Context) error {
 	if !r.joined() {
 		return nil
+	}
+	if r.OnlyOwner() {
+		return r.ctl().Leave(ctx)
 	}
 	// Keep a third of the time for ending the epoch itself.
 	wctx, cancel := ctx, context.CancelFunc(func() {})

@@ -142,6 +142,42 @@ func TestClusterRollingRestartKeepsCopies(t *testing.T) {
 	}
 }
 
+// TestClusterOfOneStopsAtOnce: the only member of a cluster (with the
+// standbys of a data file's default) has nobody to hand its keys to, nor
+// copies to bring up to date: its graceful stop ends its epoch at once
+// instead of waiting two thirds of its timeout for a synced mark, and
+// started again it decides its keys from where they were.
+func TestClusterOfOneStopsAtOnce(t *testing.T) {
+	t.Parallel()
+	const shutdownTimeout = time.Minute
+	tc := newTestClusterWith(t, 1, func(c *Config) {
+		c.Router.Replicas = 2
+		c.ShutdownTimeout = shutdownTimeout
+	})
+	ts := tc.nodes[0]
+	hit := func() *sluicepb.CheckResponse {
+		resp, err := tc.client(0).Check(ts.ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck("alone", 2, time.Hour, 1)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	hit()
+	start := time.Now()
+	ts.stop()
+	if took := time.Since(start); took > shutdownTimeout/3 {
+		t.Errorf("the only member took %v to stop gracefully; want well under its timeout", took)
+	}
+	ts.start()
+	tc.waitReady()
+	if d := hit().Decisions[0]; !d.Allowed || d.Remaining != 0 {
+		t.Errorf("the second hit after the restart: %v; want allowed, 0 remaining (the first one kept)", d)
+	}
+	if d := hit().Decisions[0]; d.Allowed {
+		t.Errorf("the third hit: %v; want denied", d)
+	}
+}
+
 // local reads key as the node named name holds it, and its standby copy.
 func (tc *testCluster) local(name, key string) (*sluicepb.GetKeyResponse, error) {
 	for _, ts := range tc.nodes {
