@@ -61,12 +61,7 @@ func TestMembersCluster(t *testing.T) {
 	oneClusterAtATime(t)
 	// Registered first, so it runs after the nodes have stopped.
 	t.Cleanup(func() { waitMemberlistGone(t) })
-	gossip := []string{gossipAddr(t), gossipAddr(t), gossipAddr(t)}
-	nodes := make([]*cliNode, 3)
-	for i := range nodes {
-		nodes[i] = startNode(t, nil, "--node-name", "node-"+strconv.Itoa(i),
-			"--gossip-addr", gossip[i], "--join", gossip[0], "--expect", "3")
-	}
+	nodes, gossip := startCluster(t, 3)
 	for _, n := range nodes {
 		n.waitReadyz()
 	}
@@ -128,6 +123,28 @@ func waitMemberlistGone(t *testing.T) {
 
 // gossipAddr returns a 127.0.0.1 address for a node's gossip, whose port was
 // free for both TCP and UDP.
+// startCluster starts n nodes of one cluster, node-0 to node-<n-1>, joined
+// through node-0's gossip address, and returns them with their gossip
+// addresses. They stop in reverse order at the test's end; node-0, the
+// last, has no quorum left to end its epoch with and would try for the
+// whole default --shutdown-timeout (10 s): it is given one second.
+func startCluster(t *testing.T, n int) ([]*cliNode, []string) {
+	gossip := make([]string, n)
+	for i := range gossip {
+		gossip[i] = gossipAddr(t)
+	}
+	nodes := make([]*cliNode, n)
+	for i := range nodes {
+		args := []string{"--node-name", "node-" + strconv.Itoa(i),
+			"--gossip-addr", gossip[i], "--join", gossip[0], "--expect", strconv.Itoa(n)}
+		if i == 0 {
+			args = append(args, "--shutdown-timeout", "1s")
+		}
+		nodes[i] = startNode(t, nil, args...)
+	}
+	return nodes, gossip
+}
+
 func gossipAddr(t *testing.T) string {
 	return "127.0.0.1:" + strconv.Itoa(clustertest.FreePort(t))
 }

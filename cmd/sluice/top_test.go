@@ -119,12 +119,7 @@ func TestTopCluster(t *testing.T) {
 	t.Parallel()
 	oneClusterAtATime(t)
 	t.Cleanup(func() { waitMemberlistGone(t) })
-	gossip := []string{gossipAddr(t), gossipAddr(t), gossipAddr(t)}
-	nodes := make([]*cliNode, 3)
-	for i := range nodes {
-		nodes[i] = startNode(t, nil, "--node-name", "node-"+strconv.Itoa(i),
-			"--gossip-addr", gossip[i], "--join", gossip[0], "--expect", "3")
-	}
+	nodes, _ := startCluster(t, 3)
 	// Each node decides once it holds a lease: until then checks fail.
 	deadline := time.Now().Add(30 * time.Second)
 	for i, n := range nodes {

@@ -82,10 +82,13 @@ func Start(t testing.TB, name string, edit func(*node.Config)) *Node {
 }
 
 // Stop shuts the node down (idempotent): Sluice killed.
-func (n *Node) Stop() {
+func (n *Node) Stop() { n.stopCtx(context.Background()) }
+
+// stopCtx is Stop with ctx bounding the graceful part of the shutdown.
+func (n *Node) stopCtx(ctx context.Context) {
 	n.once.Do(func() {
 		n.stopped.Store(true)
-		if err := n.srv.Shutdown(context.Background()); err != nil {
+		if err := n.srv.Shutdown(ctx); err != nil {
 			n.t.Errorf("node Shutdown: %v", err)
 		}
 	})
@@ -311,7 +314,24 @@ func StartCluster(t testing.TB, n int, edit func(*node.Config)) *Cluster {
 		c.Add()
 	}
 	c.WaitReady()
+	t.Cleanup(c.stop)
 	return c
+}
+
+// stop stops the nodes still running, the last started first, as their
+// own cleanups would. The last one has no quorum left to end its epoch
+// with, and would try for its whole ShutdownTimeout: it is given a second,
+// which a leave through a quorum does not need.
+func (c *Cluster) stop() {
+	running := c.Running()
+	for i := len(running) - 1; i > 0; i-- {
+		running[i].Stop()
+	}
+	if len(running) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		running[0].stopCtx(ctx)
+	}
 }
 
 // Add starts one more node, which joins the cluster; WaitReady waits
