@@ -725,6 +725,7 @@ func (c *Control) Shutdown() error {
 			c.cancel()
 		}
 		c.wg.Wait()
+		c.stream.stopDials() // Raft's Shutdown waits for its calls
 		err := c.raft.Shutdown().Error()
 		c.trans.Close()
 		// Close drops only the listener: the pooled connections to the

@@ -216,6 +216,11 @@ type stream struct {
 	quit     chan struct{}
 	once     sync.Once
 	wg       sync.WaitGroup
+	// dials is the context of every Dial, cancelled by stopDials:
+	// Raft's Shutdown waits for its calls in flight, which would otherwise
+	// go on dialling members that are down for up to redialWindow.
+	dials     context.Context
+	stopDials context.CancelFunc
 }
 
 // newRaftTransport returns Raft's transport over s, replicating with one
@@ -240,6 +245,7 @@ func newStream(cfg TransportConfig) (*stream, error) {
 		return nil, fmt.Errorf("control: raft address %q: %w", cfg.Advertise, err)
 	}
 	s := &stream{cfg: cfg, addr: addr, accepted: make(chan net.Conn), quit: make(chan struct{})}
+	s.dials, s.stopDials = context.WithCancel(context.Background())
 	s.wg.Add(1)
 	go s.acceptLoop()
 	return s, nil
@@ -353,6 +359,7 @@ func (s *stream) Accept() (net.Conn, error) {
 func (s *stream) Close() error {
 	s.once.Do(func() {
 		close(s.quit)
+		s.stopDials()
 		s.cfg.Listener.Close()
 	})
 	return nil
@@ -366,7 +373,7 @@ func (s *stream) Addr() net.Addr { return s.addr }
 
 // Dial implements raft.StreamLayer.
 func (s *stream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(s.dials, timeout)
 	defer cancel()
 	c, err := dialPatiently(ctx, string(address))
 	if err != nil {
@@ -428,7 +435,8 @@ func (s *stream) Dial(address raft.ServerAddress, timeout time.Duration) (net.Co
 const redialWindow = 2 * time.Second
 
 // dialPatiently connects to addr, trying again every 100ms while the
-// address refuses connections, for up to redialWindow (and ctx).
+// address refuses connections, for up to redialWindow (and ctx). Cancelled,
+// it returns ctx's error.
 func dialPatiently(ctx context.Context, addr string) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, redialWindow)
 	defer cancel()
@@ -440,6 +448,9 @@ func dialPatiently(ctx context.Context, addr string) (net.Conn, error) {
 		}
 		select {
 		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.Canceled) {
+				return nil, ctx.Err()
+			}
 			return nil, err
 		case <-time.After(100 * time.Millisecond):
 		}

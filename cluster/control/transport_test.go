@@ -2,6 +2,7 @@ package control
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -58,7 +59,7 @@ func TestMuxSplits(t *testing.T) {
 		t.Fatalf("gRPC side read %q; want %q", got, "PRI")
 	}
 
-	dialer := &stream{cfg: TransportConfig{Secret: []byte("secret"), ClusterID: func() string { return "c1" }}}
+	dialer := &stream{cfg: TransportConfig{Secret: []byte("secret"), ClusterID: func() string { return "c1" }}, dials: context.Background()}
 	rc, err := dialer.Dial(rafAddr(addr), time.Second)
 	if err != nil {
 		t.Fatalf("raft dial: %v", err)
@@ -90,7 +91,7 @@ func TestHandshakeRefuses(t *testing.T) {
 		{"joining", "secret", "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := &stream{cfg: TransportConfig{Secret: []byte(tc.secret), ClusterID: func() string { return tc.cid }}}
+			d := &stream{cfg: TransportConfig{Secret: []byte(tc.secret), ClusterID: func() string { return tc.cid }}, dials: context.Background()}
 			c, err := d.Dial(addr, time.Second)
 			if tc.wantErr == "" {
 				if err != nil {
@@ -126,5 +127,28 @@ func TestRaftTransportDoesNotPipeline(t *testing.T) {
 			p.Close()
 		}
 		t.Fatalf("AppendEntriesPipeline: %v; want raft.ErrPipelineReplicationNotSupported", err)
+	}
+}
+
+// TestDialStopsAtShutdown: a Dial that keeps trying an address refusing
+// connections ends once the stream stops dialling, as Control.Shutdown
+// makes it before Raft's Shutdown (which waits for the calls in flight),
+// instead of trying for the rest of redialWindow.
+func TestDialStopsAtShutdown(t *testing.T) {
+	_, s := muxStream(t, "secret", "c1")
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refusing := lis.Addr().String()
+	lis.Close()
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.Dial(raft.ServerAddress(refusing), time.Minute)
+		done <- err
+	}()
+	s.stopDials()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Dial of an address that refuses connections: %v; want it cancelled", err)
 	}
 }
