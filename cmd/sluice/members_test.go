@@ -121,8 +121,6 @@ func waitMemberlistGone(t *testing.T) {
 	}
 }
 
-// gossipAddr returns a 127.0.0.1 address for a node's gossip, whose port was
-// free for both TCP and UDP.
 // startCluster starts n nodes of one cluster, node-0 to node-<n-1>, joined
 // through node-0's gossip address, and returns them with their gossip
 // addresses. They stop in reverse order at the test's end; node-0, the
@@ -145,6 +143,8 @@ func startCluster(t *testing.T, n int) ([]*cliNode, []string) {
 	return nodes, gossip
 }
 
+// gossipAddr returns a 127.0.0.1 address for a node's gossip, whose port was
+// free for both TCP and UDP.
 func gossipAddr(t *testing.T) string {
 	return "127.0.0.1:" + strconv.Itoa(clustertest.FreePort(t))
 }
