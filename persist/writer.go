@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"runtime"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -146,6 +147,7 @@ func (w *writer) collect() {
 			break
 		}
 	}
+	yielded := false
 	for w.nrecs < w.maxRecs {
 		select {
 		case c, ok := <-w.s.queue:
@@ -155,7 +157,15 @@ func (w *writer) collect() {
 			}
 			w.add(c)
 		default:
-			return
+			if yielded {
+				return
+			}
+			// Let the goroutines that are ready run first: on a busy
+			// node they are deciding, and their records join this
+			// write instead of each taking one of its own. On an idle
+			// node nothing else is ready and this returns at once.
+			yielded = true
+			runtime.Gosched()
 		}
 	}
 }
