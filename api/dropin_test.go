@@ -327,4 +327,8 @@ func TestRuleStatisticsBounded(t *testing.T) {
 	if total != 400 {
 		t.Errorf("hits over all series = %v; want 400 (folded hits are still counted)", total)
 	}
+	var m dto.Metric
+	if err := ts.srv.ruleStats.folded.Write(&m); err != nil || m.GetCounter().GetValue() != 390 {
+		t.Errorf("sluice_rule_metrics_folded_total = %v (%v); want 390 (every descriptor past the first 10 keys)", m.GetCounter().GetValue(), err)
+	}
 }

@@ -2,7 +2,6 @@ package api
 
 import (
 	"math"
-	"strings"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -96,30 +95,45 @@ func newRuleStats(reg prometheus.Registerer, maxKeys int, ratio float64) *ruleSt
 }
 
 // counters returns the counters of (domain, key); fromRequest says key
-// holds request values, ruled that domain is a limits file's.
-func (rs *ruleStats) counters(domain, key string, fromRequest, ruled bool) *ruleCounters {
+// holds request values, ruled that domain is a limits file's. Counters that
+// exist, including the folded ones once maxKeys is reached, are found under
+// the read lock without allocating: key is only copied to be added.
+func (rs *ruleStats) counters(domain string, key []byte, fromRequest, ruled bool) *ruleCounters {
+	folds := false
 	rs.mu.RLock()
-	c := rs.series[domain][key]
+	c := rs.series[domain][string(key)]
+	if c == nil && fromRequest && rs.fromRequest >= rs.maxKeys {
+		c, folds = rs.series[foldDomain(domain, ruled)][otherLabel], true
+	}
 	rs.mu.RUnlock()
 	if c != nil {
+		if folds {
+			rs.folded.Inc()
+		}
 		return c
 	}
 	rs.mu.Lock()
 	defer rs.mu.Unlock()
-	if c = rs.series[domain][key]; c != nil {
+	if c = rs.series[domain][string(key)]; c != nil {
 		return c
 	}
 	if fromRequest {
 		if rs.fromRequest >= rs.maxKeys {
 			rs.folded.Inc()
-			if !ruled {
-				domain = otherLabel
-			}
-			return rs.add(domain, otherLabel)
+			return rs.add(foldDomain(domain, ruled), otherLabel)
 		}
 		rs.fromRequest++
 	}
-	return rs.add(domain, key)
+	return rs.add(domain, string(key))
+}
+
+// foldDomain is the domain of the series that a folded key of domain is
+// counted in: its own for a limits file's rule, "other" without a rule.
+func foldDomain(domain string, ruled bool) string {
+	if ruled {
+		return domain
+	}
+	return otherLabel
 }
 
 // add returns the counters of (domain, key), creating them. rs.mu is held.
@@ -150,11 +164,12 @@ func (rs *ruleStats) count(domain string, o *envoyOutcome) {
 	if d.refund {
 		return
 	}
+	var buf [128]byte // the statistics key, built here to be looked up
 	var c *ruleCounters
 	if r := d.rule; r != nil {
-		c = rs.counters(r.Domain, r.RequestStatKey(d.entries), r.StatKeyFromRequest(), true)
+		c = rs.counters(r.Domain, r.AppendRequestStatKey(buf[:0], d.entries), r.StatKeyFromRequest(), true)
 	} else {
-		c = rs.counters(domain, descriptorStatKey(d.entries), true, false)
+		c = rs.counters(domain, appendDescriptorStatKey(buf[:0], d.entries), true, false)
 	}
 	cost := float64(d.cost)
 	c.hits.Add(cost)
@@ -175,19 +190,19 @@ func (rs *ruleStats) count(domain string, o *envoyOutcome) {
 	}
 }
 
-// descriptorStatKey is the statistics key of a descriptor without a rule:
-// its entries as key_value (key alone for an empty value) joined by dots.
-func descriptorStatKey(entries []limits.Entry) string {
-	var b strings.Builder
+// appendDescriptorStatKey appends the statistics key of a descriptor
+// without a rule to b: its entries as key_value (key alone for an empty
+// value) joined by dots.
+func appendDescriptorStatKey(b []byte, entries []limits.Entry) []byte {
 	for i, e := range entries {
 		if i > 0 {
-			b.WriteByte('.')
+			b = append(b, '.')
 		}
-		b.WriteString(e.Key)
+		b = append(b, e.Key...)
 		if e.Value != "" {
-			b.WriteByte('_')
-			b.WriteString(e.Value)
+			b = append(b, '_')
+			b = append(b, e.Value...)
 		}
 	}
-	return b.String()
+	return b
 }

@@ -20,7 +20,8 @@
 // All writes go through one writer goroutine, started by Open and ended by
 // Close. Actors Submit small batches of records; the writer blocks until
 // something is queued, takes everything queued (up to Options.MaxTxRecords
-// records), encodes it as one WAL frame, appends the frame to the WAL file
+// records; when that is little, it yields once first so that the goroutines
+// ready to run can add theirs), encodes it as one WAL frame, appends the frame to the WAL file
 // with one write(2) (and fdatasync in ModeFsync), applies the records to
 // the overlay, then acknowledges every batch of that commit in submission
 // order, and starts over at once. While a commit is written, the next

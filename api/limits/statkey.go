@@ -43,47 +43,57 @@ type statLevel struct {
 	shared bool
 }
 
-// statPart renders one level as key_value, or key when value is empty.
-func statPart(b *strings.Builder, key, value string) {
-	b.WriteString(key)
+// appendStatPart appends one level as key_value, or key when value is
+// empty.
+func appendStatPart(b []byte, key, value string) []byte {
+	b = append(b, key...)
 	if value != "" {
-		b.WriteByte('_')
-		b.WriteString(value)
+		b = append(b, '_')
+		b = append(b, value...)
 	}
+	return b
 }
 
 // staticStatKey renders levels with their fixed values.
 func staticStatKey(levels []statLevel) string {
-	var b strings.Builder
+	var b []byte
 	for i, l := range levels {
 		if i > 0 {
-			b.WriteByte('.')
+			b = append(b, '.')
 		}
-		statPart(&b, l.key, l.fixed)
+		b = appendStatPart(b, l.key, l.fixed)
 	}
-	return b.String()
+	return string(b)
 }
 
 // RequestStatKey returns the rule's statistics key for a request descriptor
 // that matched it, entries as the request sent them: StatKey, unless
 // detailed_metric or value_to_metric put request values in it (see
-// StatKeyFromRequest). It allocates only in that case.
+// StatKeyFromRequest).
 func (r *Rule) RequestStatKey(entries []Entry) string {
 	if r.statLevels == nil || len(entries) != len(r.statLevels) {
 		return r.StatKey
 	}
-	var b strings.Builder
+	return string(r.AppendRequestStatKey(nil, entries))
+}
+
+// AppendRequestStatKey appends RequestStatKey(entries) to b, so that a
+// caller that only looks the key up need not allocate it.
+func (r *Rule) AppendRequestStatKey(b []byte, entries []Entry) []byte {
+	if r.statLevels == nil || len(entries) != len(r.statLevels) {
+		return append(b, r.StatKey...)
+	}
 	for i, l := range r.statLevels {
 		if i > 0 {
-			b.WriteByte('.')
+			b = append(b, '.')
 		}
 		v := l.fixed
 		if l.fromRequest {
 			v = entries[i].Value
 		}
-		statPart(&b, l.key, v)
+		b = appendStatPart(b, l.key, v)
 	}
-	return b.String()
+	return b
 }
 
 // StatKeyFromRequest reports whether RequestStatKey shows request values, so
