@@ -20,10 +20,11 @@
 // All writes go through one writer goroutine, started by Open and ended by
 // Close. Actors Submit small batches of records; the writer blocks until
 // something is queued, takes everything queued (up to Options.MaxTxRecords
-// records; when that is little, it yields once first so that the goroutines
-// ready to run can add theirs), encodes it as one WAL frame, appends the frame to the WAL file
-// with one write(2) (and fdatasync in ModeFsync), applies the records to
-// the overlay, then acknowledges every batch of that commit in submission
+// records; if the queue runs dry before that, it yields once and drains
+// it again, so that the goroutines ready to run can add theirs), encodes it
+// as one WAL frame, appends the frame to the WAL file with one write(2)
+// (and fdatasync in ModeFsync), applies the records to the overlay, then
+// acknowledges every batch of that commit in submission
 // order, and starts over at once. While a commit is written, the next
 // batches queue up and share the next one: the busier the store, the larger
 // the frames, so the cost of a write (and of an fsync) is paid once for many
