@@ -954,12 +954,10 @@ func (a *actor) rearm() {
 	if at == a.timerAt {
 		return
 	}
-	d := time.Duration(at - a.now())
 	if a.timer == nil {
-		a.timer = a.e.cfg.Clock.NewTimer(d)
-	} else {
-		a.timer.Reset(d)
+		a.timer = a.e.cfg.Clock.NewTimer(time.Hour)
 	}
+	a.timer.ResetAt(time.Unix(0, at))
 	a.timerAt = at
 }
 

@@ -586,12 +586,10 @@ func (e *Engine) janitor() {
 	for {
 		var fire <-chan time.Time
 		if next := e.store.NextDeadline(); next != 0 {
-			d := time.Duration(next - e.cfg.Clock.Now().UnixNano())
 			if timer == nil {
-				timer = e.cfg.Clock.NewTimer(d)
-			} else {
-				timer.Reset(d)
+				timer = e.cfg.Clock.NewTimer(time.Hour)
 			}
+			timer.ResetAt(time.Unix(0, next))
 			fire = timer.C()
 		}
 		select {

@@ -25,6 +25,11 @@ type Timer interface {
 	Stop() bool
 	// Reset changes the timer to fire after d.
 	Reset(d time.Duration)
+	// ResetAt changes the timer to fire when the clock reads at, at once
+	// if it already does. Reset(at.Sub(Now())) fires late by as much as
+	// the clock moved between the two calls: a test's fake clock can move
+	// a minute there.
+	ResetAt(at time.Time)
 }
 
 // Real is the wall clock.
@@ -41,6 +46,7 @@ type realTimer struct{ t *time.Timer }
 func (r realTimer) C() <-chan time.Time   { return r.t.C }
 func (r realTimer) Stop() bool            { return r.t.Stop() }
 func (r realTimer) Reset(d time.Duration) { r.t.Reset(d) }
+func (r realTimer) ResetAt(at time.Time)  { r.t.Reset(time.Until(at)) }
 
 // Fake is a clock that moves only on Advance or Set. It is safe for
 // concurrent use.
@@ -65,7 +71,7 @@ func (f *Fake) NewTimer(d time.Duration) Timer {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	t := &fakeTimer{f: f, c: make(chan time.Time, 1)}
-	t.arm(d)
+	t.arm(f.now.Add(d))
 	return t
 }
 
@@ -131,9 +137,9 @@ type fakeTimer struct {
 }
 
 // arm must be called with f.mu held.
-func (t *fakeTimer) arm(d time.Duration) {
-	t.when = t.f.now.Add(d)
-	if d <= 0 {
+func (t *fakeTimer) arm(when time.Time) {
+	t.when = when
+	if !when.After(t.f.now) {
 		select {
 		case t.c <- t.f.now:
 		default:
@@ -170,11 +176,22 @@ func (t *fakeTimer) Stop() bool {
 func (t *fakeTimer) Reset(d time.Duration) {
 	t.f.mu.Lock()
 	defer t.f.mu.Unlock()
+	t.reset(t.f.now.Add(d))
+}
+
+func (t *fakeTimer) ResetAt(at time.Time) {
+	t.f.mu.Lock()
+	defer t.f.mu.Unlock()
+	t.reset(at)
+}
+
+// reset must be called with f.mu held.
+func (t *fakeTimer) reset(when time.Time) {
 	t.disarm()
 	// Like time.Timer since Go 1.23: a reset timer never delivers a stale value.
 	select {
 	case <-t.c:
 	default:
 	}
-	t.arm(d)
+	t.arm(when)
 }
