@@ -202,6 +202,7 @@ func (c *checkpointer) removeWALs(gen uint64) {
 // until none is left or Close stops it, then finishes the Sweep calls.
 func (c *checkpointer) runSweep(j sweepJob) {
 	s := c.s
+	c.bw.sweptNow = max(c.bw.sweptNow, j.now)
 	for {
 		var (
 			deleted int
@@ -258,33 +259,46 @@ func finishAll(cs []*Commit, err error) {
 	}
 }
 
-// sweepBolt deletes, from the start of the expiry index, the entries with a
-// deadline <= now and their records, at most budget of them. A record is
-// deleted only if its stored deadline equals the entry's (an entry a later
-// put left behind is dropped alone), and only if the overlay does not hold
-// a newer record of its key (inOverlay): then the entry is dropped alone,
-// and the checkpoint that writes the newer record replaces or deletes the
-// old one. done reports that none is left.
+// sweepBolt walks the expiry index from its start through the entries with
+// a deadline <= now, at most budget of them, and deletes each with what it
+// finds of its key (done reports that none is left):
+//
+//   - no record: the entry alone (the record was deleted, or the entry is an
+//     older one of a key whose deadline moved earlier);
+//   - a record whose deadline is later than now: the entry was a lower bound
+//     (a checkpoint that moves a key's deadline later leaves its entry), and
+//     goes to the record's deadline;
+//   - an expired record, if the overlays hold no newer record of its key
+//     (inOverlay): the record too;
+//   - an expired record the overlays rewrote: the entry alone; the record
+//     is left to the checkpoint that rewrites it, which indexes it again,
+//     its old deadline being one a Sweep has passed (bboltWriter.sweptNow).
 func sweepBolt(keys, exp *bolt.Bucket, now int64, budget int, inOverlay func(key []byte) bool) (deleted int, done bool, err error) {
 	if now <= 0 {
 		return 0, true, nil // deadlines are > 0
 	}
 	var nowKey [8]byte
 	binary.BigEndian.PutUint64(nowKey[:], uint64(now))
+	var moves [][]byte // entries to insert, later than now
 	c := exp.Cursor()
 	for {
 		// First after each Delete: a bbolt cursor must not step on after
 		// deleting under it.
 		k, _ := c.First()
 		if k == nil || bytes.Compare(k[:min(8, len(k))], nowKey[:]) > 0 {
-			return deleted, true, nil
+			done = true
+			break
 		}
 		if deleted >= budget {
-			return deleted, false, nil
+			break
 		}
-		if len(k) > 8 && !inOverlay(k[8:]) {
+		if len(k) > 8 {
 			key := k[8:]
-			if v := keys.Get(key); len(v) >= 8 && bytes.Equal(v[:8], k[:8]) {
+			switch v := keys.Get(key); {
+			case len(v) < 8:
+			case bytes.Compare(v[:8], nowKey[:]) > 0:
+				moves = append(moves, append(append(make([]byte, 0, len(k)), v[:8]...), key...))
+			case !inOverlay(key):
 				if err := keys.Delete(key); err != nil {
 					return deleted, false, err
 				}
@@ -295,6 +309,16 @@ func sweepBolt(keys, exp *bolt.Bucket, now int64, budget int, inOverlay func(key
 		}
 		deleted++
 	}
+	// In deadline order, after the walk: inserted one by one in random
+	// order, each would move the ever longer tail of the node it lands in
+	// (bbolt splits nodes only at commit).
+	sortIndexKeys(moves)
+	for _, m := range moves {
+		if err := exp.Put(m, emptyValue); err != nil {
+			return deleted, false, err
+		}
+	}
+	return deleted, done, nil
 }
 
 // bboltWriter writes overlays into bbolt; it keeps its buffers from one
@@ -305,6 +329,14 @@ type bboltWriter struct {
 	sorted []sortEntry // scratch of sortEntries
 	dels   [][]byte    // expiry index entries to delete
 	ins    [][]byte    // expiry index entries to insert
+	// reindex: every record written gets an index entry (the replay:
+	// a Sweep of the last process may have dropped the entry of a record
+	// its overlay rewrote).
+	reindex bool
+	// sweptNow is the latest now of a Sweep pass of this process: a
+	// record whose stored deadline is not later may have lost its index
+	// entry (see sweepBolt), and a checkpoint indexes it again.
+	sweptNow int64
 	// cur is a cursor on the keys bucket of the transaction being written,
 	// reused from key to key (Bucket.Get allocates one per call).
 	cur *bolt.Cursor
@@ -338,7 +370,9 @@ const maxTxKeys = 4096
 // each is appended.
 func (w *bboltWriter) writeOverlay(db *bolt.DB, ov *overlay, whole bool, hook func(*bolt.Tx) error) (next int64, empty bool, err error) {
 	w.sortEntries(ov)
+	w.reindex = whole
 	defer func() {
+		w.reindex = false
 		clear(w.ents)
 		w.ents = w.ents[:0]
 	}()
@@ -454,9 +488,9 @@ func (w *bboltWriter) writeTx(db *bolt.DB, ov *overlay, ents []*entry, last bool
 				return err
 			}
 		}
-		// In deadline order too: the old deadlines of keys in key order
-		// are spread over the whole index, and visited in index order
-		// each node is searched once while it is in the cache.
+		// In deadline order too: the old entries of keys in key order
+		// are spread over the index, and visited in index order each
+		// node is searched once while it is in the cache.
 		sortIndexKeys(w.dels)
 		for _, k := range w.dels {
 			if err := exp.Delete(k); err != nil {
@@ -548,8 +582,19 @@ func sortIndexKeys(ks [][]byte) {
 }
 
 // put writes (or deletes) the record of e and notes the changes of the
-// expiry index: the old entry, found from the stored deadline, goes; the
-// new one comes.
+// expiry index, whose entries are lower bounds of their records' deadlines
+// (see doc.go):
+//   - a new record gets an entry;
+//   - a deadline that moves later keeps the entry the key has: the Sweep
+//     that reaches it moves it to the record's deadline;
+//   - a deadline that moves earlier, a deletion, and a record whose entry a
+//     Sweep may have dropped (its old deadline is one a Sweep of this
+//     process has passed, or this is the replay) delete the entry at the
+//     old deadline, if it is there, and a record written gets a new one.
+//
+// So a checkpoint does not search the index for the old entries of the
+// keys it rewrites, which are spread over the whole index: what it inserts
+// goes near the index's end.
 func (w *bboltWriter) put(keys *bolt.Bucket, e *entry) error {
 	k := w.alloc(len(e.key))
 	copy(k, e.key)
@@ -559,26 +604,27 @@ func (w *bboltWriter) put(keys *bolt.Bucket, e *entry) error {
 	if found, v := w.cur.Seek(k); found != nil && bytes.Equal(found, k) {
 		old = v
 	}
-	var oldDL []byte
+	var oldDL int64
 	if len(old) >= 8 {
-		oldDL = old[:8]
+		oldDL = int64(binary.BigEndian.Uint64(old))
 	}
 	if e.del {
 		if old == nil {
 			return nil
 		}
-		if oldDL != nil {
-			w.dels = append(w.dels, w.expiryKey(oldDL, e.key))
+		if oldDL != 0 {
+			w.dels = append(w.dels, w.expiryKey(old[:8], e.key))
 		}
 		return keys.Delete(k)
 	}
 	v := w.alloc(8 + len(e.value))
 	binary.BigEndian.PutUint64(v, uint64(e.deadline))
 	copy(v[8:], e.value)
-	if oldDL == nil || !bytes.Equal(oldDL, v[:8]) {
-		if oldDL != nil {
-			w.dels = append(w.dels, w.expiryKey(oldDL, e.key))
-		}
+	switch {
+	case oldDL == 0:
+		w.ins = append(w.ins, w.expiryKey(v[:8], e.key))
+	case e.deadline < oldDL || oldDL <= w.sweptNow || w.reindex:
+		w.dels = append(w.dels, w.expiryKey(old[:8], e.key))
 		w.ins = append(w.ins, w.expiryKey(v[:8], e.key))
 	}
 	return keys.Put(k, v)

@@ -226,13 +226,27 @@
 //
 // expiry indexes the records by deadline, so that Sweep finds the expired
 // ones in time order, from the start of the index, without loading a record
-// or touching a key that has not expired. A checkpoint keeps it exact: for
-// each record it reads the stored record's deadline, deletes the old index
-// entry if the deadline moved and inserts the new one; a deletion removes
-// both. It writes the records in key order, then the index deletions, then
-// the insertions in deadline order (bbolt splits nodes only at commit:
-// inserted in random order at the index's growing ends, they would cost
-// quadratic time).
+// or touching a key that has not expired. Its entries are lower bounds:
+// every record has an entry at or before its deadline. A checkpoint reads
+// each record's stored deadline: a new record gets an entry; a deadline that
+// moves later (what a hit does) changes nothing in the index; one that moves
+// earlier, and a deletion, delete the entry at the old deadline (and the
+// former inserts one at the new). A Sweep that reaches an entry whose record
+// lives on moves it to the record's deadline, and drops one whose record is
+// gone. So a key written at every checkpoint costs the index one move per
+// deadline that passes, not a deletion and an insertion per checkpoint: the
+// old entries of the keys rewritten are spread over the whole index, and
+// deleting them visited pages all over it, at a cost that grew with the file
+// (without them a node spends 11% less CPU per decision at a million fresh
+// keys, 19 to 28% less once every key is in use; see docs/benchmarks.md). A
+// checkpoint writes the records in key order, then the index deletions, then
+// the insertions in deadline order, and a Sweep inserts the entries it moves
+// in deadline order after its walk: bbolt splits nodes only at commit, and
+// entries inserted in random order at the index's growing ends would cost
+// quadratic time. Builds before the lower bounds kept the index exact; they
+// read such a file, but their Sweep drops an entry whose record's deadline
+// differs without moving it: after a downgrade, a record rewritten since its
+// entry was written is not swept until it is rewritten again.
 //
 // Open creates a new file with the meta bucket. It refuses, with ErrFormat
 // and without modifying it, a file that bbolt cannot open, a bbolt file
@@ -312,9 +326,13 @@
 // again at its key's deadline if that moved, or dropped if the key was
 // deleted. The top is thus exact, at a cost of about one push and one pop
 // per key and deadline that passes, however often the key is written. The
-// data file's index can be earlier than the truth when the overlay rewrote
-// a record with a later deadline: a Sweep then drops the index entry and
-// leaves the record to the checkpoint that rewrites it.
+// data file's index holds lower bounds the same way (above), so its first
+// entry can be earlier than the truth: the Sweep it wakes moves entries
+// and deletes nothing. When the overlay rewrote a record that expired in
+// the data file, a Sweep drops its index entry and leaves the record to
+// the checkpoint that rewrites it, which indexes it again (its old
+// deadline is one a Sweep has passed; a replay indexes every record it
+// writes).
 //
 // A Sweep pass first takes the overlays' expired records from their heaps
 // and commits their deletions through the WAL, at most 10000 per commit,

@@ -953,7 +953,8 @@ func (s *Store) enqueue(c *Commit) {
 // part runs on the checkpointer: it walks the data file's deadline index
 // from its start, deleting at most 10000 records per transaction; no record
 // is decoded and no key outside the expired range is touched. A record is
-// deleted only if its stored deadline still equals the index entry's.
+// deleted only if its stored deadline has passed; the entry of one that
+// lives on (entries are lower bounds, see doc.go) moves to its deadline.
 //
 // While the data file's part of a pass may still run, an append to a key
 // that only the data file holds, with a deadline <= now, stores its bytes

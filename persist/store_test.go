@@ -144,25 +144,30 @@ func checkpoint(t testing.TB, s *Store) {
 	}
 }
 
-// checkIndex checkpoints, then checks that the expiry index holds exactly
-// one entry per record, with the record's deadline.
+// checkIndex checkpoints, then checks that every record has an entry in
+// the expiry index at or before its deadline, so that a Sweep reaches it in
+// time (entries are lower bounds; an entry whose record is gone waits for a
+// Sweep to drop it).
 func checkIndex(t testing.TB, s *Store) {
 	t.Helper()
 	checkpoint(t, s)
 	err := s.db.View(func(tx *bolt.Tx) error {
-		want := make(map[string]bool)
-		err := tx.Bucket(bucketKeys).ForEach(func(k, v []byte) error {
-			want[string(v[:8])+string(k)] = true
+		first := make(map[string]uint64) // key → its earliest entry
+		err := tx.Bucket(bucketExpiry).ForEach(func(k, _ []byte) error {
+			key, d := string(k[8:]), binary.BigEndian.Uint64(k)
+			if f, ok := first[key]; !ok || d < f {
+				first[key] = d
+			}
 			return nil
 		})
 		if err != nil {
 			return err
 		}
-		return tx.Bucket(bucketExpiry).ForEach(func(k, _ []byte) error {
-			if !want[string(k)] {
-				t.Errorf("expiry index entry (deadline %d, key %q) has no record with that deadline", binary.BigEndian.Uint64(k), k[8:])
+		return tx.Bucket(bucketKeys).ForEach(func(k, v []byte) error {
+			d := binary.BigEndian.Uint64(v)
+			if f, ok := first[string(k)]; !ok || f > d {
+				t.Errorf("record %q (deadline %d) has no expiry index entry at or before its deadline (earliest: %d, found %t)", k, d, f, ok)
 			}
-			delete(want, string(k))
 			return nil
 		})
 	})
@@ -1361,4 +1366,64 @@ func TestCommitFailuresLoggedAtARate(t *testing.T) {
 		t.Errorf("logs:\n%s\nwant the recovery, with %d failed commits", logs, commits)
 	}
 	_ = s.Flush() // reports the failures once
+}
+
+// indexEntries returns the data file's expiry index as "deadline:key".
+func indexEntries(t *testing.T, s *Store) []string {
+	t.Helper()
+	var got []string
+	err := s.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketExpiry).ForEach(func(k, _ []byte) error {
+			got = append(got, fmt.Sprintf("%d:%s", binary.BigEndian.Uint64(k), k[8:]))
+			return nil
+		})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+// TestIndexLowerBounds: a checkpoint that moves a key's deadline later
+// leaves its index entry where it is, a lower bound; the Sweep that reaches
+// it moves it to the record's deadline and keeps the record; a deadline
+// moved earlier, and a deletion, take the entry with them.
+func TestIndexLowerBounds(t *testing.T) {
+	s := openStore(t, testOptions(t))
+	step := func(what string, want ...string) {
+		t.Helper()
+		checkpoint(t, s)
+		if got := indexEntries(t, s); !slices.Equal(got, want) {
+			t.Errorf("%s: index %q; want %q", what, got, want)
+		}
+	}
+	submit(t, s, put("a", 10, "1"), put("b", 40, "1"))
+	step("new keys", "10:a", "40:b")
+	submit(t, s, put("a", 20, "2"))
+	step("a's deadline moved later", "10:a", "40:b")
+	if got := s.NextDeadline(); got != 10 {
+		t.Errorf("NextDeadline() = %d; want 10, the lower bound", got)
+	}
+	if err := wait(t, s.Sweep(15)); err != nil {
+		t.Fatal(err)
+	}
+	step("Sweep(15)", "20:a", "40:b")
+	if got, want := getAll(t, s, "a"), map[string]stored{"a": {20, "2"}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("after Sweep(15): %v; want %v", got, want)
+	}
+	submit(t, s, put("a", 18, "3"))
+	step("a's deadline moved earlier", "18:a", "40:b")
+	submit(t, s, del("a"))
+	step("a deleted", "40:b")
+	submit(t, s, put("b", 50, "2"))
+	step("b's deadline moved later", "40:b")
+	submit(t, s, del("b"))
+	step("b deleted: its entry, a lower bound, waits for a Sweep", "40:b")
+	if err := wait(t, s.Sweep(45)); err != nil {
+		t.Fatal(err)
+	}
+	step("Sweep(45)")
+	if got := s.NextDeadline(); got != 0 {
+		t.Errorf("NextDeadline() = %d with nothing stored; want 0", got)
+	}
 }

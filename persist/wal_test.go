@@ -875,9 +875,11 @@ func FuzzDecodeWAL(f *testing.F) {
 // TestDeadlinesModel: random puts (deadlines moving both ways), deletions,
 // sweeps and checkpoints, checked after each step against a model: the
 // records are the model's, a Sweep leaves nothing expired, and NextDeadline
-// is the earliest deadline of the model: exactly while the data file holds
-// nothing the overlay rewrote (before the first checkpoint, and right after
-// each), and never later than it.
+// is the earliest deadline of the model: exactly until the first
+// checkpoint (the data file's index holds lower bounds), never later than
+// it, and after a Sweep(now) later than now. A last Sweep past every
+// deadline leaves the data file and its index empty: no entry is lost and
+// none is left behind.
 func TestDeadlinesModel(t *testing.T) {
 	for _, withCheckpoints := range []bool{false, true} {
 		t.Run(fmt.Sprintf("checkpoints=%t", withCheckpoints), func(t *testing.T) {
@@ -890,6 +892,7 @@ func TestDeadlinesModel(t *testing.T) {
 			now := int64(1000)
 			exact, checkpointed := true, false
 			for step := range 3000 {
+				swept := false
 				switch op := rng.IntN(20); {
 				case op < 12:
 					k := fmt.Sprintf("k%02d", rng.IntN(40))
@@ -912,9 +915,10 @@ func TestDeadlinesModel(t *testing.T) {
 							delete(model, k)
 						}
 					}
+					swept = true
 				case withCheckpoints:
 					checkpoint(t, s)
-					exact, checkpointed = true, true
+					exact, checkpointed = false, true
 				}
 				if got := getAll(t, s, keysOf(model, 40)...); !reflect.DeepEqual(got, model) {
 					t.Fatalf("step %d: records %v; want %v", step, got, model)
@@ -931,7 +935,25 @@ func TestDeadlinesModel(t *testing.T) {
 					t.Fatalf("step %d: NextDeadline() = %d; want %d", step, got, want)
 				case want != 0 && (got == 0 || got > want):
 					t.Fatalf("step %d: NextDeadline() = %d; want at most %d", step, got, want)
+				case swept && got != 0 && got <= now:
+					t.Fatalf("step %d: NextDeadline() = %d after Sweep(%d); want later", step, got, now)
 				}
+			}
+			now += 1000
+			if err := wait(t, s.Sweep(now)); err != nil {
+				t.Fatalf("Sweep(%d) = %v", now, err)
+			}
+			checkpoint(t, s)
+			err := s.db.View(func(tx *bolt.Tx) error {
+				for _, name := range [][]byte{bucketKeys, bucketExpiry} {
+					if n := tx.Bucket(name).Stats().KeyN; n != 0 {
+						t.Errorf("after Sweep(%d), past every deadline: %d keys in the %q bucket; want none", now, n, name)
+					}
+				}
+				return nil
+			})
+			if err != nil {
+				t.Fatal(err)
 			}
 		})
 	}
