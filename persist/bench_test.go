@@ -95,7 +95,7 @@ func benchSubmit(b *testing.B, bc benchCase) {
 			txRecs.Add(int64(records))
 			txNanos.Add(int64(d))
 		},
-		OnCheckpoint: func(records int, d time.Duration) {
+		OnCheckpoint: func(records int, d time.Duration, _ error) {
 			cks.Add(1)
 			ckRecs.Add(int64(records))
 			ckNanos.Add(int64(d))

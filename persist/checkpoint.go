@@ -172,7 +172,7 @@ func (c *checkpointer) write(ov *overlay) error {
 	next, empty, err := c.bw.writeOverlay(s.db, ov, false, c.beforeCommit)
 	d := time.Since(start)
 	if s.opts.OnCheckpoint != nil {
-		s.opts.OnCheckpoint(ov.m.len(), d)
+		s.opts.OnCheckpoint(ov.m.len(), d, err)
 	}
 	if err != nil {
 		err = fmt.Errorf("persist: checkpoint to %s: %v (the records stay in the WAL and in memory; check the disk)", s.opts.Path, err)

@@ -150,11 +150,12 @@ type Options struct {
 	OnCommit func(records int, d time.Duration)
 
 	// OnCheckpoint, if set, is called on the checkpointer goroutine after
-	// every checkpoint, succeeded or failed, with the number of records
-	// (distinct keys) it wrote into the data file and its wall time (the
-	// bbolt transaction, including fsync in ModeFsync). Meant for metrics: it
-	// must return quickly.
-	OnCheckpoint func(records int, d time.Duration)
+	// every checkpoint, with the number of records (distinct keys) it wrote
+	// into the data file, its wall time (its bbolt transactions, including
+	// fsync in ModeFsync) and its error (nil if it succeeded; a failed
+	// checkpoint's records stay in the WAL and the next one writes them).
+	// Meant for metrics: it must return quickly.
+	OnCheckpoint func(records int, d time.Duration, err error)
 
 	// WriteFault is a test hook, for the tests of the packages built on
 	// the store: if set, it is called on the writer goroutine before each

@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -535,7 +536,7 @@ func TestCheckpointConcurrent(t *testing.T) {
 	o.CheckpointKeys = 30
 	o.CheckpointBytes = 4 << 10
 	var checkpoints atomic.Int64
-	o.OnCheckpoint = func(int, time.Duration) { checkpoints.Add(1) }
+	o.OnCheckpoint = func(int, time.Duration, error) { checkpoints.Add(1) }
 	s, err := Open(o)
 	if err != nil {
 		t.Fatal(err)
@@ -621,7 +622,7 @@ func TestCheckpointThresholds(t *testing.T) {
 	o := testOptions(t)
 	o.CheckpointKeys = 10
 	ckpts := make(chan int, 10)
-	o.OnCheckpoint = func(records int, _ time.Duration) { ckpts <- records }
+	o.OnCheckpoint = func(records int, _ time.Duration, _ error) { ckpts <- records }
 	s := openStore(t, o)
 	for i := range 9 {
 		submit(t, s, put(fmt.Sprintf("k%d", i), 1, "v"), put("k0", 1, "again"))
@@ -655,7 +656,7 @@ func TestCheckpointMemory(t *testing.T) {
 	o.CheckpointKeys = 1 << 20
 	o.CheckpointMemory = 64 << 10
 	ckpts := make(chan int, 100)
-	o.OnCheckpoint = func(records int, _ time.Duration) { ckpts <- records }
+	o.OnCheckpoint = func(records int, _ time.Duration, _ error) { ckpts <- records }
 	s := openStore(t, o)
 	chunk := strings.Repeat("x", 1000)
 	for i := range 8 {
@@ -753,6 +754,24 @@ func TestSweepOverlay(t *testing.T) {
 // one of Close fails, the WAL stays and the next Open replays it.
 func TestCheckpointFailure(t *testing.T) {
 	o := testOptions(t)
+	var (
+		mu      sync.Mutex
+		results []string // what OnCheckpoint was told, in order
+	)
+	o.OnCheckpoint = func(records int, _ time.Duration, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		results = append(results, fmt.Sprintf("%d %v", records, err != nil))
+	}
+	reported := func(when string, want ...string) {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		if !slices.Equal(results, want) {
+			t.Errorf("%s: OnCheckpoint saw (records, failed) %q; want %q", when, results, want)
+		}
+		results = nil
+	}
 	s, err := Open(o)
 	if err != nil {
 		t.Fatal(err)
@@ -769,6 +788,7 @@ func TestCheckpointFailure(t *testing.T) {
 	if err := s.checkpointNow(); err == nil || !strings.Contains(err.Error(), "injected failure") {
 		t.Errorf("failing checkpoint = %v; want the injected failure", err)
 	}
+	reported("a failed checkpoint", "1 true")
 	submit(t, s, put("b", 20, "b"))
 	want := map[string]stored{"a": {10, "a"}, "b": {20, "b"}}
 	if got := getAll(t, s, "a", "b"); !reflect.DeepEqual(got, want) {
@@ -784,12 +804,14 @@ func TestCheckpointFailure(t *testing.T) {
 	if got := dump(t, s); !reflect.DeepEqual(got, want) { // Scan checkpoints again
 		t.Errorf("after a checkpoint that succeeded: records = %v; want %v", got, want)
 	}
+	reported("the checkpoints after it (the failed one again, then b)", "1 false", "1 false")
 
 	submit(t, s, put("c", 30, "c"))
 	fail.Store(true)
 	if err := s.Close(); err == nil || !strings.Contains(err.Error(), "injected failure") {
 		t.Errorf("Close() with a failing checkpoint = %v; want the failure", err)
 	}
+	reported("the last checkpoint, failing", "1 true")
 	if files := walFiles(t, o.Path); len(files) == 0 {
 		t.Errorf("after a failed Close: no WAL file; want the WAL kept")
 	}

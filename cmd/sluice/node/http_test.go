@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -59,6 +61,8 @@ func TestHealthReadyMetrics(t *testing.T) {
 		`sluice_request_duration_seconds_count{api="native"} 3`,
 		`sluice_data_file_bytes `,
 		`sluice_data_file_compactions_total 0`,
+		`sluice_storage_checkpoint_records_count 0`,
+		`sluice_storage_checkpoint_failures_total 0`,
 	} {
 		if !strings.Contains(body, want) {
 			t.Errorf("/metrics lacks %q", want)
@@ -75,6 +79,51 @@ func TestHealthReadyMetrics(t *testing.T) {
 	conn.Close()
 	if _, err := http.Get(base + "/readyz"); err == nil {
 		t.Fatal("/readyz still answers after shutdown")
+	}
+}
+
+// TestCheckpointMetrics: once more keys than a checkpoint holds have been
+// committed, a checkpoint writes them into the data file and the
+// sluice_storage_checkpoint_* metrics count it.
+func TestCheckpointMetrics(t *testing.T) {
+	t.Parallel()
+	// The least --max-keys: the smallest checkpoint (4096 keys).
+	ts := newTestServer(t, func(c *Config) { c.Engine.MaxKeys = 1000 })
+	client := sluicepb.NewRateLimitServiceClient(ts.conn)
+	keys := checkpointKeys(ts.cfg.Engine.MaxKeys) + 10
+	const perCall = 500
+	for k := 0; k < keys; k += perCall {
+		req := &sluicepb.CheckRequest{}
+		for i := k; i < min(k+perCall, keys); i++ {
+			req.Checks = append(req.Checks, nativeCheck(fmt.Sprintf("ckpt-%d", i), 5, time.Hour, 1))
+		}
+		if _, err := client.Check(ts.ctx(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	re := regexp.MustCompile(`(?m)^sluice_storage_checkpoint_records_(count|sum) (\S+)$`)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, body := httpGet(t, "http://"+ts.srv.HTTPAddr()+"/metrics")
+		got := map[string]float64{}
+		for _, m := range re.FindAllStringSubmatch(body, -1) {
+			got[m[1]], _ = strconv.ParseFloat(m[2], 64)
+		}
+		if got["count"] >= 1 {
+			if got["sum"] < float64(checkpointKeys(ts.cfg.Engine.MaxKeys)) {
+				t.Errorf("checkpoints wrote %v keys in all; want at least %d", got["sum"], checkpointKeys(ts.cfg.Engine.MaxKeys))
+			}
+			for _, want := range []string{`sluice_storage_checkpoint_failures_total 0`, `sluice_storage_checkpoint_duration_seconds_count`} {
+				if !strings.Contains(body, want) {
+					t.Errorf("/metrics lacks %q", want)
+				}
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no checkpoint counted 30 s after %d keys were written: %v", keys, got)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

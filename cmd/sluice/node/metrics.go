@@ -30,6 +30,9 @@ type metrics struct {
 	batchChecks   prometheus.Histogram
 	commitLatency prometheus.Histogram
 	commitRecords prometheus.Histogram
+	ckptLatency   prometheus.Histogram
+	ckptRecords   prometheus.Histogram
+	ckptFailures  prometheus.Counter
 	limitsReloads *prometheus.CounterVec
 	compactions   prometheus.Counter
 	tlsReloads    *prometheus.CounterVec // registered with TLS only
@@ -87,6 +90,20 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name:    "sluice_storage_commit_records",
 			Help:    "Key records written by one storage transaction.",
 			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
+		}),
+		ckptLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sluice_storage_checkpoint_duration_seconds",
+			Help:    "Time to write one checkpoint (the keys committed to the write-ahead log since the last one) into the data file.",
+			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 16),
+		}),
+		ckptRecords: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "sluice_storage_checkpoint_records",
+			Help:    "Keys written into the data file by one checkpoint.",
+			Buckets: prometheus.ExponentialBuckets(1, 4, 10),
+		}),
+		ckptFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_storage_checkpoint_failures_total",
+			Help: "Checkpoints that failed (their keys stay in the write-ahead log and in memory, which grow until one succeeds).",
 		}),
 		limitsReloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_limits_reloads_total",
@@ -155,7 +172,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		Help: "Compactions of the data file (a copy of its records into a new file that replaces it, once its free pages outnumber the used ones).",
 	})
 	reg.MustRegister(m.keys, m.evictions, m.expired, m.damaged, m.queueDepth,
-		m.batchChecks, m.commitLatency, m.commitRecords, m.limitsReloads, m.compactions)
+		m.batchChecks, m.commitLatency, m.commitRecords, m.ckptLatency, m.ckptRecords, m.ckptFailures,
+		m.limitsReloads, m.compactions)
 	for _, c := range []struct {
 		vec    *prometheus.CounterVec
 		values []string
@@ -245,6 +263,15 @@ func (m *metrics) Damaged() { m.damaged.Inc() }
 func (m *metrics) commit(records int, d time.Duration) {
 	m.commitLatency.Observe(d.Seconds())
 	m.commitRecords.Observe(float64(records))
+}
+
+// checkpoint is the store's OnCheckpoint hook.
+func (m *metrics) checkpoint(records int, d time.Duration, err error) {
+	m.ckptLatency.Observe(d.Seconds())
+	m.ckptRecords.Observe(float64(records))
+	if err != nil {
+		m.ckptFailures.Inc()
+	}
 }
 
 func (m *metrics) compacted(_, _ int64, _ time.Duration) { m.compactions.Inc() }

@@ -164,6 +164,7 @@ func (n *Node) openStore() error {
 		Mode:           mode,
 		Logger:         n.log,
 		OnCommit:       n.metrics.commit,
+		OnCheckpoint:   n.metrics.checkpoint,
 		AcceptWALLoss:  cfg.AcceptWALLoss,
 		CheckpointKeys: checkpointKeys(cfg.Engine.MaxKeys),
 		OnCompact:      n.metrics.compacted,
