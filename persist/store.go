@@ -662,6 +662,31 @@ func (s *Store) Path() string { return s.opts.Path }
 // Mode returns the durability mode the store was opened with.
 func (s *Store) Mode() Mode { return s.opts.Mode }
 
+// WALBytes returns the size on disk of the data file's write-ahead log:
+// the file being written and those a checkpoint has not yet written into
+// the data file. It grows by up to CheckpointBytes between two checkpoints,
+// and for as long as checkpoints fail. It reads the directory: meant for
+// metrics, not for a hot path.
+func (s *Store) WALBytes() (int64, error) {
+	files, err := listWALs(s.opts.Path)
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for _, f := range files {
+		info, err := os.Stat(f.path)
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			// Removed by a checkpoint since the listing.
+		case err != nil:
+			return n, err
+		default:
+			n += info.Size()
+		}
+	}
+	return n, nil
+}
+
 // Get reads the records of keys and calls fn, on the calling goroutine, for
 // each key found (i is its index in keys), in no particular order. value is
 // valid only during fn and must not be modified: copy it to keep it.

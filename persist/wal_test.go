@@ -822,6 +822,77 @@ func TestCheckpointFailure(t *testing.T) {
 	}
 }
 
+// TestWALBytes: WALBytes is the size of the WAL files on disk: it grows
+// with the records committed, falls back once a checkpoint has written them
+// into the data file, and keeps growing while checkpoints fail.
+func TestWALBytes(t *testing.T) {
+	o := testOptions(t)
+	s := openStore(t, o)
+	var fail atomic.Bool
+	s.ck.beforeCommit = func(*bolt.Tx) error { // the checkpointer is idle until the first checkpoint
+		if fail.Load() {
+			return errors.New("injected failure")
+		}
+		return nil
+	}
+	size := func(when string) int64 {
+		t.Helper()
+		n, err := s.WALBytes()
+		if err != nil {
+			t.Fatalf("%s: WALBytes() = %v", when, err)
+		}
+		var files int64
+		for _, f := range walFiles(t, o.Path) {
+			info, err := os.Stat(f.path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files += info.Size()
+		}
+		if n != files {
+			t.Errorf("%s: WALBytes() = %d; the WAL files hold %d bytes", when, n, files)
+		}
+		return n
+	}
+	if n := size("new"); n != walHeaderLen {
+		t.Errorf("new store: WALBytes() = %d; want %d, a file's header", n, walHeaderLen)
+	}
+	value := strings.Repeat("v", 1000)
+	write := func(prefix string) {
+		for i := range 10 {
+			submit(t, s, put(fmt.Sprintf("%s%d", prefix, i), 10, value))
+		}
+	}
+	write("a")
+	grown := size("after 10 records")
+	if grown < walHeaderLen+10*1000 {
+		t.Errorf("after 10 records of 1000 bytes: WALBytes() = %d; want at least %d", grown, walHeaderLen+10*1000)
+	}
+	checkpoint(t, s)
+	if n := size("after a checkpoint"); n >= 1000 {
+		t.Errorf("after a checkpoint: WALBytes() = %d; want the records gone from the WAL (%d before)", n, grown)
+	}
+
+	fail.Store(true)
+	write("b")
+	before := size("before a failing checkpoint")
+	if err := s.checkpointNow(); err == nil {
+		t.Fatal("failing checkpoint = nil; want the injected failure")
+	}
+	if err := s.Flush(); err == nil { // reports the failure once
+		t.Error("Flush() after a failed checkpoint = nil; want the failure")
+	}
+	write("c")
+	if n := size("after a failed checkpoint"); n < before+10*1000 {
+		t.Errorf("after a failed checkpoint and 10 more records: WALBytes() = %d; want at least %d (the failed checkpoint's records stay)", n, before+10*1000)
+	}
+	fail.Store(false)
+	checkpoint(t, s)
+	if n := size("after checkpoints succeed again"); n >= 1000 {
+		t.Errorf("after checkpoints succeed again: WALBytes() = %d; want the records gone from the WAL", n)
+	}
+}
+
 // TestWALIgnoresCheckpointed: a WAL file that a checkpoint wrote into the
 // data file but could not remove is not replayed over newer records.
 func TestWALIgnoresCheckpointed(t *testing.T) {

@@ -68,6 +68,12 @@ func TestHealthReadyMetrics(t *testing.T) {
 			t.Errorf("/metrics lacks %q", want)
 		}
 	}
+	// The WAL holds its header and the frames of the decisions.
+	if m := regexp.MustCompile(`(?m)^sluice_wal_bytes (\S+)$`).FindStringSubmatch(body); m == nil {
+		t.Errorf("/metrics lacks sluice_wal_bytes")
+	} else if v, _ := strconv.ParseFloat(m[1], 64); v <= 16 {
+		t.Errorf("sluice_wal_bytes = %s after 3 decisions; want more than a WAL file's header", m[1])
+	}
 	// A message over the maximum size is refused, and the node keeps serving.
 	huge := &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(strings.Repeat("k", 5<<20), 2, time.Minute, 1)}}
 	if _, err := client.Check(ts.ctx(), huge); status.Code(err) != codes.ResourceExhausted {

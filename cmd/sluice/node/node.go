@@ -182,6 +182,17 @@ func (n *Node) openStore() error {
 		}
 		return float64(info.Size())
 	}))
+	store := n.store
+	n.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "sluice_wal_bytes",
+		Help: "Size of the data file's write-ahead log files: what was committed since the last checkpoint, which grows while checkpoints fail.",
+	}, func() float64 {
+		b, err := store.WALBytes()
+		if err != nil {
+			return 0
+		}
+		return float64(b)
+	}))
 	return nil
 }
 
