@@ -92,19 +92,30 @@ func (p *replication) close() {
 // Replicate implements actor.Replicator: it sends each record of a key
 // this node acts for to the key's standby and calls done once every
 // standby committed its share, or with the first failure. Records of keys
-// this node does not act for (the deletes of keys it handed over) stay
-// here: the standby's copy belongs to the key's new acting member. Records
-// whose key has no standby up (no other member is) are not waited for.
+// this node does not act for stay here: deletes of keys it handed over,
+// and writes made before the key moved, which its handoff carries (the
+// standby's copy belongs to the key's new acting member). Once this
+// node's epoch has ended, though, no handoff follows: its keys go on from
+// their standbys' copies, so a write it made before the end and copies
+// only now fails (its hits stay recorded here, as for any failed copy).
+// Records whose key has no standby up (no other member is) are not waited
+// for.
 func (r *Router) Replicate(recs []persist.Record, done func(error)) {
 	if !r.joined() || r.cfg.Replicas < 2 {
 		done(nil)
 		return
 	}
 	own := r.own.Load()
+	ended := own.epoch == 0 || own.cur.epochs[r.cfg.Self] != own.epoch
 	var byStandby map[string]*[replicaLanes][]persist.Record
 	parts := 0
 	for _, rec := range recs {
 		if own.cur.actingName(rec.Key) != r.cfg.Self {
+			if ended && rec.Value != nil {
+				done(fmt.Errorf("%w: the epoch of %s ended before the copy of %s left; its keys go on from their standbys' copies",
+					errStandby, r.cfg.Self, actor.QuoteKey(rec.Key)))
+				return
+			}
 			continue
 		}
 		sb := own.cur.standbyAfter(rec.Key, r.cfg.Self)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/sluice-io/sluice/actor"
 	"github.com/sluice-io/sluice/cluster/control"
+	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 	"github.com/sluice-io/sluice/scripts/testkit"
 )
@@ -307,4 +309,48 @@ func TestClusterStandbyStreamsOutliveConnectionAge(t *testing.T) {
 		}
 	}
 	t.Logf("%d checks over about 3 connection lifetimes", n)
+}
+
+// TestClusterCopyAfterEpochEndFails: an owner's write whose copy leaves
+// after the owner applied the end of its own epoch (a node stopping for a
+// rolling restart: its actors decided the write, the store committed it,
+// and meanwhile its epoch ended) fails instead of being acknowledged with
+// no copy. The key goes on from its standby's copy, which never gets that
+// write: acknowledged, it would be a hit the next decider cannot see. The
+// fault suite's scale-during-rolling-restart once allowed a key 33 times
+// against 32 this way.
+func TestClusterCopyAfterEpochEndFails(t *testing.T) {
+	t.Parallel()
+	tc := newTestClusterWith(t, 3, func(c *Config) { c.Router.Replicas = 2 })
+	key := tc.keyOwnedBy("late", "node-2")
+	r := tc.nodes[2].srv.Router()
+	replicate := func(recs ...persist.Record) error {
+		done := make(chan error, 1)
+		r.Replicate(recs, func(err error) { done <- err })
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(20 * time.Second):
+			t.Fatal("Replicate did not call done within 20 s")
+			return nil
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := r.Leave(ctx); err != nil {
+		t.Fatalf("node-2 leave: %v", err)
+	}
+	testkit.Eventually(t, 10*time.Second, func() bool {
+		_, moved := r.Owner(key)
+		return moved
+	}, "node-2 to apply the end of its epoch and no longer act for %s", key)
+
+	late := persist.Record{Key: key, Deadline: time.Now().Add(time.Hour).UnixNano(), Value: []byte("a state")}
+	if err := replicate(late); err == nil || !strings.Contains(err.Error(), "ended before the copy") {
+		t.Errorf("Replicate(a write of %s) after node-2's epoch ended = %v; want it to fail: no handoff will carry it", key, err)
+	}
+	// A deletion (of a key handed over) stays here as before.
+	if err := replicate(persist.Record{Key: key}); err != nil {
+		t.Errorf("Replicate(a deletion of %s) after node-2's epoch ended = %v; want nil", key, err)
+	}
 }
