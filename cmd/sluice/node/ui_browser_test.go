@@ -71,8 +71,8 @@ func demoTraffic(t *testing.T, tc *testCluster, seconds int) {
 			if s%3 == i {
 				checks = append(checks, check(fmt.Sprintf("tenant:trial:%d", rng.IntN(5)), 1000)) // the override lowers it to 10
 			}
-			// A check refused as UNAVAILABLE (a lease or a standby late on
-			// a loaded machine) is sent again.
+			// A call refused as UNAVAILABLE (a lease or a standby late on
+			// a loaded machine) is sent again, here and below.
 			if err := testkit.Wait(2*time.Second, func() error {
 				ctx, cancel := call()
 				defer cancel()
@@ -88,10 +88,15 @@ func demoTraffic(t *testing.T, tc *testCluster, seconds int) {
 				Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "remote_address", Value: fmt.Sprintf("10.0.0.%d", 1+rng.IntN(4))}},
 				Limit:   &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 40, Unit: typev3.RateLimitUnit_MINUTE},
 			}
-			ctx, cancel := call()
-			_, err := rlsv3.NewRateLimitServiceClient(ts.conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
-			cancel()
-			if err != nil {
+			if err := testkit.Wait(2*time.Second, func() error {
+				ctx, cancel := call()
+				defer cancel()
+				_, err := rlsv3.NewRateLimitServiceClient(ts.conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
+				if err != nil && status.Code(err) != codes.Unavailable {
+					t.Fatalf("second %d: ShouldRateLimit through node-%d: %v", s, i, err)
+				}
+				return err
+			}); err != nil {
 				t.Fatalf("second %d: ShouldRateLimit through node-%d: %v", s, i, err)
 			}
 			if s >= seconds-20 && s < seconds-14 && i == 2 { // a client sending bad requests
