@@ -27,12 +27,17 @@ import (
 // maxReplicateBatch bounds the records of one Replicate call.
 const maxReplicateBatch = 2000
 
-// replicaLanes is how many Replicate calls may be in flight to one standby.
-// A key always goes through the same lane, whose calls leave one at a
-// time, so that a key's writes reach the standby in the order they were
-// made; several lanes keep a write from waiting for a whole call in flight
-// before its own leaves.
-const replicaLanes = 4
+// replicaLanes is how many lanes, each a Replicate stream, carry this
+// node's copies to one standby. A key always goes through the same lane,
+// whose calls are applied in order, so that a key's writes reach the
+// standby in the order they were made. One lane: its stream keeps up to
+// maxReplicaInflight calls in flight, and four lanes (what unary calls
+// needed, so that a write did not wait for a whole call ahead of it) split
+// each commit's copies into four calls and four answers, which cost a
+// cluster with standbys 1.2-1.3 times the CPU per decision (docs/benchmarks.md,
+// "Standbys"). A standby still takes any lane number a sender gives: a
+// node of an older version sends on four.
+const replicaLanes = 1
 
 // laneOf is the lane of key.
 func laneOf(key string) int { return int(shard.Hash(key) % replicaLanes) }
