@@ -97,7 +97,17 @@ func TestBench(t *testing.T) {
 		// One at a time: closed loops beside it would take the cores an
 		// open loop needs to send on time.
 		t.Run(tc.name, func(t *testing.T) {
-			rep := benchJSON(t, n.grpcAddr, append([]string{"--key-prefix", tc.name + ":"}, tc.args...)...)
+			args := append([]string{"--key-prefix", tc.name + ":"}, tc.args...)
+			rep := benchJSON(t, n.grpcAddr, args...)
+			// A call that starts in the warmup is not recorded, and on a
+			// machine busy with the other race-built packages a worker's
+			// first call can outlast the warmup and the whole run (CI:
+			// 1.4 s): nothing is recorded then. Run again, within a
+			// deadline, rather than fail on the machine's load.
+			for deadline := time.Now().Add(20 * time.Second); rep.Calls == 0 && rep.Errors == 0 && time.Now().Before(deadline); {
+				t.Logf("no call recorded in %gs, nor any error (the machine is busy): running again", rep.ElapsedS)
+				rep = benchJSON(t, n.grpcAddr, args...)
+			}
 			checkConsistent(t, rep)
 			if rep.Denied != 0 {
 				t.Errorf("%d denied under the default limit; want none", rep.Denied)
