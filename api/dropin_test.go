@@ -232,12 +232,15 @@ descriptors:
 
 // ruleSeries returns every series of a per-rule counter as
 // "domain/key=value".
-func ruleSeries(t *testing.T, vec *prometheus.CounterVec) map[string]float64 {
+func ruleSeries(t *testing.T, rs *ruleStats, stat int) map[string]float64 {
 	t.Helper()
 	ch := make(chan prometheus.Metric, 64)
-	go func() { vec.Collect(ch); close(ch) }()
+	go func() { rs.Collect(ch); close(ch) }()
 	out := map[string]float64{}
 	for m := range ch {
+		if m.Desc() != rs.descs[stat] {
+			continue
+		}
 		var pb dto.Metric
 		if err := m.Write(&pb); err != nil {
 			t.Fatal(err)
@@ -274,31 +277,31 @@ func TestRuleStatistics(t *testing.T) {
 	rs := ts.srv.ruleStats
 	for _, tc := range []struct {
 		name string
-		vec  *prometheus.CounterVec
+		stat int
 		want map[string]float64
 	}{
-		{"hits", rs.hits, map[string]float64{
+		{"hits", statHits, map[string]float64{
 			"edge/remote_address": 14, "edge/soft": 2, "edge/service_auth.user_a": 2, "edge/service_auth.user_b": 1,
 			"edge/other": 2, "other/other": 1,
 		}},
-		{"within_limit", rs.within, map[string]float64{
+		{"within_limit", statWithin, map[string]float64{
 			"edge/remote_address": 13, "edge/soft": 1, "edge/service_auth.user_a": 2, "edge/service_auth.user_b": 1,
 			"edge/other": 2, "other/other": 1,
 		}},
-		{"near_limit", rs.near, map[string]float64{
+		{"near_limit", statNear, map[string]float64{
 			"edge/remote_address": 2, "edge/soft": 1, "edge/service_auth.user_a": 0, "edge/service_auth.user_b": 0,
 			"edge/other": 0, "other/other": 0,
 		}},
-		{"over_limit", rs.over, map[string]float64{
+		{"over_limit", statOver, map[string]float64{
 			"edge/remote_address": 1, "edge/soft": 1, "edge/service_auth.user_a": 0, "edge/service_auth.user_b": 0,
 			"edge/other": 0, "other/other": 0,
 		}},
-		{"shadow_mode", rs.shadow, map[string]float64{
+		{"shadow_mode", statShadow, map[string]float64{
 			"edge/remote_address": 0, "edge/soft": 1, "edge/service_auth.user_a": 0, "edge/service_auth.user_b": 0,
 			"edge/other": 0, "other/other": 0,
 		}},
 	} {
-		if got := ruleSeries(t, tc.vec); fmt.Sprint(got) != fmt.Sprint(tc.want) {
+		if got := ruleSeries(t, rs, tc.stat); fmt.Sprint(got) != fmt.Sprint(tc.want) {
 			t.Errorf("%s: series %v; want %v", tc.name, got, tc.want)
 		}
 	}
@@ -316,7 +319,7 @@ func TestRuleStatisticsBounded(t *testing.T) {
 	for i := range 200 {
 		ec.call("edge", 0, rd("service", "auth", "user", fmt.Sprint(i)), inline(rd("ip", fmt.Sprint(i)), 5, typev3.RateLimitUnit_MINUTE, 0))
 	}
-	got := ruleSeries(t, ts.srv.ruleStats.hits)
+	got := ruleSeries(t, ts.srv.ruleStats, statHits)
 	if len(got) != 10+2 { // the cap, edge/other, other/other
 		t.Errorf("%d series of sluice_rule_hits_total; want 12: %v", len(got), got)
 	}

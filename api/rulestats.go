@@ -3,6 +3,7 @@ package api
 import (
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -47,12 +48,16 @@ const DefaultNearLimitRatio = 0.8
 const otherLabel = "other"
 
 // ruleStats holds the per-rule counters. Its methods are safe for
-// concurrent use; the read path takes a read lock only.
+// concurrent use; the read path takes a read lock only. It is the
+// Prometheus collector of the five statistics: a descriptor adds to plain
+// atomic counters, the five of a series side by side, and a scrape reads
+// them (a prometheus.CounterVec's counters are one object each, so that
+// counting a descriptor touched two or three cold objects).
 type ruleStats struct {
-	hits, within, near, over, shadow *prometheus.CounterVec
-	folded                           prometheus.Counter
-	maxKeys                          int
-	ratio                            float64
+	descs   [numRuleStats]*prometheus.Desc
+	folded  prometheus.Counter
+	maxKeys int
+	ratio   float64
 
 	mu     sync.RWMutex
 	series map[string]map[string]*ruleCounters // domain, key
@@ -61,9 +66,20 @@ type ruleStats struct {
 	fromRequest int
 }
 
-// ruleCounters are the counters of one (domain, key).
+// The statistics, in the order of ruleCounters.n.
+const (
+	statHits = iota
+	statWithin
+	statNear
+	statOver
+	statShadow
+	numRuleStats
+)
+
+// ruleCounters are the counters of one (domain, key), in hits: a
+// descriptor's cost is a whole number.
 type ruleCounters struct {
-	hits, within, near, over, shadow prometheus.Counter
+	n [numRuleStats]atomic.Uint64
 }
 
 func newRuleStats(reg prometheus.Registerer, maxKeys int, ratio float64) *ruleStats {
@@ -73,15 +89,17 @@ func newRuleStats(reg prometheus.Registerer, maxKeys int, ratio float64) *ruleSt
 	if ratio == 0 {
 		ratio = DefaultNearLimitRatio
 	}
-	vec := func(name, help string) *prometheus.CounterVec {
-		return prometheus.NewCounterVec(prometheus.CounterOpts{Name: name, Help: help}, []string{"domain", "key"})
+	desc := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc(name, help, []string{"domain", "key"}, nil)
 	}
 	rs := &ruleStats{
-		hits:   vec("sluice_rule_hits_total", "Hits (descriptor costs) of Envoy requests, by domain and rule key (envoyproxy/ratelimit's total_hits)."),
-		within: vec("sluice_rule_within_limit_hits_total", "Hits allowed, by domain and rule key (within_limit)."),
-		near:   vec("sluice_rule_near_limit_hits_total", "Hits allowed above the near-limit ratio of the limit, by domain and rule key (near_limit)."),
-		over:   vec("sluice_rule_over_limit_hits_total", "Hits denied, shadow mode's included, by domain and rule key (over_limit)."),
-		shadow: vec("sluice_rule_shadow_mode_hits_total", "Hits denied that shadow mode answered OK, by domain and rule key (shadow_mode)."),
+		descs: [numRuleStats]*prometheus.Desc{
+			statHits:   desc("sluice_rule_hits_total", "Hits (descriptor costs) of Envoy requests, by domain and rule key (envoyproxy/ratelimit's total_hits)."),
+			statWithin: desc("sluice_rule_within_limit_hits_total", "Hits allowed, by domain and rule key (within_limit)."),
+			statNear:   desc("sluice_rule_near_limit_hits_total", "Hits allowed above the near-limit ratio of the limit, by domain and rule key (near_limit)."),
+			statOver:   desc("sluice_rule_over_limit_hits_total", "Hits denied, shadow mode's included, by domain and rule key (over_limit)."),
+			statShadow: desc("sluice_rule_shadow_mode_hits_total", "Hits denied that shadow mode answered OK, by domain and rule key (shadow_mode)."),
+		},
 		folded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "sluice_rule_metrics_folded_total",
 			Help: "Descriptors counted under key \"other\" because their rule key holds request values and the node already has the most such keys (--rule-metrics-max-keys).",
@@ -90,8 +108,41 @@ func newRuleStats(reg prometheus.Registerer, maxKeys int, ratio float64) *ruleSt
 		ratio:   ratio,
 		series:  make(map[string]map[string]*ruleCounters),
 	}
-	reg.MustRegister(rs.hits, rs.within, rs.near, rs.over, rs.shadow, rs.folded)
+	reg.MustRegister(rs, rs.folded)
 	return rs
+}
+
+// Describe implements prometheus.Collector.
+func (rs *ruleStats) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range rs.descs {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector: each statistic of each series,
+// read under the read lock and sent after it.
+func (rs *ruleStats) Collect(ch chan<- prometheus.Metric) {
+	type seriesValues struct {
+		domain, key string
+		n           [numRuleStats]uint64
+	}
+	rs.mu.RLock()
+	all := make([]seriesValues, 0, len(rs.series))
+	for domain, byKey := range rs.series {
+		for key, c := range byKey {
+			sv := seriesValues{domain: domain, key: key}
+			for i := range sv.n {
+				sv.n[i] = c.n[i].Load()
+			}
+			all = append(all, sv)
+		}
+	}
+	rs.mu.RUnlock()
+	for _, sv := range all {
+		for i, v := range sv.n {
+			ch <- prometheus.MustNewConstMetric(rs.descs[i], prometheus.CounterValue, float64(v), sv.domain, sv.key)
+		}
+	}
 }
 
 // counters returns the counters of (domain, key); fromRequest says key
@@ -146,13 +197,7 @@ func (rs *ruleStats) add(domain, key string) *ruleCounters {
 	if c := byKey[key]; c != nil {
 		return c
 	}
-	c := &ruleCounters{
-		hits:   rs.hits.WithLabelValues(domain, key),
-		within: rs.within.WithLabelValues(domain, key),
-		near:   rs.near.WithLabelValues(domain, key),
-		over:   rs.over.WithLabelValues(domain, key),
-		shadow: rs.shadow.WithLabelValues(domain, key),
-	}
+	c := new(ruleCounters)
 	byKey[key] = c
 	return c
 }
@@ -171,22 +216,22 @@ func (rs *ruleStats) count(domain string, o *envoyOutcome) {
 	} else {
 		c = rs.counters(domain, appendDescriptorStatKey(buf[:0], d.entries), true, false)
 	}
-	cost := float64(d.cost)
-	c.hits.Add(cost)
+	cost := d.cost
+	c.n[statHits].Add(cost)
 	if !o.allowed {
-		c.over.Add(cost)
+		c.n[statOver].Add(cost)
 		if d.shadow {
-			c.shadow.Add(cost)
+			c.n[statShadow].Add(cost)
 		}
 		return
 	}
-	c.within.Add(cost)
+	c.n[statWithin].Add(cost)
 	// Near the limit: the part of the cost that lands above the ratio,
-	// counting the hits used after the decision.
+	// counting the hits used after the decision (whole numbers).
 	threshold := math.Floor(float64(d.limit) * rs.ratio)
 	after := float64(d.limit - max(o.remaining, 0))
-	if near := min(after-threshold, cost); near > 0 {
-		c.near.Add(near)
+	if near := min(after-threshold, float64(cost)); near > 0 {
+		c.n[statNear].Add(uint64(near))
 	}
 }
 
