@@ -32,6 +32,7 @@ type actor struct {
 	// Scratch reused from batch to batch.
 	batch  []*call
 	misses []string
+	sink   int64 // keeps the loads of state.warm
 	// taken is makeRoom's set of the new keys of a batch (memory mode),
 	// kept between batches so that it allocates once.
 	taken map[string]bool
@@ -745,18 +746,28 @@ func (a *actor) writePinned() {
 // memory. A key whose stored deadline has passed is as good as new.
 func (a *actor) load(now int64) error {
 	a.misses = a.misses[:0]
+	var sink int64
 	for _, c := range a.batch {
 		if c.op == opInspect || c.op == opCollect || c.broadcast() {
 			continue // nothing to load: they read without loading, or go to every actor
 		}
 		for i := range c.checks {
 			if c.shards[i] == a.id {
-				if k := c.checks[i].Key; a.keys[k] == nil && a.damaged[k] == nil {
+				k := c.checks[i].Key
+				switch ent := a.keys[k]; {
+				case ent != nil:
+					// The decisions read each key's entry and log one
+					// after the other, each waiting for its cache
+					// misses; read here, where no load depends on the
+					// one before, the misses of the batch's keys overlap.
+					sink += ent.st.warm()
+				case a.damaged[k] == nil:
 					a.misses = append(a.misses, k)
 				}
 			}
 		}
 	}
+	a.sink = sink
 	if len(a.misses) == 0 {
 		return nil
 	}
@@ -807,13 +818,22 @@ func (a *actor) markDamaged(key string, err error) *DamagedError {
 func (a *actor) makeRoom(now int64) {
 	taken := a.taken // new keys of the calls let through so far
 	defer func() { clear(a.taken) }()
+	var sink int64
+	defer func() { a.sink = sink }()
 	for _, c := range a.batch {
 		if c.op != opCheck {
 			continue
 		}
 		need := 0
 		for i := range c.checks {
-			if k := c.checks[i].Key; c.shards[i] == a.id && a.keys[k] == nil && !taken[k] {
+			if c.shards[i] != a.id {
+				continue
+			}
+			k := c.checks[i].Key
+			switch ent := a.keys[k]; {
+			case ent != nil:
+				sink += ent.st.warm() // as in load
+			case !taken[k]:
 				need++
 			}
 		}

@@ -130,6 +130,16 @@ func (s *state) runAt(i int) *run {
 	return &ring[j]
 }
 
+// warm reads the state and the oldest run of its log, the memory a
+// decision reads first, and returns a value read, for the caller to keep
+// (so that the loads happen).
+func (s *state) warm() int64 {
+	if len(s.buf) == 0 {
+		return s.limit
+	}
+	return s.buf[:cap(s.buf)][s.head].at
+}
+
 // decide applies check c at time now and fills d. It returns true when the
 // state changed in a way that must be persisted: hits recorded or refunded,
 // or limit, window or algorithm changed on a key that was seen before.
