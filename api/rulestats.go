@@ -127,7 +127,11 @@ func (rs *ruleStats) Collect(ch chan<- prometheus.Metric) {
 		n           [numRuleStats]uint64
 	}
 	rs.mu.RLock()
-	all := make([]seriesValues, 0, len(rs.series))
+	n := 0
+	for _, byKey := range rs.series {
+		n += len(byKey)
+	}
+	all := make([]seriesValues, 0, n)
 	for domain, byKey := range rs.series {
 		for key, c := range byKey {
 			sv := seriesValues{domain: domain, key: key}
