@@ -819,7 +819,6 @@ func (a *actor) makeRoom(now int64) {
 	taken := a.taken // new keys of the calls let through so far
 	defer func() { clear(a.taken) }()
 	var sink int64
-	defer func() { a.sink = sink }()
 	for _, c := range a.batch {
 		if c.op != opCheck {
 			continue
@@ -857,6 +856,7 @@ func (a *actor) makeRoom(now int64) {
 			}
 		}
 	}
+	a.sink = sink
 }
 
 // dropEmpty removes up to n keys whose state is empty at now, looking at the
