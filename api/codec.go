@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"sync"
 	"sync/atomic"
 
@@ -17,7 +16,7 @@ import (
 // requestCodec is gRPC's protobuf codec, except for a request that does not
 // decode: gRPC would answer INTERNAL itself, before any interceptor runs,
 // though the fault is the caller's. requestCodec resets the message, notes
-// why in undecodable, and lets the call go on to checkDecoded, which
+// why in undecodable, and lets the call go on to Server.intercept, which
 // answers INVALID_ARGUMENT.
 type requestCodec struct {
 	encoding.CodecV2
@@ -61,15 +60,8 @@ func (c requestCodec) decoded(req any) error {
 	return nil
 }
 
-// checkDecoded is the unary interceptor of requestCodec.
-func (c requestCodec) checkDecoded(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if err := c.decoded(req); err != nil {
-		return nil, err
-	}
-	return h(ctx, req)
-}
-
-// checkDecodedStream is checkDecoded for streams: each message received.
+// checkDecodedStream is the stream interceptor of requestCodec: each
+// message received is checked as Server.intercept checks a unary request.
 func (c requestCodec) checkDecodedStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	return h(srv, decodedStream{ServerStream: ss, c: c})
 }

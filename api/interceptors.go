@@ -22,16 +22,32 @@ const (
 	peerPrefix    = "/sluice.v1.PeerService/"
 )
 
-// authorize requires the admin token on admin and peer calls when one is
-// set. Decisions stay open to the proxies.
-func (s *Server) authorize(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if err := s.checkToken(ctx, info.FullMethod); err != nil {
-		return nil, err
+// intercept is the node's unary interceptor: a request that did not decode
+// is answered INVALID_ARGUMENT (see requestCodec), admin, traffic and peer
+// calls need the admin token when one is set (decisions stay open to the
+// proxies), and a panic in a handler becomes an Internal error, so that one
+// bad request cannot take the node down. One interceptor, not a chain of
+// three: gRPC allocates a chain's links anew for every call.
+func (s *Server) intercept(c requestCodec) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
+		if err := c.decoded(req); err != nil {
+			return nil, err
+		}
+		if err := s.checkToken(ctx, info.FullMethod); err != nil {
+			return nil, err
+		}
+		defer func() {
+			if r := recover(); r != nil {
+				s.log.Error("panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
+				err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
+			}
+		}()
+		return h(ctx, req)
 	}
-	return h(ctx, req)
 }
 
-// authorizeStream is authorize for streams (the peer handoff).
+// authorizeStream requires the admin token on streams (the peer handoff),
+// as intercept does on unary calls.
 func (s *Server) authorizeStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
 	if err := s.checkToken(ss.Context(), info.FullMethod); err != nil {
 		return err
@@ -86,15 +102,3 @@ func (c tokenCredentials) GetRequestMetadata(context.Context, ...string) (map[st
 }
 
 func (c tokenCredentials) RequireTransportSecurity() bool { return c.secure }
-
-// recoverPanics turns a panic in a handler into an Internal error, so that
-// one bad request cannot take the node down.
-func (s *Server) recoverPanics(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (resp any, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			s.log.Error("panic in handler", "method", info.FullMethod, "panic", r, "stack", string(debug.Stack()))
-			err = status.Errorf(codes.Internal, "internal error in %s", info.FullMethod)
-		}
-	}()
-	return h(ctx, req)
-}

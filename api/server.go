@@ -324,7 +324,7 @@ func (s *Server) Interceptors() []grpc.ServerOption {
 	c := newRequestCodec()
 	return []grpc.ServerOption{
 		grpc.ForceServerCodecV2(c),
-		grpc.ChainUnaryInterceptor(c.checkDecoded, s.recoverPanics, s.authorize),
+		grpc.ChainUnaryInterceptor(s.intercept(c)),
 		grpc.ChainStreamInterceptor(c.checkDecodedStream, s.authorizeStream),
 	}
 }
