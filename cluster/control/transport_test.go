@@ -12,6 +12,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
+	"google.golang.org/grpc/mem"
 )
 
 // muxStream listens on loopback, splits the port with a Mux and serves
@@ -74,6 +75,67 @@ func TestMuxSplits(t *testing.T) {
 	buf := make([]byte, 4)
 	if _, err := io.ReadFull(ac, buf); err != nil || string(buf) != "ping" {
 		t.Fatalf("raft side read %q, %v; want ping", buf, err)
+	}
+}
+
+// readyConn has ReadOnReady, as cmd/sluice/node's connections do.
+type readyConn struct{ net.Conn }
+
+func (c readyConn) ReadOnReady(bufSize int, pool mem.BufferPool) (*[]byte, int, error) {
+	b := pool.Get(bufSize)
+	n, err := c.Conn.Read(*b)
+	return b, n, err
+}
+
+type readyListener struct{ net.Listener }
+
+func (l readyListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return readyConn{c}, nil
+}
+
+// TestMuxKeepsReadOnReady: the gRPC side's connection keeps the
+// ReadOnReady of the listener's, with which gRPC holds no read buffer for
+// an idle connection, and gives the first byte back through it.
+func TestMuxKeepsReadOnReady(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := NewMux(readyListener{lis})
+	t.Cleanup(func() {
+		m.GRPC().Close()
+		m.Raft().Close()
+	})
+	c, err := net.Dial("tcp", lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const preface = "PRI * HTTP/2.0"
+	c.Write([]byte(preface))
+	g, err := m.GRPC().Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer g.Close()
+	rr, ok := g.(readyReader)
+	if !ok {
+		t.Fatalf("the gRPC side's connection, a %T, has no ReadOnReady", g)
+	}
+	var got []byte
+	for len(got) < len(preface) {
+		b, n, err := rr.ReadOnReady(64, mem.DefaultBufferPool())
+		if err != nil {
+			t.Fatalf("ReadOnReady after %q: %v", got, err)
+		}
+		got = append(got, (*b)[:n]...)
+	}
+	if string(got) != preface {
+		t.Errorf("read %q; want %q", got, preface)
 	}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/sluice-io/sluice/api/apitest"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // TestMeasureStalledStreams measures what clients that open streams and
@@ -265,7 +266,13 @@ func TestMeasureIdleConnections(t *testing.T) {
 		t.Skip("set SLUICE_MEASURE_CONNS=<connections> to measure")
 	}
 	p := startProc(t, t.TempDir(), append([]string{"--durability", "memory", "--pprof"}, strings.Fields(os.Getenv("SLUICE_MEASURE_FLAGS"))...)...)
-	mustRun(t, exitOK, nil, "check", "measure", "--limit", "1000000000", "--window", "1m", "--addr", p.grpcAddr)
+	// A clustered node (SLUICE_MEASURE_FLAGS="--gossip-addr 127.0.0.1:0
+	// --expect 1") decides once it has bootstrapped its cluster.
+	var r result
+	testkit.Eventually(t, 30*time.Second, func() bool {
+		r = runCLI(t, nil, "check", "measure", "--limit", "1000000000", "--window", "1m", "--addr", p.grpcAddr)
+		return r.code == exitOK
+	}, "the node did not decide: %v", &r)
 	pid := p.cmd.Process.Pid
 	sample := func() (rss, anon, heap, goroutines int64) {
 		st := procStatus(t, pid)
