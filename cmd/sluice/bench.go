@@ -64,8 +64,11 @@ the answer, and send the next: this measures capacity. Open loop (--rate):
 calls are scheduled evenly at --rate calls/s whatever the server does, and
 latency is measured from each call's scheduled time, so that queueing (in
 the server or in the generator) shows up in the latency instead of lowering
-the load. Calls that were due but that no worker was free to send before the
-end are reported as unsent.
+the load. Only a free worker's own lateness is left out: one that waited
+for a call's time and woke late (Go's timers fire up to a millisecond late
+in an idle process) measures from when it woke, and the report gives that
+delay apart. Calls that were due but that no worker was free to send before
+the end are reported as unsent.
 
 Each call carries --batch checks, on keys <key-prefix><n> picked among
 --keys keys (--dist uniform or zipf) or always the same one (--dist hot),
@@ -97,6 +100,9 @@ The fields of -o json are stable:
   error_codes                   failed calls by gRPC code name
   first_error                   "Code: message" of the earliest failure
   unsent                        open loop: due calls never sent
+  wake_late_mean_us, wake_late_max_us   open loop: how late free workers
+                                woke for their calls, µs (left out of the
+                                latency)
   unfinished                    calls cut by an interruption
   interrupted                   stopped by SIGINT before --duration
   settings                      addr, api, mode (closed|open), rate,
@@ -363,6 +369,10 @@ func printReport(w io.Writer, r *loadgen.Report) error {
 	}
 	if r.Unfinished > 0 {
 		row("unfinished", "%d (cut by the interruption)", r.Unfinished)
+	}
+	if r.WakeLateMaxUs > 0 {
+		row("generator late", "%s mean, %s max (workers that woke late for a call's time; left out of its latency)",
+			fmtLatency(time.Duration(r.WakeLateMeanUs*float64(time.Microsecond))), fmtLatency(time.Duration(r.WakeLateMaxUs*float64(time.Microsecond))))
 	}
 	for _, q := range []struct {
 		name string

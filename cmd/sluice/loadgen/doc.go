@@ -15,7 +15,13 @@
 // scheduled call, waits for its time and sends it. Latency is measured from
 // the scheduled time, not from the moment the call left, so that when the
 // server (or the generator) falls behind, the wait shows up in the latency
-// instead of silently lowering the load (no coordinated omission). A call
+// instead of silently lowering the load (no coordinated omission). A
+// worker that was free and waiting for the time, though, measures from
+// when its timer woke it: Go's timers fire up to a millisecond late in an
+// idle process (the network poller sleeps in whole milliseconds), which at
+// low rates added 0.5 ms to the median of a node that answers in 0.25 ms.
+// That delay is the generator's own; Report.WakeLateMeanUs and
+// WakeLateMaxUs give it. A call
 // whose time came before the end of the run but that no worker was free to
 // send by then is counted in Report.Unsent.
 //

@@ -48,6 +48,11 @@ type stripe struct {
 	firstErrAt time.Time
 	unsent     int64
 	unfinished int64
+	// Of the calls whose worker waited for their scheduled time: how late
+	// it woke.
+	wakes     int64
+	lateNs    float64
+	lateMaxNs int64
 	// Of every call answered, warmup included: for the live rates.
 	answered          int64
 	answeredDecisions int64
@@ -71,7 +76,9 @@ func (r *recorder) stripe(worker int) *stripe { return &r.stripes[worker%len(r.s
 type outcome struct {
 	measured  bool          // started after the warmup
 	at        time.Time     // when it started (open loop: was due)
-	latency   time.Duration // from at to the answer
+	latency   time.Duration // from at (or at + late) to the answer
+	waited    bool          // open loop: the worker waited for at
+	late      time.Duration // then, how late it woke
 	decisions int           // checks decided, 0 on error
 	allowed   int
 	err       error
@@ -91,6 +98,11 @@ func (s *stripe) record(o outcome) {
 	s.sumNs += float64(ns)
 	s.maxNs = max(s.maxNs, ns)
 	s.calls++
+	if o.waited {
+		s.wakes++
+		s.lateNs += float64(o.late)
+		s.lateMaxNs = max(s.lateMaxNs, int64(o.late))
+	}
 	if o.err != nil {
 		s.errors++
 		s.codes[status.Code(o.err)]++
@@ -125,6 +137,8 @@ type totals struct {
 	maxNs                       int64
 	calls, decisions, allowed   int64
 	errors, unsent, unfinished  int64
+	wakes, lateMaxNs            int64
+	lateNs                      float64
 	codes                       map[codes.Code]int64
 	firstErr                    error
 	firstErrAt                  time.Time
@@ -154,6 +168,9 @@ func (r *recorder) sum(t *totals, withHist bool) {
 		t.errors += s.errors
 		t.unsent += s.unsent
 		t.unfinished += s.unfinished
+		t.wakes += s.wakes
+		t.lateNs += s.lateNs
+		t.lateMaxNs = max(t.lateMaxNs, s.lateMaxNs)
 		for c, n := range s.codes {
 			t.codes[c] += n
 		}

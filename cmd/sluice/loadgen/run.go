@@ -71,6 +71,14 @@ type Report struct {
 	// Interrupted is true when the run was cancelled (SIGINT) before the
 	// end of Duration.
 	Interrupted bool `json:"interrupted"`
+	// WakeLateMeanUs and WakeLateMaxUs are, in an open loop, how late the
+	// workers that were waiting for a call's scheduled time woke to send
+	// it (mean and exact maximum, in microseconds): the generator's own
+	// delay (Go's timers fire up to a millisecond late in an idle
+	// process), which the latencies of those calls leave out. 0 in a
+	// closed loop.
+	WakeLateMeanUs float64 `json:"wake_late_mean_us"`
+	WakeLateMaxUs  float64 `json:"wake_late_max_us"`
 }
 
 // Settings are the settings of a run, as the report shows them: those of
@@ -222,6 +230,11 @@ type fatalError struct{ err error }
 
 func (e *fatalError) Error() string { return e.err.Error() }
 
+// wokeLate, if not nil, runs each time a worker's timer has fired for a
+// scheduled call, before the worker reads the clock: tests set it to stand
+// for a timer that fires late.
+var wokeLate func()
+
 // runner is the state of one run the workers share.
 type runner struct {
 	cfg          *Config
@@ -246,7 +259,9 @@ func (r *runner) work(w int, c caller) {
 		}
 	}()
 	for r.ctx.Err() == nil {
-		var at time.Time
+		// at is when the call starts or is due; woke, in an open loop, when
+		// a worker that waited for at woke (at or a little later).
+		var at, woke time.Time
 		if r.sched == nil {
 			at = time.Now()
 			if !at.Before(r.end) {
@@ -268,6 +283,10 @@ func (r *runner) work(w int, c caller) {
 				case <-r.ctx.Done():
 					return
 				}
+				if wokeLate != nil {
+					wokeLate()
+				}
+				woke = time.Now()
 			}
 			if !time.Now().Before(r.end) {
 				// Due in time, but the workers were too busy to send it
@@ -294,6 +313,13 @@ func (r *runner) work(w int, c caller) {
 			return
 		}
 		o := outcome{measured: measured, at: at, latency: done.Sub(at), allowed: allowed, err: err}
+		if !woke.IsZero() {
+			// The worker was free and waiting: how late its timer fired
+			// is the generator's delay, not the server's.
+			o.late = max(woke.Sub(at), 0)
+			o.latency -= o.late
+			o.waited = true
+		}
 		if err == nil {
 			o.decisions = len(keys)
 		}
@@ -368,6 +394,10 @@ func (r *runner) report(stoppedAt time.Time, interrupted bool) *Report {
 	}
 	if t.calls > 0 {
 		rep.MeanUs = math.Round(t.sumNs/float64(t.calls)/100) / 10
+	}
+	if t.wakes > 0 {
+		rep.WakeLateMeanUs = math.Round(t.lateNs/float64(t.wakes)/100) / 10
+		rep.WakeLateMaxUs = micros(time.Duration(t.lateMaxNs))
 	}
 	if secs := elapsed.Seconds(); secs > 0 {
 		rep.CallsPerS = math.Round(float64(t.calls)/secs*10) / 10

@@ -131,6 +131,45 @@ func TestOpenLoopRate(t *testing.T) {
 	})
 }
 
+// TestOpenLoopLateWake: a worker that waits for a call's time and wakes
+// late (Go's timers fire up to a millisecond late in an idle process)
+// does not count its own delay in the call's latency; the report gives it
+// apart. A call already overdue when a worker takes it still counts its
+// whole wait (TestOpenLoopNoCoordinatedOmission).
+func TestOpenLoopLateWake(t *testing.T) {
+	wokeLate = func() { time.Sleep(3 * time.Millisecond) }
+	defer func() { wokeLate = nil }()
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig()
+		cfg.Rate = 100 // a call every 10ms, 4 free workers
+		cfg.Warmup = 0
+		rep, err := runFake(t, t.Context(), cfg, fakeCaller{latency: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Calls != 100 || rep.Unsent != 0 {
+			t.Errorf("open loop at 100/s for 1s: %d calls, %d unsent; want 100, none unsent", rep.Calls, rep.Unsent)
+		}
+		if rep.P50us != 1000 || rep.MaxUs != 1000 {
+			t.Errorf("1ms calls sent 3ms after their time by workers that woke late: p50 %gµs, max %gµs; want 1000µs", rep.P50us, rep.MaxUs)
+		}
+		// Call 0 is due at once: its worker does not wait.
+		if rep.WakeLateMeanUs != 3000 || rep.WakeLateMaxUs != 3000 {
+			t.Errorf("wake_late_mean_us %g, wake_late_max_us %g; want 3000 and 3000", rep.WakeLateMeanUs, rep.WakeLateMaxUs)
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		cfg := testConfig()
+		rep, err := runFake(t, t.Context(), cfg, fakeCaller{latency: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.WakeLateMeanUs != 0 || rep.WakeLateMaxUs != 0 {
+			t.Errorf("closed loop: wake_late_mean_us %g, wake_late_max_us %g; want 0", rep.WakeLateMeanUs, rep.WakeLateMaxUs)
+		}
+	})
+}
+
 // TestOpenLoopNoCoordinatedOmission: when the server is slower than the
 // schedule, an open loop measures latency from the scheduled times, so the
 // queueing shows; the calls it could not send are counted. A closed loop
