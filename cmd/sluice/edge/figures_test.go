@@ -152,6 +152,20 @@ func procCPU(pid int) time.Duration {
 
 func us(v int64) time.Duration { return time.Duration(v) * time.Microsecond }
 
+// wakeAt waits until due and returns when the request's latency counts
+// from: due if it is already past (a late request counts its wait, so
+// queueing shows), else when the sleep ended. A sleeping worker wakes up to
+// a millisecond late in an idle process, a delay of the load's, not of
+// what it measures (as in sluice bench's open loop).
+func wakeAt(due time.Time) time.Time {
+	wait := time.Until(due)
+	if wait <= 0 {
+		return due
+	}
+	time.Sleep(wait) // not a poll: an open loop sends each request at its time
+	return time.Now()
+}
+
 // openLoop sends requests at rate per second for d, whatever the answers
 // take, and measures each from its scheduled time (so queueing shows).
 func openLoop(c *http.Client, target string, keys []string, rate float64, d time.Duration) loadResult {
@@ -175,12 +189,9 @@ func openLoop(c *http.Client, target string, keys []string, rate float64, d time
 				if i >= total {
 					break
 				}
-				due := start.Add(time.Duration(i) * interval)
-				if wait := time.Until(due); wait > 0 {
-					time.Sleep(wait) // not a poll: an open loop sends each request at its time
-				}
+				from := wakeAt(start.Add(time.Duration(i) * interval))
 				local[request(c, target, keys[r.IntN(len(keys))])]++
-				lh.RecordValue(int64(time.Since(due) / time.Microsecond))
+				lh.RecordValue(int64(time.Since(from) / time.Microsecond))
 			}
 			mu.Lock()
 			for k, v := range local {
@@ -225,16 +236,13 @@ func pairedOpenLoop(c *http.Client, a, b string, keys []string, rate float64, d 
 				if i >= total {
 					break
 				}
-				due := start.Add(time.Duration(i) * interval)
-				if wait := time.Until(due); wait > 0 {
-					time.Sleep(wait) // not a poll: an open loop sends each request at its time
-				}
+				from := wakeAt(start.Add(time.Duration(i) * interval))
 				which, target := i%2, a
 				if which == 1 {
 					target = b
 				}
 				local[which][request(c, target, keys[r.IntN(len(keys))])]++
-				lh[which].RecordValue(int64(time.Since(due) / time.Microsecond))
+				lh[which].RecordValue(int64(time.Since(from) / time.Microsecond))
 			}
 			mu.Lock()
 			for j := range 2 {
