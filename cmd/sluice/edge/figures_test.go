@@ -167,7 +167,8 @@ func wakeAt(due time.Time) time.Time {
 }
 
 // openLoop sends requests at rate per second for d, whatever the answers
-// take, and measures each from its scheduled time (so queueing shows).
+// take, and measures each from its scheduled time (so queueing shows), or
+// from when its waiting worker woke (wakeAt).
 func openLoop(c *http.Client, target string, keys []string, rate float64, d time.Duration) loadResult {
 	total := int64(rate * d.Seconds())
 	interval := time.Duration(float64(time.Second) / rate)
