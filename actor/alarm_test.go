@@ -1,6 +1,7 @@
 package actor
 
 import (
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -35,7 +36,7 @@ func TestAlarmHeapModel(t *testing.T) {
 			h.push(ent, at)
 			armed[ent] = at
 		case op < 6:
-			want := slices.Min(mapValues(armed))
+			want := slices.Min(slices.Collect(maps.Values(armed)))
 			at := h[0].at
 			ent := h.pop()
 			if at != want || armed[ent] != at || ent.heapIdx != -1 {
@@ -61,14 +62,6 @@ func TestAlarmHeapModel(t *testing.T) {
 			t.Fatalf("step %d: %d alarms in the heap, %d armed", step, len(h), len(armed))
 		}
 	}
-}
-
-func mapValues(m map[*entry]int64) []int64 {
-	out := make([]int64, 0, len(m))
-	for _, v := range m {
-		out = append(out, v)
-	}
-	return out
 }
 
 // BenchmarkAlarmHeapEvict is what an actor at its bound does on fresh keys:
