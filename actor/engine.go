@@ -268,9 +268,6 @@ type Engine struct {
 	gen atomic.Uint64
 	// reserving counts the fenced reserving calls in flight, for Collect.
 	reserving reservations
-	// replicas orders the writes of replica copies (PutReplicas,
-	// DeleteReplicas).
-	replicas replicaWrites
 
 	closing   atomic.Bool
 	quit      chan struct{} // closed by Close: actors drain and exit

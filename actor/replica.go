@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 
 	"github.com/sluice-io/sluice/persist"
 )
@@ -14,7 +13,9 @@ import (
 // ReplicaPrefix in this engine's store. They bypass the actors, which never
 // hold a key with ReservedPrefix (every client call on one is refused), so
 // no actor state can race with them; replica writes race only with each
-// other, and replicaWrites orders them.
+// other, and the store's writer orders them: a tail is a conditional append
+// (persist.Record.IfLive), which the writer applies only over a copy that
+// holds something when its turn comes.
 
 // MissingBaseError is the error of PutReplicas when tails (appends) arrived
 // for keys whose replica copy here holds nothing to append to: none, or
@@ -39,43 +40,21 @@ func (e *MissingBaseError) Error() string {
 	return fmt.Sprintf("actor: put replicas: no copy to append to for %s%s; send their full states", strings.Join(quoted, ", "), more)
 }
 
-// replicaWrites orders the replica writes of an engine: whether a tail has a
-// base to append to is decided, and the write submitted, under mu, so that
-// two calls writing the same key cannot both decide on what the store held
-// before either. A write submitted and not yet committed is not visible to
-// Store.Get; pending remembers, by stored key, the last one submitted.
-type replicaWrites struct {
-	mu      sync.Mutex
-	pending map[string]pendingReplica
-	// sweepAt is the size of pending past which done writes are dropped
-	// from it.
-	sweepAt int
-}
-
-// pendingReplica is the last replica write of a key submitted to the store.
-type pendingReplica struct {
-	commit *persist.Commit
-	// live is true if the key holds a copy after the write (a put, or an
-	// append that had a base), false after a deletion.
-	live bool
-}
-
 // PutReplicas writes recs (as a Replicator received them: full states,
 // tails, deletes; keys without the prefix) as replica copies, under
-// ReplicaPrefix+key, and returns once they are committed (as a write of the
-// engine's own in the store's mode: at once in async mode). A tail whose
-// replica has no base to append to (no copy, or an expired one: the
-// engine's rule for a stored state) is not written: the error is a
-// *MissingBaseError listing those keys (the other records are written).
+// ReplicaPrefix+key, and returns once they are committed (in async mode
+// too: whether each tail had a base is known then). A tail whose
+// replica has no base to append to when the store's writer comes to it (no
+// copy, or an expired one: the engine's rule for a stored state) is not
+// written: the error is a *MissingBaseError listing those keys (the other
+// records are written).
 //
 // The records are checked first: a key that is empty, too long or starts
 // with ReservedPrefix, a value that does not decode as a state, a put
 // without a deadline refuse the call, and nothing is written. The records
 // of one call are applied in order, as one storage write (all or nothing
 // on a crash). Copies expire at their deadline like every key (the store's
-// janitor deletes them). A copy's base that expires between the check and
-// the commit (a Sweep deleting it meanwhile) leaves the tail alone, a valid
-// state whose expired hits are gone.
+// janitor deletes them).
 //
 // PutReplicas needs a data file: in memory mode it returns ErrNoStore.
 func (e *Engine) PutReplicas(ctx context.Context, recs []persist.Record) error {
@@ -83,7 +62,7 @@ func (e *Engine) PutReplicas(ctx context.Context, recs []persist.Record) error {
 }
 
 // DeleteReplicas deletes the replica copies of keys (without the prefix),
-// and returns once the deletions are committed (at once in async mode). In
+// and returns once the deletions are committed. In
 // memory mode there are no copies: it does nothing.
 func (e *Engine) DeleteReplicas(ctx context.Context, keys []string) error {
 	if e.store == nil {
@@ -117,33 +96,40 @@ func (e *Engine) SubmitReplicas(ctx context.Context, recs []persist.Record) (*Re
 
 // ReplicaWrite is a replica write submitted to the store.
 type ReplicaWrite struct {
-	e       *Engine
-	what    string
-	commit  *persist.Commit // nil: nothing to write
-	written map[string]bool
-	missing []string
+	what   string
+	commit *persist.Commit  // nil: nothing to write
+	recs   []persist.Record // as submitted, keys with ReplicaPrefix
 }
 
-// Wait returns once the write is committed (at once in async mode), with
-// PutReplicas' errors: the store's, or a *MissingBaseError for the tails
-// that were not written. It may be called once.
+// Wait returns once the write is committed (in async mode too: which tails
+// had a base is known then), with PutReplicas' errors: the store's, or a
+// *MissingBaseError for the tails that were not written. It may be called
+// once.
 func (w *ReplicaWrite) Wait(ctx context.Context) error {
-	e := w.e
-	if w.commit != nil && e.store.Mode() != persist.ModeAsync {
-		select {
-		case <-w.commit.Done():
-		case <-ctx.Done():
-			return fmt.Errorf("actor: %s: %w", w.what, ctx.Err())
-		}
-		if err := w.commit.Err(); err != nil {
-			return fmt.Errorf("actor: %s: store: %w", w.what, err)
-		}
-		e.replicas.forget(w.written, w.commit)
+	if w.commit == nil {
+		return nil
 	}
-	if len(w.missing) > 0 {
-		return &MissingBaseError{Keys: w.missing}
+	select {
+	case <-w.commit.Done():
+	case <-ctx.Done():
+		return fmt.Errorf("actor: %s: %w", w.what, ctx.Err())
 	}
-	return nil
+	if err := w.commit.Err(); err != nil {
+		return fmt.Errorf("actor: %s: store: %w", w.what, err)
+	}
+	skipped := w.commit.Skipped()
+	if len(skipped) == 0 {
+		return nil
+	}
+	mb := &MissingBaseError{}
+	seen := make(map[string]bool, len(skipped))
+	for _, i := range skipped {
+		if k := w.recs[i].Key[len(ReplicaPrefix):]; !seen[k] {
+			seen[k] = true
+			mb.Keys = append(mb.Keys, k)
+		}
+	}
+	return mb
 }
 
 // submitReplicas checks recs and submits them (see SubmitReplicas).
@@ -154,7 +140,7 @@ func (e *Engine) submitReplicas(ctx context.Context, what string, recs []persist
 	if e.closing.Load() {
 		return nil, ErrClosed
 	}
-	rw := &ReplicaWrite{e: e, what: what}
+	rw := &ReplicaWrite{what: what}
 	if len(recs) == 0 {
 		return rw, nil
 	}
@@ -171,48 +157,21 @@ func (e *Engine) submitReplicas(ctx context.Context, what string, recs []persist
 		size += len(recs[i].Value)
 	}
 	buf := make([]byte, 0, size)
-	out := make([]persist.Record, 0, len(recs))
+	out := make([]persist.Record, len(recs))
 	now := e.cfg.Clock.Now().UnixNano()
-
-	w := &e.replicas
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	bases, err := e.replicaBases(recs, now)
-	if err != nil {
-		return nil, fmt.Errorf("actor: %s: %w", what, err)
-	}
-	// live: whether each key holds a copy after the records so far (bases
-	// for a key whose first record is an append); written: the same, for
-	// the keys written.
-	live := bases
-	rw.written = make(map[string]bool, len(recs))
-	refused := make(map[string]bool)
-	for _, r := range recs {
-		switch {
-		case r.Value == nil:
-			live[r.Key] = false
-		case !r.Append:
-			live[r.Key] = true
-		case !live[r.Key]:
-			if !refused[r.Key] {
-				refused[r.Key] = true
-				rw.missing = append(rw.missing, r.Key)
-			}
-			continue
-		}
-		rw.written[r.Key] = live[r.Key]
+	for i, r := range recs {
 		rec := persist.Record{Key: ReplicaPrefix + r.Key, Deadline: r.Deadline, Append: r.Append}
+		if r.Append {
+			rec.IfLive = now // over a copy that has not expired
+		}
 		if r.Value != nil {
 			start := len(buf)
 			buf = append(buf, r.Value...)
 			rec.Value = buf[start:len(buf):len(buf)]
 		}
-		out = append(out, rec)
+		out[i] = rec
 	}
-	if len(out) > 0 {
-		rw.commit = e.store.Submit(out, nil)
-		w.remember(rw.written, rw.commit)
-	}
+	rw.commit, rw.recs = e.store.Submit(out, nil), out
 	return rw, nil
 }
 
@@ -235,82 +194,6 @@ func (e *Engine) checkReplica(i int, r *persist.Record) error {
 		return fmt.Errorf("record %d (key %s): %w", i, QuoteKey(r.Key), err)
 	}
 	return nil
-}
-
-// replicaBases returns, for each key whose first record in recs is an
-// append, whether its copy holds a state to append to: the last replica
-// write submitted for it, if it is not committed yet, else the store's
-// record (one whose deadline has passed counts as none, as everywhere in
-// the engine). It runs with w.mu held.
-func (e *Engine) replicaBases(recs []persist.Record, now int64) (map[string]bool, error) {
-	first := make(map[string]bool) // keys seen, by their records' order
-	bases := make(map[string]bool)
-	var read []string // stored keys to read
-	for _, r := range recs {
-		if first[r.Key] {
-			continue
-		}
-		first[r.Key] = true
-		if !r.Append {
-			continue
-		}
-		if p, ok := e.replicas.pending[r.Key]; ok {
-			select {
-			case <-p.commit.Done():
-				// Committed (Get sees it), or failed (the store holds what
-				// it held before): read the store.
-			default:
-				bases[r.Key] = p.live
-				continue
-			}
-		}
-		bases[r.Key] = false
-		read = append(read, ReplicaPrefix+r.Key)
-	}
-	if len(read) == 0 {
-		return bases, nil
-	}
-	err := e.store.Get(read, func(i int, deadline int64, _ []byte) {
-		if deadline > now {
-			bases[read[i][len(ReplicaPrefix):]] = true
-		}
-	})
-	return bases, err
-}
-
-// remember records commit as the last write of the keys of live. It runs
-// with w.mu held, and drops the writes that are done from pending when it
-// has grown past twice its size after the last time it did.
-func (w *replicaWrites) remember(live map[string]bool, commit *persist.Commit) {
-	if w.pending == nil {
-		w.pending = make(map[string]pendingReplica)
-	}
-	for k, ok := range live {
-		w.pending[k] = pendingReplica{commit: commit, live: ok}
-	}
-	if len(w.pending) < max(w.sweepAt, 64) {
-		return
-	}
-	for k, p := range w.pending {
-		select {
-		case <-p.commit.Done():
-			delete(w.pending, k)
-		default:
-		}
-	}
-	w.sweepAt = 2 * len(w.pending)
-}
-
-// forget drops the keys of live from pending once commit is done, unless a
-// later write of the key replaced it.
-func (w *replicaWrites) forget(live map[string]bool, commit *persist.Commit) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for k := range live {
-		if p, ok := w.pending[k]; ok && p.commit == commit {
-			delete(w.pending, k)
-		}
-	}
 }
 
 // CollectReplicas calls fn with the replica copy of every key (without the

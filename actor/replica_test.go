@@ -336,8 +336,10 @@ func collectReplicas(t *testing.T, e *Engine, want func(string) bool) map[string
 }
 
 // TestPutReplicasMissingBase: a tail whose copy has nothing to append to
-// (no copy, a copy deleted by an earlier record, an expired copy) is not
-// written and is reported; the other records are written.
+// (no copy, a copy deleted by an earlier record or by a call before it not
+// yet committed, an expired copy) is not written and is reported; the
+// other records are written, and a tail over a put of a call not yet
+// committed appends to it.
 func TestPutReplicasMissingBase(t *testing.T) {
 	h := newHarness(t, "commit", nil)
 	ctx := context.Background()
@@ -381,6 +383,32 @@ func TestPutReplicasMissingBase(t *testing.T) {
 	if err := h.eng.PutReplicas(ctx, []persist.Record{{Key: "based", Deadline: dl, Value: tail, Append: true}}); err != nil {
 		t.Fatalf("PutReplicas(tail of based) = %v", err)
 	}
+
+	// Calls in flight: a tail sees the put of the call before it, and a
+	// deletion of the call before it, though neither committed yet.
+	var writes []*ReplicaWrite
+	for _, recs := range [][]persist.Record{
+		{{Key: "queued", Deadline: dl, Value: full}, {Key: "gone", Deadline: dl, Value: full}},
+		{{Key: "queued", Deadline: dl, Value: tail, Append: true}, {Key: "gone"}},
+		{{Key: "gone", Deadline: dl, Value: tail, Append: true}},
+	} {
+		w, err := h.eng.SubmitReplicas(ctx, recs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		writes = append(writes, w)
+	}
+	for i, w := range writes {
+		err := w.Wait(ctx)
+		if i < 2 && err != nil || i == 2 && (!errors.As(err, &mb) || !slices.Equal(mb.Keys, []string{"gone"})) {
+			t.Errorf("call %d: Wait = %v", i, err)
+		}
+	}
+	got = collectReplicas(t, h.eng, func(k string) bool { return k == "queued" || k == "gone" })
+	if err := b.decode(got["queued"].State); len(got) != 1 || err != nil || b.cur != 2 {
+		t.Errorf("copies = %v (%v); want queued with 2 hits", got, err)
+	}
+
 	// Expired: as good as none.
 	h.clk.Advance(2 * time.Minute)
 	err = h.eng.PutReplicas(ctx, []persist.Record{{Key: "based", Deadline: dl + int64(2*time.Minute), Value: tail, Append: true}})

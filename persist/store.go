@@ -103,6 +103,14 @@ type Record struct {
 	// Append makes the record an append of Value to the key's value,
 	// instead of a put that replaces it.
 	Append bool
+	// IfLive, if not 0, makes an append conditional: it is written only if,
+	// where it falls in the order of writes, the key holds a value whose
+	// deadline is after IfLive (a put, or an append, of this batch, of one
+	// before it, or in the data file). Otherwise the record is left out of
+	// the write, the rest of which goes on, and Commit.Skipped lists it.
+	// An append with IfLive 0 to a key that holds nothing stores its bytes
+	// alone.
+	IfLive int64
 }
 
 // Store is a bbolt data file with a write-ahead log in front of it: one
@@ -921,40 +929,45 @@ func (s *Store) Submit(recs []Record, done func(error)) *Commit {
 // together. Otherwise SubmitAfter is Submit, and costs no more.
 func (s *Store) SubmitAfter(prev *Commit, recs []Record, done func(error)) *Commit {
 	c := &Commit{recs: recs, done: done, after: prev}
-	appends, err := s.checkRecords(recs)
+	appends, conds, err := s.checkRecords(recs)
 	if err != nil {
 		c.finish(err)
 		return c
 	}
-	c.appends = appends
+	c.appends, c.conds = appends, conds
 	s.enqueue(c)
 	return c
 }
 
 // checkRecords returns an error naming the first invalid record of recs,
-// or the number of appends among them (counted here, on the caller's
-// goroutine, so that the writer looks for them only in batches that hold
-// some).
-func (s *Store) checkRecords(recs []Record) (appends int, err error) {
+// or the numbers of appends and of conditional appends among them (counted
+// here, on the caller's goroutine, so that the writer looks for them only in
+// batches that hold some).
+func (s *Store) checkRecords(recs []Record) (appends, conds int, err error) {
 	for i := range recs {
 		r := &recs[i]
 		switch {
 		case r.Key == "":
-			return 0, fmt.Errorf("persist: submit to %s: record %d has an empty key (nothing of the batch was written)", s.opts.Path, i)
+			return 0, 0, fmt.Errorf("persist: submit to %s: record %d has an empty key (nothing of the batch was written)", s.opts.Path, i)
 		case len(r.Key) > MaxKeyLen:
-			return 0, fmt.Errorf("persist: submit to %s: record %d: key of %d bytes is longer than %d (nothing of the batch was written)", s.opts.Path, i, len(r.Key), MaxKeyLen)
+			return 0, 0, fmt.Errorf("persist: submit to %s: record %d: key of %d bytes is longer than %d (nothing of the batch was written)", s.opts.Path, i, len(r.Key), MaxKeyLen)
 		case r.Append && len(r.Value) == 0:
-			return 0, fmt.Errorf("persist: submit to %s: record %d (key %q) appends an empty value; an append needs at least one byte (nothing of the batch was written)", s.opts.Path, i, r.Key)
+			return 0, 0, fmt.Errorf("persist: submit to %s: record %d (key %q) appends an empty value; an append needs at least one byte (nothing of the batch was written)", s.opts.Path, i, r.Key)
 		case r.Value != nil && r.Deadline <= 0:
-			return 0, fmt.Errorf("persist: submit to %s: record %d (key %q) has a value and deadline %d; a stored record needs a deadline > 0 (nothing of the batch was written)", s.opts.Path, i, r.Key, r.Deadline)
+			return 0, 0, fmt.Errorf("persist: submit to %s: record %d (key %q) has a value and deadline %d; a stored record needs a deadline > 0 (nothing of the batch was written)", s.opts.Path, i, r.Key, r.Deadline)
 		case len(r.Value) > MaxValueLen:
-			return 0, fmt.Errorf("persist: submit to %s: record %d (key %q): value of %d bytes is longer than %d (nothing of the batch was written)", s.opts.Path, i, r.Key, len(r.Value), MaxValueLen)
+			return 0, 0, fmt.Errorf("persist: submit to %s: record %d (key %q): value of %d bytes is longer than %d (nothing of the batch was written)", s.opts.Path, i, r.Key, len(r.Value), MaxValueLen)
+		case r.IfLive < 0 || r.IfLive != 0 && !r.Append:
+			return 0, 0, fmt.Errorf("persist: submit to %s: record %d (key %q) has IfLive %d; only an append takes one, > 0 (nothing of the batch was written)", s.opts.Path, i, r.Key, r.IfLive)
 		}
 		if r.Append {
 			appends++
 		}
+		if r.IfLive != 0 {
+			conds++
+		}
 	}
-	return appends, nil
+	return appends, conds, nil
 }
 
 // enqueue hands c to the writer, or finishes it with ErrClosed.
@@ -1054,6 +1067,7 @@ type Commit struct {
 	// Set before the Commit is queued, read by the writer.
 	recs    []Record
 	appends int // appends among recs
+	conds   int // conditional appends among them (Record.IfLive)
 	done    func(error)
 	kind    commitKind
 	now     int64  // kindSweep
@@ -1066,6 +1080,10 @@ type Commit struct {
 	// Used by the writer goroutine only: the error of a batch that is not
 	// written because the batch it builds on failed (or was not written).
 	skip error
+	// skipped are the indexes in recs of the conditional appends that were
+	// left out, in increasing order: set by the writer before the commit
+	// is finished, read by Skipped after.
+	skipped []int
 
 	mu       sync.Mutex
 	ch       chan struct{} // made on the first Done call
@@ -1101,6 +1119,16 @@ func (c *Commit) Err() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.err
+}
+
+// Skipped returns the indexes, among the records submitted, of the
+// conditional appends (Record.IfLive) that were not written because their
+// key held no live value, in increasing order. It is complete once Done is
+// closed and Err is nil; the caller must not modify it.
+func (c *Commit) Skipped() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.skipped
 }
 
 // Status reports whether the commit is done and, if it is, its error

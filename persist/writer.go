@@ -40,6 +40,8 @@ type writer struct {
 	batch    []*Commit // batches and flushes of the commit, in queue order
 	nrecs    int       // records in batch
 	nappends int       // appends among them
+	nconds   int       // conditional appends among them
+	nskipped int       // conditional appends left out (see resolveConds)
 	closed   bool      // the queue is closed and drained
 
 	// The values that the appends of the commit add to, read from the data
@@ -48,6 +50,9 @@ type writer struct {
 	baseKeys []string
 	baseBuf  []byte
 	keyBuf   []byte
+	// The keys of the commit's conditional appends, and the deadline each
+	// holds as far as resolveConds went (0: none).
+	conds map[string]condBase
 
 	maxValue   int    // the longest value an append may make: MaxValueLen (tests lower it)
 	longWarned bool   // a too long append was logged
@@ -126,7 +131,7 @@ func (w *writer) run() {
 // maxRecs records. While it waits, it takes the results of checkpoints.
 func (w *writer) collect() {
 	w.batch = w.batch[:0]
-	w.nrecs, w.nappends = 0, 0
+	w.nrecs, w.nappends, w.nconds, w.nskipped = 0, 0, 0, 0
 	if w.closed {
 		return
 	}
@@ -190,12 +195,13 @@ func (w *writer) add(c *Commit) {
 			// queue, so that its done callback runs in order, but nothing
 			// of it is written (finishBatch fails it with err).
 			c.skip = err
-			c.recs, c.appends = nil, 0
+			c.recs, c.appends, c.conds = nil, 0, 0
 		}
 	}
 	w.batch = append(w.batch, c)
 	w.nrecs += len(c.recs)
 	w.nappends += c.appends
+	w.nconds += c.conds
 }
 
 // commit writes batch and a step of the Sweep pass as one WAL frame, applies
@@ -220,9 +226,11 @@ func (w *writer) commit() {
 	if w.nappends > 0 {
 		if err = w.readBases(); err != nil {
 			err = fmt.Errorf("read the values to append to: %v", err)
+		} else if w.nconds > 0 {
+			w.resolveConds()
 		}
 	}
-	n := len(w.tombs) + w.nrecs
+	n := len(w.tombs) + w.nrecs - w.nskipped
 	if n > 0 {
 		if err == nil {
 			err = w.write()
@@ -282,7 +290,12 @@ func (w *writer) write() error {
 		e.del(k)
 	}
 	for _, c := range w.batch {
+		left := c.skipped
 		for i := range c.recs {
+			if len(left) > 0 && left[0] == i {
+				left = left[1:]
+				continue
+			}
 			e.record(&c.recs[i])
 		}
 	}
@@ -330,7 +343,12 @@ func (w *writer) apply() {
 		cur.del(k)
 	}
 	for _, c := range w.batch {
+		left := c.skipped
 		for i := range c.recs {
+			if len(left) > 0 && left[0] == i {
+				left = left[1:]
+				continue
+			}
 			r := &c.recs[i]
 			switch {
 			case r.Value == nil:
@@ -400,6 +418,7 @@ func (w *writer) baseOf(key string) []byte {
 // appended to; found is false if it holds none.
 type baseRef struct {
 	off, end int
+	deadline int64
 	found    bool
 }
 
@@ -471,10 +490,91 @@ func (w *writer) readBases() error {
 			}
 			off := len(w.baseBuf)
 			w.baseBuf = append(w.baseBuf, v[8:]...)
-			w.bases[k] = baseRef{off, len(w.baseBuf), true}
+			w.bases[k] = baseRef{off, len(w.baseBuf), int64(binary.BigEndian.Uint64(v)), true}
 		}
 		return nil
 	})
+}
+
+// condBase is what resolveConds knows of a key: whether it looked it up,
+// and the deadline of the value it then holds (0: none).
+type condBase struct {
+	known    bool
+	deadline int64
+}
+
+// resolveConds decides which conditional appends of the commit are
+// written (Record.IfLive), and sets their commits' skipped to the others.
+// It runs after readBases and pickExpired, before the frame is written,
+// and follows the commit's records in the order they are applied: a key's
+// value is what the records before it in the frame leave, else what the
+// overlays hold, else what readBases read from the data file. A value this
+// frame's tombstones delete (a Sweep's step) counts as none: so does one
+// whose deadline is not after the Sweep's time, tombstoned or not, which
+// at worst leaves out an append that had a value to go to (its caller then
+// writes the whole value), never the reverse.
+func (w *writer) resolveConds() {
+	if w.conds == nil {
+		w.conds = make(map[string]condBase)
+	}
+	clear(w.conds)
+	for _, c := range w.batch {
+		if c.conds == 0 {
+			continue
+		}
+		for i := range c.recs {
+			if r := &c.recs[i]; r.IfLive != 0 {
+				w.conds[r.Key] = condBase{}
+			}
+		}
+	}
+	for _, c := range w.batch {
+		for i := range c.recs {
+			r := &c.recs[i]
+			b, ok := w.conds[r.Key]
+			if !ok {
+				continue
+			}
+			if !b.known {
+				b = condBase{known: true, deadline: w.deadlineOf(r.Key)}
+			}
+			switch {
+			case r.Value == nil:
+				b.deadline = 0
+			case r.IfLive != 0 && b.deadline <= r.IfLive:
+				c.skipped = append(c.skipped, i)
+				w.nskipped++
+			default: // a put, or an append, sets the key's deadline
+				b.deadline = r.Deadline
+			}
+			w.conds[r.Key] = b
+		}
+	}
+}
+
+// deadlineOf returns the deadline of the value key holds before the
+// commit's records (0: none), for resolveConds: the current overlay's,
+// the frozen one's, or the data file's as readBases read it.
+func (w *writer) deadlineOf(key string) int64 {
+	s := w.s
+	live := func(e *entry) int64 {
+		if e.del || w.sweeping && e.deadline <= w.sweepNow {
+			return 0
+		}
+		return e.deadline
+	}
+	if e := s.cur.m.get(key); e != nil {
+		return live(e)
+	}
+	if f := s.frozen; f != nil {
+		if e := f.m.get(key); e != nil {
+			return live(e)
+		}
+	}
+	if b := w.bases[key]; b.found && !(w.sweeping && b.deadline <= w.sweepNow) {
+		return b.deadline
+	}
+	return 0
 }
 
 // warm loads the current overlay's slot and entry of each record of the
