@@ -130,6 +130,15 @@
 // time (the pass was queued first, and would delete it): the append stores
 // its bytes alone, live and in a replay.
 //
+// An append may instead be conditional (Record.IfLive): written only if the
+// key then holds a value whose deadline is after IfLive. The writer decides
+// it before it encodes the frame, following the frame's records in order
+// from the values the overlays hold and readBases read (the lookups an
+// append makes anyway), and leaves the others out of the frame, so that a
+// replay never sees them; Commit.Skipped lists them. A standby's copies use
+// it: a tail that arrives where the copy holds nothing is refused, and its
+// sender sends the whole state.
+//
 // # Durability modes
 //
 //   - ModeCommit (default): a batch is acknowledged once its frame is
