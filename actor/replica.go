@@ -43,11 +43,11 @@ func (e *MissingBaseError) Error() string {
 // PutReplicas writes recs (as a Replicator received them: full states,
 // tails, deletes; keys without the prefix) as replica copies, under
 // ReplicaPrefix+key, and returns once they are committed (in async mode
-// too: whether each tail had a base is known then). A tail whose
-// replica has no base to append to when the store's writer comes to it (no
-// copy, or an expired one: the engine's rule for a stored state) is not
-// written: the error is a *MissingBaseError listing those keys (the other
-// records are written).
+// too: whether each tail had a base is known then). A tail whose replica
+// has no base to append to when the store's writer comes to it (no copy,
+// or an expired one: the engine's rule for a stored state) is not written:
+// the error is a *MissingBaseError listing those keys (the other records
+// are written).
 //
 // The records are checked first: a key that is empty, too long or starts
 // with ReservedPrefix, a value that does not decode as a state, a put
@@ -62,8 +62,8 @@ func (e *Engine) PutReplicas(ctx context.Context, recs []persist.Record) error {
 }
 
 // DeleteReplicas deletes the replica copies of keys (without the prefix),
-// and returns once the deletions are committed. In
-// memory mode there are no copies: it does nothing.
+// and returns once the deletions are committed. In memory mode there are
+// no copies: it does nothing.
 func (e *Engine) DeleteReplicas(ctx context.Context, keys []string) error {
 	if e.store == nil {
 		return nil

@@ -103,12 +103,12 @@ type Record struct {
 	// Append makes the record an append of Value to the key's value,
 	// instead of a put that replaces it.
 	Append bool
-	// IfLive, if not 0, makes an append conditional: it is written only if,
-	// where it falls in the order of writes, the key holds a value whose
-	// deadline is after IfLive (a put, or an append, of this batch, of one
-	// before it, or in the data file). Otherwise the record is left out of
-	// the write, the rest of which goes on, and Commit.Skipped lists it.
-	// An append with IfLive 0 to a key that holds nothing stores its bytes
+	// IfLive, if not 0, makes an append conditional: it is written only if
+	// the key holds a value whose deadline is after IfLive as the records
+	// before it leave the key (those of its batch, of batches submitted
+	// before, the data file's). Otherwise the record is left out of the
+	// write, the rest of which goes on, and Commit.Skipped lists it. An
+	// append with IfLive 0 to a key that holds nothing stores its bytes
 	// alone.
 	IfLive int64
 }
