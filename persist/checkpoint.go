@@ -460,7 +460,7 @@ func keyPrefix(key string, from int) uint64 {
 func (w *bboltWriter) writeTx(db *bolt.DB, ov *overlay, ents []*entry, last bool, hook func(*bolt.Tx) error) (next int64, empty bool, err error) {
 	need := 16 + 8
 	for _, e := range ents {
-		need += 3*len(e.key) + 24 + len(e.value)
+		need += 3*len(e.key) + 24 + e.size()
 	}
 	if cap(w.arena) < need {
 		w.arena = make([]byte, 0, need+need/4)
@@ -483,7 +483,17 @@ func (w *bboltWriter) writeTx(db *bolt.DB, ov *overlay, ents []*entry, last bool
 		exp.FillPercent = expiryFillPercent
 		w.cur = keys.Cursor()
 		defer func() { w.cur = nil }()
+		// A retry of a failed checkpoint leaves out the keys an earlier
+		// try wrote: the data file holds their final values, and a tail
+		// written again would be appended twice.
+		done := readPartial(meta)
+		if w.reindex || done.gen != ov.toGen {
+			done = partial{}
+		}
 		for _, e := range ents {
+			if done.gen != 0 && e.key <= done.key {
+				continue
+			}
 			if err := w.put(keys, e); err != nil {
 				return err
 			}
@@ -516,11 +526,8 @@ func (w *bboltWriter) writeTx(db *bolt.DB, ov *overlay, ents []*entry, last bool
 			}
 		case !last:
 			// A retry of a failed checkpoint starts again from its first
-			// key: the marker keeps the furthest key written.
-			key := ents[len(ents)-1].key
-			if p := readPartial(meta); p.gen == ov.toGen && p.key > key {
-				key = p.key
-			}
+			// transaction: the marker keeps the furthest key written.
+			key := max(ents[len(ents)-1].key, done.key)
 			v := w.alloc(8 + len(key))
 			binary.BigEndian.PutUint64(v, ov.toGen)
 			copy(v[8:], key)
@@ -617,9 +624,16 @@ func (w *bboltWriter) put(keys *bolt.Bucket, e *entry) error {
 		}
 		return keys.Delete(k)
 	}
-	v := w.alloc(8 + len(e.value))
+	// A tail goes after the old value, which is the one it was appended
+	// to (see entry). Were that value missing, the tail alone is what a
+	// replay of its records would store.
+	var base []byte
+	if e.tail && len(old) > 8 {
+		base = old[8:]
+	}
+	v := w.alloc(8 + len(base) + len(e.value))
 	binary.BigEndian.PutUint64(v, uint64(e.deadline))
-	copy(v[8:], e.value)
+	copy(v[8+copy(v[8:], base):], e.value)
 	switch {
 	case oldDL == 0:
 		w.ins = append(w.ins, w.expiryKey(v[:8], e.key))

@@ -1,17 +1,31 @@
 package persist
 
 // entry is the latest committed record of one key in an overlay: a put
-// (deadline > 0, value) or a deletion.
+// (deadline > 0, value), a tail (deadline > 0, bytes appended to the value
+// beneath the overlay) or a deletion.
 //
-// key, deadline, del and value are written by the writer goroutine only,
-// under Store.ovMu, and only while the overlay is the current one; Get reads
-// them holding ovMu for reading; the checkpointer reads them once the
-// overlay is frozen. heaped, ver and low are the writer's alone.
+// A tail saves copying a long value into the overlay for an append of a
+// few bytes: the key's value is the value beneath the overlay, baseLen
+// bytes, followed by value. Beneath the current overlay is the frozen one
+// if it holds the key, else the data file; beneath the frozen overlay is
+// the data file. That value does not change while the tail is in the
+// overlay: the frozen overlay is read-only, a Sweep leaves the data file's
+// records of keys the overlays hold, and only the checkpoint of the frozen
+// overlay rewrites them, with the very value the current overlay's tails go
+// after (Get tells whether it read the record before or after: see
+// tailRead.join).
+//
+// key, deadline, del, tail, baseLen and value are written by the writer
+// goroutine only, under Store.ovMu, and only while the overlay is the
+// current one; Get reads them holding ovMu for reading; the checkpointer
+// reads them once the overlay is frozen. heaped, ver and low are the
+// writer's alone.
 type entry struct {
 	key      string
 	deadline int64  // 0 for a deletion
-	value    []byte // the value; its array is reused by the next put of the key
+	value    []byte // the value, or the tail; its array is reused by the next put of the key
 	del      bool
+	tail     bool   // value goes after the value beneath the overlay
 	heaped   bool   // the heap holds a current item for the entry
 	ver      uint32 // the version of that item
 	low      int64  // its deadline, <= deadline
@@ -19,10 +33,15 @@ type entry struct {
 	// small holds a value that fits, so that writing it touches no other
 	// memory than the entry.
 	small [inlineValue]byte
+
+	baseLen uint32 // for a tail, the length of the value beneath (< MaxValueLen)
 }
 
 // inlineValue is the size of entry.small: an entry is then two cache lines.
-const inlineValue = 64
+const inlineValue = 60
+
+// size returns the length of e's whole value.
+func (e *entry) size() int { return int(e.baseLen) + len(e.value) }
 
 // heapItem is a deadline in an overlay's heap: while it is current (no
 // item was pushed for its entry since, see ver), a lower bound of its
@@ -58,6 +77,9 @@ type overlay struct {
 	mem     int64  // what its entries cost in memory, roughly: see entryMem
 	toGen   uint64 // the WAL generation of its last records
 	lastSeq uint64 // the sequence number of its last frame
+	// gen is, for the writer's overlays, the WAL generation of their
+	// records, set before Get can see them (see tailRead.join).
+	gen uint64
 }
 
 func newOverlay() *overlay {
@@ -101,7 +123,7 @@ func (o *overlay) put(key string, deadline int64, value []byte) {
 		e.value = append(e.value[:0], value...)
 	}
 	o.grew(e, before)
-	e.del = false
+	e.del, e.tail, e.baseLen = false, false, 0
 	o.setDeadline(e, deadline)
 }
 
@@ -114,10 +136,10 @@ func (o *overlay) grew(e *entry, before int) {
 
 // appendTo records an append of value to the value of key, whose entry in
 // o is e (nil if o holds none), and sets the key's deadline: value is added
-// to e's value if e is a put; to base (nil: none, value alone) if o holds no
-// entry; to nothing after a deletion. If the result would be longer than
-// limit bytes, value alone is stored and appendTo returns false. value and
-// base are copied.
+// to e's value if e is a put or a tail; to base (nil: none, value alone) if
+// o holds no entry; to nothing after a deletion. If the result would be
+// longer than limit bytes, value alone is stored and appendTo returns false.
+// value and base are copied.
 //
 // Appending to a put grows its array in place, geometrically (Go's append):
 // the appends of a key between two puts cost amortized O(len(value)) each. An
@@ -134,7 +156,7 @@ func (o *overlay) appendTo(e *entry, key string, deadline int64, value, base []b
 		defer o.grew(e, cap(e.value))
 	case e.del:
 		base = nil
-	case len(e.value)+len(value) <= limit:
+	case e.size()+len(value) <= limit:
 		e.value = append(e.value, value...)
 		o.setDeadline(e, deadline)
 		return true
@@ -149,7 +171,27 @@ func (o *overlay) appendTo(e *entry, key string, deadline int64, value, base []b
 	} else {
 		e.value = append(append(e.value[:0], base...), value...)
 	}
-	e.del = false
+	e.del, e.tail, e.baseLen = false, false, 0
+	o.setDeadline(e, deadline)
+	return ok
+}
+
+// appendTail records an append of value to key, which o holds no entry of,
+// over a value of baseLen bytes beneath o: a tail (see entry). If the whole
+// value would be longer than limit bytes, value alone is stored and
+// appendTail returns false. value is copied.
+func (o *overlay) appendTail(key string, deadline int64, value []byte, baseLen, limit int) bool {
+	e := o.newEntry(key)
+	before := cap(e.value)
+	ok := baseLen+len(value) <= limit
+	// Not in the array a recycled entry may bring: it was sized for a
+	// whole value, which a tail seldom grows to, and the overlay counts
+	// its capacity.
+	e.value = append(e.small[:0:inlineValue], value...)
+	o.grew(e, before)
+	if ok {
+		e.tail, e.baseLen = true, uint32(baseLen)
+	}
 	o.setDeadline(e, deadline)
 	return ok
 }
@@ -173,7 +215,7 @@ func (o *overlay) del(key string) {
 		e = o.newEntry(key)
 	}
 	e.value = e.value[:0]
-	e.del = true
+	e.del, e.tail, e.baseLen = true, false, 0
 	e.deadline = 0
 }
 

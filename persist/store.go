@@ -274,6 +274,7 @@ func Open(o Options) (*Store, error) {
 	}
 	gen, seq := s.cur.toGen+1, s.cur.lastSeq+1
 	s.cur.toGen = 0
+	s.cur.gen = gen
 	s.next.Store(s.dbNext)
 	s.w.init(s, wal, gen, seq)
 	s.ck.init(s, gen)
@@ -714,6 +715,8 @@ func (s *Store) Get(keys []string, fn func(i int, deadline int64, value []byte))
 	}
 	var small [16]int
 	misses := small[:0]
+	var tails []tailRead
+	var tailBuf, join []byte
 	s.ovMu.RLock()
 	cur, frozen := s.cur, s.frozen
 	if cur.m.len() == 0 && frozen == nil {
@@ -723,24 +726,40 @@ func (s *Store) Get(keys []string, fn func(i int, deadline int64, value []byte))
 	} else {
 		for i, k := range keys {
 			e := cur.m.get(k)
-			if e == nil && frozen != nil {
-				e = frozen.m.get(k)
+			var f *entry
+			if (e == nil || e.tail) && frozen != nil {
+				f = frozen.m.get(k)
 			}
 			switch {
-			case e == nil:
+			case e == nil && f == nil:
 				misses = append(misses, i)
-			case !e.del:
-				v := e.value
-				if v == nil {
-					v = emptyValue
+			case e != nil && !e.tail:
+				serveEntry(i, e, fn)
+			case e == nil && !f.tail:
+				serveEntry(i, f, fn)
+			case f != nil && !f.tail:
+				// A tail over the frozen overlay's put (never over
+				// a deletion: see writer.baseLen).
+				join = append(append(join[:0], f.value...), e.value...)
+				fn(i, e.deadline, join[:len(join):len(join)])
+			default:
+				// Tails over the data file's value.
+				t := tailRead{i: i}
+				if f != nil {
+					t.fgen, t.f = frozen.gen, appendSpan(&tailBuf, f.value)
+					t.deadline = f.deadline
 				}
-				fn(i, e.deadline, v[:len(v):len(v)])
+				if e != nil {
+					t.cgen, t.c = cur.gen, appendSpan(&tailBuf, e.value)
+					t.deadline = e.deadline
+				}
+				tails = append(tails, t)
 			}
 		}
 	}
 	s.ovMu.RUnlock()
 	// Read after the overlays: a checkpoint clears it before it drops one.
-	if len(misses) == 0 || s.dbEmpty.Load() {
+	if len(tails) == 0 && (len(misses) == 0 || s.dbEmpty.Load()) {
 		return nil
 	}
 	// The overlays were read first: a record that was in neither is in
@@ -750,21 +769,129 @@ func (s *Store) Get(keys []string, fn func(i int, deadline int64, value []byte))
 		// One cursor for every key: Bucket.Get allocates one per call.
 		// The keys bucket holds no nested buckets.
 		c := tx.Bucket(bucketKeys).Cursor()
-		for _, i := range misses {
-			k := keys[i]
+		read := func(k string) ([]byte, error) {
 			buf = append(buf[:0], k...)
 			found, v := c.Seek(buf)
 			if v == nil || !bytes.Equal(found, buf) {
-				continue
+				return nil, nil
 			}
 			if len(v) < 8 {
-				return fmt.Errorf("persist: read %s: record %q is %d bytes, shorter than its deadline (the data file is corrupt)", s.opts.Path, k, len(v))
+				return nil, fmt.Errorf("persist: read %s: record %q is %d bytes, shorter than its deadline (the data file is corrupt)", s.opts.Path, k, len(v))
 			}
-			fn(i, int64(binary.BigEndian.Uint64(v)), v[8:len(v):len(v)])
+			return v, nil
+		}
+		for _, i := range misses {
+			v, err := read(keys[i])
+			if err != nil {
+				return err
+			}
+			if v != nil {
+				fn(i, int64(binary.BigEndian.Uint64(v)), v[8:len(v):len(v)])
+			}
+		}
+		if len(tails) == 0 {
+			return nil
+		}
+		ck := readCheckpointed(tx.Bucket(bucketMeta))
+		for _, t := range tails {
+			k := keys[t.i]
+			v, err := read(k)
+			if err != nil {
+				return err
+			}
+			join = t.join(join[:0], k, v, tailBuf, ck)
+			switch {
+			case join != nil:
+				fn(t.i, t.deadline, join[:len(join):len(join)])
+			case v != nil:
+				fn(t.i, int64(binary.BigEndian.Uint64(v)), v[8:len(v):len(v)])
+			}
 		}
 		return nil
 	})
 	return s.readError(err)
+}
+
+// serveEntry calls fn with e's record unless it is a deletion.
+func serveEntry(i int, e *entry, fn func(i int, deadline int64, value []byte)) {
+	if e.del {
+		return
+	}
+	v := e.value
+	if v == nil {
+		v = emptyValue
+	}
+	fn(i, e.deadline, v[:len(v):len(v)])
+}
+
+// tailRead is a key of a Get whose value ends in tails over the data
+// file's: the frozen overlay's, the current one's, or both (gen 0: none),
+// copied at f and c into a buffer while Get held ovMu.
+type tailRead struct {
+	i          int
+	deadline   int64 // the top tail's
+	fgen, cgen uint64
+	f, c       [2]int
+}
+
+func appendSpan(buf *[]byte, b []byte) [2]int {
+	start := len(*buf)
+	*buf = append(*buf, b...)
+	return [2]int{start, len(*buf)}
+}
+
+// join appends to dst the value of key made of v, the data file's record
+// (nil if none), and the tails that v does not hold yet, and returns it; nil
+// if v holds them all, so that v is the key's value.
+//
+// Get reads the overlays, then the data file, which the checkpoint of the
+// frozen overlay, or of the current one once frozen, may rewrite meanwhile:
+// v may hold a tail already. ck, read in the same transaction as v, tells
+// which overlays' records the data file holds for key.
+func (t tailRead) join(dst []byte, key string, v []byte, tails []byte, ck checkpointed) []byte {
+	top := t.cgen
+	if top == 0 {
+		top = t.fgen
+	}
+	if ck.holds(top, key) {
+		return nil
+	}
+	if v != nil {
+		dst = append(dst, v[8:]...)
+	}
+	if t.fgen != 0 && !ck.holds(t.fgen, key) {
+		dst = append(dst, tails[t.f[0]:t.f[1]]...)
+	}
+	if t.cgen != 0 {
+		dst = append(dst, tails[t.c[0]:t.c[1]]...)
+	}
+	if dst == nil {
+		dst = emptyValue
+	}
+	return dst
+}
+
+// checkpointed is how far the checkpoints in a data file went: every
+// overlay up to WAL generation gen, and the keys up to partial.key of the
+// next one if a checkpoint of it was interrupted.
+type checkpointed struct {
+	gen     uint64
+	partial partial
+}
+
+func readCheckpointed(meta *bolt.Bucket) checkpointed {
+	var ck checkpointed
+	if v := meta.Get(keyWAL); len(v) == 16 {
+		ck.gen = binary.BigEndian.Uint64(v)
+	}
+	ck.partial = readPartial(meta)
+	return ck
+}
+
+// holds reports whether the data file holds the final value of key in the
+// overlay of WAL generation gen.
+func (ck checkpointed) holds(gen uint64, key string) bool {
+	return gen <= ck.gen || gen == ck.partial.gen && key <= ck.partial.key
 }
 
 // Scan calls fn, in key order, for the keys that start with prefix and sort

@@ -44,11 +44,10 @@ type writer struct {
 	nskipped int       // conditional appends left out (see resolveConds)
 	closed   bool      // the queue is closed and drained
 
-	// The values that the appends of the commit add to, read from the data
-	// file for keys that neither overlay holds (see readBases).
+	// The values that the appends of the commit add to, looked up in the
+	// data file for keys that neither overlay holds (see readBases).
 	bases    map[string]baseRef
 	baseKeys []string
-	baseBuf  []byte
 	keyBuf   []byte
 	// The keys of the commit's conditional appends, and the deadline each
 	// holds as far as resolveConds went (0: none).
@@ -249,9 +248,6 @@ func (w *writer) commit() {
 		}
 	}
 	w.tombs = w.tombs[:0]
-	if cap(w.baseBuf) > maxKeptFrame {
-		w.baseBuf = nil
-	}
 	clear(w.swept)
 	clear(w.sweptFrozen)
 	w.swept, w.sweptFrozen = w.swept[:0], w.sweptFrozen[:0]
@@ -371,64 +367,63 @@ func (w *writer) apply() {
 	w.updateNext()
 }
 
-// applyAppend applies an append to the current overlay, holding ovMu. The
-// overlay keeps whole values: the bytes go at the end of the key's entry if
-// it has one (a put; after a deletion they are the value alone), else at the
-// end of a copy of the key's latest value: the frozen overlay's, else the
-// data file's, read by readBases.
+// applyAppend applies an append to the current overlay, holding ovMu: the
+// bytes go at the end of the key's entry if it has one (a put or a tail;
+// after a deletion they are the value alone), else into a tail over the
+// key's latest value, the frozen overlay's or else the data file's (found
+// by readBases), else alone.
 func (w *writer) applyAppend(r *Record) {
 	cur := w.s.cur
-	e := cur.m.get(r.Key)
-	var base []byte
-	if e == nil {
-		base = w.baseOf(r.Key)
+	var ok bool
+	if e := cur.m.get(r.Key); e != nil {
+		ok = cur.appendTo(e, r.Key, r.Deadline, r.Value, nil, w.maxValue)
+	} else if n, found := w.baseLen(r.Key); found {
+		ok = cur.appendTail(r.Key, r.Deadline, r.Value, n, w.maxValue)
+	} else {
+		ok = cur.appendTo(nil, r.Key, r.Deadline, r.Value, nil, w.maxValue)
 	}
-	if !cur.appendTo(e, r.Key, r.Deadline, r.Value, base, w.maxValue) {
+	if !ok {
 		w.longKey = r.Key
 	}
 }
 
-// baseOf returns the latest value of key when the current overlay holds no
-// entry of it: the frozen overlay's (nil for a deletion), else the data
-// file's as readBases found it (nil if none).
+// baseLen returns the length of the latest value of key when the current
+// overlay holds no entry of it, and whether there is one: the frozen
+// overlay's (none for a deletion), else the data file's as readBases found
+// it.
 //
 // The frozen overlay is read-only while the checkpointer writes it, so this
 // goroutine reads it without ovMu. Only this goroutine drops it (s.frozen set
 // to nil in checkpointed, once its checkpoint is committed in the data file)
 // or freezes another, and never between readBases and the apply of the same
 // commit: a key that readBases did not find in the frozen overlay is not in
-// it here, and its latest value is the one readBases read from the data
+// it here, and its latest value is the one readBases found in the data
 // file; a key found there is still there.
-func (w *writer) baseOf(key string) []byte {
+func (w *writer) baseLen(key string) (int, bool) {
 	if f := w.s.frozen; f != nil {
 		if e := f.m.get(key); e != nil {
-			if e.del {
-				return nil
-			}
-			return e.value
+			return e.size(), !e.del
 		}
 	}
-	if b, ok := w.bases[key]; ok && b.found {
-		return w.baseBuf[b.off:b.end:b.end]
-	}
-	return nil
+	b, ok := w.bases[key]
+	return b.len, ok && b.found
 }
 
-// baseRef locates in writer.baseBuf the value the data file holds for a key
-// appended to; found is false if it holds none.
+// baseRef is what readBases found in the data file for a key appended to:
+// found is false if it holds no value.
 type baseRef struct {
-	off, end int
+	len      int
 	deadline int64
 	found    bool
 }
 
 // readBases runs before a commit with appends is written: it finds the
-// appends whose key neither overlay holds, and reads the values of those keys
-// from the data file, all in one read transaction (the writer is the commit
-// path: one transaction per frame, not per key), copying them into baseBuf
-// (bbolt's slices are valid only inside the transaction). An append whose
-// key an earlier record of the same frame writes does not need its value,
-// which is read all the same: the frame is applied in order, after.
+// appends whose key neither overlay holds, and looks those keys up in the
+// data file, all in one read transaction (the writer is the commit path: one
+// transaction per frame, not per key), noting the length and deadline of
+// their values. An append whose key an earlier record of the same frame
+// writes does not need its value, which is looked up all the same: the frame
+// is applied in order, after.
 //
 // A value read there that has expired may belong to a Sweep pass handed to
 // the checkpointer and not finished: the pass may delete it at any moment
@@ -443,7 +438,6 @@ func (w *writer) readBases() error {
 	s := w.s
 	clear(w.bases)
 	w.baseKeys = w.baseKeys[:0]
-	w.baseBuf = w.baseBuf[:0]
 	cur, frozen := s.cur, s.frozen
 	w.warm() // the lookups below, one after the other, then hit the cache
 	for _, c := range w.batch {
@@ -488,9 +482,7 @@ func (w *writer) readBases() error {
 				w.tombs = append(w.tombs, k)
 				continue
 			}
-			off := len(w.baseBuf)
-			w.baseBuf = append(w.baseBuf, v[8:]...)
-			w.bases[k] = baseRef{off, len(w.baseBuf), int64(binary.BigEndian.Uint64(v)), true}
+			w.bases[k] = baseRef{len(v) - 8, int64(binary.BigEndian.Uint64(v)), true}
 		}
 		return nil
 	})
@@ -754,7 +746,7 @@ func (w *writer) freeze() error {
 		next = newOverlay()
 	}
 	w.spare = nil
-	next.lastSeq = cur.lastSeq
+	next.lastSeq, next.gen = cur.lastSeq, w.gen
 	s.ovMu.Lock()
 	s.frozen, s.cur = cur, next
 	s.ovMu.Unlock()
