@@ -31,8 +31,9 @@
 // decisions.
 //
 // The overlay is an in-memory map from key to the latest record committed
-// since the last checkpoint, deletions included (an append is applied to the
-// whole value there, see Appends). Get reads it first, then
+// since the last checkpoint, deletions included (an append to a key it
+// holds adds to its entry; to another key, it holds the appended bytes as a
+// tail over the older value: see Appends). Get reads it first, then
 // the data file: a record is visible to Get once its commit is done. A
 // checkpoint freezes the overlay (a new, empty one takes the commits that
 // follow, in a new WAL file), and a second goroutine, the checkpointer,
@@ -54,8 +55,9 @@
 // (default 262144; the node sets it to its --max-keys, at least 4096, so
 // that the cap on keys in memory bounds the overlays too), when its entries
 // take Options.CheckpointMemory bytes (default 64 MiB, about 200 bytes a key
-// plus values longer than an entry holds inline: a key's value in the
-// overlay is whole, and a long sliding log's is a few KiB), or when the WAL
+// plus values longer than an entry holds inline: a put's value is whole,
+// and a long sliding log's is a few KiB; a tail holds its bytes only), or
+// when the WAL
 // written since the last one reaches
 // Options.CheckpointBytes (default 256 MiB); when Scan is called (it reads
 // the data file, after a checkpoint of what is committed); and in Close.
@@ -97,20 +99,34 @@
 // at the end of the key's value, and the key's new deadline. The actor
 // package's sliding log holds up to hundreds of runs and a hit adds one:
 // with a put, the WAL bytes of a hit would grow with the log; with an
-// append, they are the run's. The WAL holds the appended bytes; the overlay
-// holds whole values, so that Get, checkpoints and Sweep are the same for
-// every kind of record.
+// append, they are the run's. The WAL holds the appended bytes, and so
+// does the overlay.
 //
 // The writer applies an append to the key's entry in the current overlay,
 // growing its value in place (amortized, an append costs its own size).
-// For a key that overlay does not hold, it copies the latest value: the
+// For a key that overlay does not hold, it looks up the latest value: the
 // frozen overlay's, else the data file's, which it reads before it writes
-// the frame, in one read transaction for all such keys of the frame; so the
-// first append to a key after a checkpoint costs a bbolt read and a copy of
-// its value on the commit path, and the next ones only their size. The
-// frozen overlay is dropped only once its checkpoint is in the data file,
-// and by the writer itself, between commits: a value is always in one of
-// them.
+// the frame, in one read transaction for all such keys of the frame. If
+// there is one, the new entry is a tail: the appended bytes alone, over
+// that value, which stays where it is. Get joins them (a tail in the
+// current overlay may go over one in the frozen overlay, over the data
+// file's value), and so does the checkpoint, which reads the old value
+// anyway. A long value is thus rewritten once per checkpoint, by the
+// checkpoint, and the overlay's memory follows the bytes appended: copied
+// into the overlay at each key's first append, 10,000 sliding logs of
+// 6.7 KB filled CheckpointMemory on their own, and checkpoints came five
+// times a second, each rewriting 64 MB of values for 2 MB of WAL.
+//
+// The value beneath a tail does not change while the tail is in an
+// overlay: the frozen overlay is read-only, and is dropped only once its
+// checkpoint is in the data file, by the writer itself, between commits; a
+// Sweep leaves the records of keys the overlays hold. Only the checkpoint
+// of the frozen overlay rewrites them, so a Get that read a tail there may
+// find it in the data file already: it reads the WAL position and the
+// "partial" meta record in the same transaction, which tell whether the
+// data file holds that overlay's value of the key. A checkpoint that
+// failed half way and is tried again leaves out the keys the partial
+// record says it wrote, whose tails are in the data file already.
 //
 // A key with no value (never written, deleted, or swept) stores the
 // appended bytes alone. So does a value that the append would make longer
@@ -388,18 +404,21 @@
 // BenchmarkSubmitLog stores hits on long sliding logs, 100k keys holding 2
 // KiB values, either as puts of the whole value (2084 WAL bytes a record,
 // with a key of 24 bytes) or as appends of an 8-byte run (43 bytes);
-// records/s, medians of three runs in ModeCommit, one in ModeFsync:
+// records/s on 2026-12-05, medians of three runs of appends in ModeCommit,
+// one run otherwise (puts move by a quarter from run to run):
 //
 //	records/s       ModeCommit            ModeFsync
 //	batch of        put        append     put        append
-//	1               96k        450k       43k        70k
-//	10              132k       1.02M      89k        301k
+//	1               72-99k     598k       41-49k     135k
+//	10              95-117k    1.47M      51-58k     572k
 //
 // Puts of 2 KiB spend their time writing the WAL and checkpointing it
-// (every 256 MiB). Appends write as little as puts of 64 bytes, but run at
-// about 60% of their rate (BenchmarkSubmit, batch of 1): the first append to
-// each key after a checkpoint reads its value from bbolt and copies it, and
-// the overlay's values are kilobytes, not a cache line.
+// (every 256 MiB). Appends write as little as puts of 64 bytes; the first
+// append to each key after a checkpoint looks its value up in bbolt. Before
+// tails, when that append copied the value into the overlay, the same
+// appends ran at 61k and 71k records/s in ModeCommit, 35k and 43k in
+// ModeFsync: 200 MB of copied values filled CheckpointMemory again and
+// again.
 //
 // # No periodic work
 //

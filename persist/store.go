@@ -792,14 +792,14 @@ func (s *Store) Get(keys []string, fn func(i int, deadline int64, value []byte))
 		if len(tails) == 0 {
 			return nil
 		}
-		ck := readCheckpointed(tx.Bucket(bucketMeta))
+		done := readCheckpointed(tx.Bucket(bucketMeta))
 		for _, t := range tails {
 			k := keys[t.i]
 			v, err := read(k)
 			if err != nil {
 				return err
 			}
-			join = t.join(join[:0], k, v, tailBuf, ck)
+			join = t.join(join[:0], k, v, tailBuf, done)
 			switch {
 			case join != nil:
 				fn(t.i, t.deadline, join[:len(join):len(join)])
