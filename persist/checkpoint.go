@@ -53,6 +53,9 @@ type checkpointer struct {
 	// beforeCommit, if set (by tests), runs at the end of every checkpoint
 	// transaction; an error fails it.
 	beforeCommit func(*bolt.Tx) error
+	// afterWrite, if set (by tests), runs once a checkpoint is in the data
+	// file, before the writer learns of it and drops its overlay.
+	afterWrite func()
 }
 
 // sweepJob is the bbolt part of a Sweep pass.
@@ -146,6 +149,9 @@ func (c *checkpointer) run() {
 			err := c.write(ov)
 			if err == nil {
 				c.removeWALs(ov.toGen)
+				if c.afterWrite != nil {
+					c.afterWrite()
+				}
 			}
 			c.s.ckDone <- ckResult{ov, err}
 			if err == nil {

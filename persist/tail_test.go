@@ -73,8 +73,9 @@ func TestAppendTailMemory(t *testing.T) {
 // exactly once while the checkpoint that writes the tail into the data file
 // is half done (its first transaction committed, its second not yet), for
 // tails in the frozen overlay, in the current one over those, and in the
-// current one over the data file; and a checkpoint that failed half way and
-// is tried again appends each tail once.
+// current one over the data file, and once that checkpoint is written but
+// its overlay not yet dropped; and a checkpoint that failed half way and is
+// tried again appends each tail once.
 func TestAppendTailDuringCheckpoint(t *testing.T) {
 	o := testOptions(t)
 	s := openStore(t, o)
@@ -134,7 +135,31 @@ func TestAppendTailDuringCheckpoint(t *testing.T) {
 		t.Fatalf("retried checkpoint = %v", err)
 	}
 	checkValues(t, "after the retry", getAll(t, s, keys...), want)
-	checkpoint(t, s)
+
+	// Between a checkpoint's last commit and the drop of its overlay, the
+	// data file holds the overlay's tails already.
+	more = more[:0]
+	for i, k := range keys {
+		if i%5 == 0 {
+			more = append(more, app(k, 40, "+c"))
+			want[k] = stored{40, want[k].Value + "+c"}
+		}
+	}
+	submit(t, s, more...)
+	wrote, resume := make(chan struct{}), make(chan struct{})
+	s.ck.beforeCommit = nil
+	s.ck.afterWrite = func() {
+		wrote <- struct{}{}
+		<-resume
+	}
+	go func() { done <- s.checkpointNow() }()
+	<-wrote
+	checkValues(t, "once the checkpoint is written", getAll(t, s, keys...), want)
+	close(resume)
+	if err := <-done; err != nil {
+		t.Fatalf("checkpoint = %v", err)
+	}
+	s.ck.afterWrite = nil
 	checkValues(t, "in the data file", dump(t, s), want)
 	crash(t, s)
 	s = openStore(t, o)
