@@ -74,6 +74,9 @@ type config struct {
 	// whose keys wait for them. Sorted by name; hashes in the same order.
 	ring   []string
 	hashes []uint64
+	// upAt[i] is up(ring[i]), computed once: copyOf asks it of every ring
+	// member for every record of a write.
+	upAt []bool
 	// members are the map's members by name.
 	members map[string]control.Member
 	// id identifies the configuration: the version of the map's last
@@ -96,6 +99,10 @@ func newConfig(self string, policy Policy, replicas int, m *control.Map) *config
 			c.ring = append(c.ring, x.Name)
 			c.hashes = append(c.hashes, shard.NodeHash(x.Name))
 		}
+	}
+	c.upAt = make([]bool, len(c.ring))
+	for i, name := range c.ring {
+		c.upAt[i] = c.up(name)
 	}
 	return c
 }
@@ -230,7 +237,11 @@ func (c *config) standbyAfter(key, acting string) string {
 	if c.replicas < 2 {
 		return ""
 	}
-	h := shard.Hash(key)
+	return c.standbyAfterHash(shard.Hash(key), acting)
+}
+
+// standbyAfterHash is standbyAfter for the key whose shard.Hash is h.
+func (c *config) standbyAfterHash(h uint64, acting string) string {
 	var actingScore uint64
 	for i, name := range c.ring {
 		if name == acting {
@@ -239,7 +250,7 @@ func (c *config) standbyAfter(key, acting string) string {
 	}
 	best, bestScore := "", uint64(0)
 	for i, name := range c.ring {
-		if name == acting || !c.up(name) {
+		if name == acting || !c.upAt[i] {
 			continue
 		}
 		sc := shard.Score(h, c.hashes[i])
@@ -253,6 +264,22 @@ func (c *config) standbyAfter(key, acting string) string {
 		}
 	}
 	return best
+}
+
+// copyOf reports whether self acts for key and, if it does, the key's
+// standby after it (standbyAfter), hashing the key once: what a write's
+// copies need of every record.
+func (c *config) copyOf(key, self string) (acting bool, standby string) {
+	h := shard.Hash(key)
+	if i := shard.Owner(h, c.hashes); i >= 0 && c.upAt[i] {
+		acting = c.ring[i] == self // the owner is up: it acts
+	} else {
+		acting = c.actingName(key) == self
+	}
+	if !acting || c.replicas < 2 {
+		return acting, ""
+	}
+	return true, c.standbyAfterHash(h, self)
 }
 
 // actingName is acting without the reason.

@@ -119,6 +119,42 @@ func TestStandby(t *testing.T) {
 	}
 }
 
+// TestCopyOf: what a write's copies ask of each record, with the key hashed
+// once, agrees with acting and standbyAfter for every member, whoever is
+// down, leaving or ended.
+func TestCopyOf(t *testing.T) {
+	maps := []*control.Map{
+		testMap(5, live("a", 1), live("b", 2), live("c", 3)),
+		testMap(6, live("a", 1), ended("b", true), live("c", 3)),
+		testMap(7, live("a", 1), ended("b", false), live("c", 3), live("d", 4)),
+		testMap(8, live("a", 1), member{name: "b", epoch: 2, phase: control.PhaseLeaving}, live("c", 3)),
+		testMap(9, live("a", 1), member{name: "b", epoch: 2, phase: control.PhaseLeaving, ended: true}, live("c", 3)),
+		testMap(10, live("a", 1)),
+	}
+	for mi, m := range maps {
+		for _, replicas := range []int{1, 2} {
+			for _, policy := range []Policy{PolicyExact, PolicyAvailable} {
+				for _, self := range []string{"a", "b", "c", "d"} {
+					c := newConfig(self, policy, replicas, m)
+					for i := range 500 {
+						k := fmt.Sprintf("k%d", i)
+						acting, sb := c.copyOf(k, self)
+						wantActing := c.actingName(k) == self
+						wantSB := ""
+						if wantActing {
+							wantSB = c.standbyAfter(k, self)
+						}
+						if acting != wantActing || sb != wantSB {
+							t.Fatalf("map %d, replicas %d, %s, self %s: copyOf(%s) = %v, %q; want %v, %q",
+								mi, replicas, policy, self, k, acting, sb, wantActing, wantSB)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
 // TestOwnershipGainWaitsForHandoff: a key a node gains (another member's
 // epoch ended, its copies complete) is decided only once every live member
 // sent its complete for the new configuration; keys it held all along are

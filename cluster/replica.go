@@ -117,54 +117,73 @@ func (r *Router) Replicate(recs []persist.Record, done func(error)) {
 	}
 	own := r.own.Load()
 	ended := own.epoch == 0 || own.cur.epochs[r.cfg.Self] != own.epoch
-	var byStandby map[string]*[replicaLanes][]persist.Record
-	parts := 0
-	for _, rec := range recs {
-		if own.cur.actingName(rec.Key) != r.cfg.Self {
-			if ended && rec.Value != nil {
-				done(fmt.Errorf("%w: the epoch of %s ended before the copy of %s left; its keys go on from their standbys' copies",
-					errStandby, r.cfg.Self, actor.QuoteKey(rec.Key)))
-				return
-			}
-			continue
-		}
-		sb := own.cur.standbyAfter(rec.Key, r.cfg.Self)
-		if sb == "" {
-			continue
-		}
-		if byStandby == nil {
-			byStandby = make(map[string]*[replicaLanes][]persist.Record, 2)
-		}
-		lanes := byStandby[sb]
-		if lanes == nil {
-			lanes = new([replicaLanes][]persist.Record)
-			byStandby[sb] = lanes
-		}
-		l := laneOf(rec.Key)
-		if len(lanes[l]) == 0 {
-			parts++
-		}
-		lanes[l] = append(lanes[l], rec)
+	// Two passes, so that the records go out in one array per write: the
+	// first finds each record's part (a standby and lane) and counts the
+	// parts, the second fills them, each in the write's order.
+	var (
+		partBuf  [2 * replicaLanes]replPart
+		parts    = partBuf[:0]
+		whereBuf [256]int16
+		where    = whereBuf[:0]
+		n        int
+	)
+	if len(recs) > len(whereBuf) {
+		where = make([]int16, 0, len(recs))
 	}
-	if parts == 0 {
+	for _, rec := range recs {
+		acting, sb := own.cur.copyOf(rec.Key, r.cfg.Self)
+		if !acting && ended && rec.Value != nil {
+			done(fmt.Errorf("%w: the epoch of %s ended before the copy of %s left; its keys go on from their standbys' copies",
+				errStandby, r.cfg.Self, actor.QuoteKey(rec.Key)))
+			return
+		}
+		if sb == "" { // not acting, or no standby up
+			where = append(where, -1)
+			continue
+		}
+		l, p := laneOf(rec.Key), 0
+		for p < len(parts) && (parts[p].standby != sb || parts[p].lane != l) {
+			p++
+		}
+		if p == len(parts) {
+			parts = append(parts, replPart{standby: sb, lane: l})
+		}
+		parts[p].n++
+		n++
+		where = append(where, int16(p))
+	}
+	if n == 0 {
 		done(nil)
 		return
 	}
-	w := &replWrite{done: done}
-	w.left.Store(int32(parts))
-	deadline := time.Now().Add(r.cfg.ReplicaTimeout)
-	for sb, lanes := range byStandby {
-		s, err := r.standbySender(own, sb)
-		for l, rs := range lanes {
-			switch {
-			case len(rs) == 0:
-			case err != nil:
-				w.finish(fmt.Errorf("%w: %s: %v", errStandby, sb, err))
-			default:
-				s.lanes[l].enqueue(&replItem{recs: rs, w: w, deadline: deadline})
-			}
+	all := make([]persist.Record, n)
+	for p := range parts {
+		parts[p].recs, all = all[:0:parts[p].n], all[parts[p].n:]
+	}
+	for i, p := range where {
+		if p >= 0 {
+			parts[p].recs = append(parts[p].recs, recs[i])
 		}
 	}
+	w := &replWrite{done: done}
+	w.left.Store(int32(len(parts)))
+	deadline := time.Now().Add(r.cfg.ReplicaTimeout)
+	for _, pt := range parts {
+		s, err := r.standbySender(own, pt.standby)
+		if err != nil {
+			w.finish(fmt.Errorf("%w: %s: %v", errStandby, pt.standby, err))
+			continue
+		}
+		s.lanes[pt.lane].enqueue(&replItem{recs: pt.recs, w: w, deadline: deadline})
+	}
+}
+
+// replPart is the records of one write for one lane of one standby.
+type replPart struct {
+	standby string
+	lane    int
+	n       int
+	recs    []persist.Record
 }
 
 // replWrite is one write of the engine waiting for its standbys.
@@ -386,10 +405,23 @@ func (l *replicaLane) sendBatch() bool {
 	own := s.r.own.Load()
 	req := &sluicepb.ReplicateRequest{FromNode: s.r.cfg.Self, FromEpoch: own.epoch, ToNode: s.name, ToEpoch: s.epoch,
 		MapVersion: s.r.mapVersion(), Lane: uint32(l.index), Sequence: s.r.repl.seq.Add(1),
-		Records: make([]*sluicepb.StoreRecord, 0, n)}
+		Records: make([]*sluicepb.StoreRecord, n)}
+	// One array of messages and one of key bytes for the whole call.
+	pbs, keyLen := make([]sluicepb.StoreRecord, n), 0
 	for _, it := range batch {
 		for _, rec := range it.recs {
-			req.Records = append(req.Records, &sluicepb.StoreRecord{Key: []byte(rec.Key), Deadline: rec.Deadline, Value: rec.Value, Append: rec.Append})
+			keyLen += len(rec.Key)
+		}
+	}
+	keys, i := make([]byte, 0, keyLen), 0
+	for _, it := range batch {
+		for _, rec := range it.recs {
+			pb := &pbs[i]
+			keys = append(keys, rec.Key...)
+			pb.Key = keys[len(keys)-len(rec.Key) : len(keys) : len(keys)]
+			pb.Deadline, pb.Value, pb.Append = rec.Deadline, rec.Value, rec.Append
+			req.Records[i] = pb
+			i++
 		}
 	}
 	call := &laneCall{seq: req.Sequence, batch: batch, n: n, deadline: deadline}
@@ -778,9 +810,22 @@ func (r *Router) submitReplicas(ctx context.Context, req *sluicepb.ReplicateRequ
 		r.copies.RUnlock()
 		return nil, fmt.Errorf("%w: call %d of lane %d from %s arrived after call %d", errLate, req.Sequence, req.Lane, req.FromNode, lane.last)
 	}
+	// The keys as one string, cut per record: the engine copies each
+	// (under actor.ReplicaPrefix) before it returns.
+	keyLen := 0
+	for _, pr := range req.Records {
+		keyLen += len(pr.Key)
+	}
+	keys := make([]byte, 0, keyLen)
+	for _, pr := range req.Records {
+		keys = append(keys, pr.Key...)
+	}
+	all := string(keys)
 	recs := make([]persist.Record, len(req.Records))
 	for i, pr := range req.Records {
-		recs[i] = persist.Record{Key: string(pr.Key), Deadline: pr.Deadline, Value: pr.Value, Append: pr.Append}
+		k := all[:len(pr.Key)]
+		all = all[len(pr.Key):]
+		recs[i] = persist.Record{Key: k, Deadline: pr.Deadline, Value: pr.Value, Append: pr.Append}
 	}
 	w, err := r.cfg.Engine.SubmitReplicas(ctx, recs)
 	if err != nil {
