@@ -405,23 +405,10 @@ func (l *replicaLane) sendBatch() bool {
 	own := s.r.own.Load()
 	req := &sluicepb.ReplicateRequest{FromNode: s.r.cfg.Self, FromEpoch: own.epoch, ToNode: s.name, ToEpoch: s.epoch,
 		MapVersion: s.r.mapVersion(), Lane: uint32(l.index), Sequence: s.r.repl.seq.Add(1),
-		Records: make([]*sluicepb.StoreRecord, n)}
-	// One array of messages and one of key bytes for the whole call.
-	pbs, keyLen := make([]sluicepb.StoreRecord, n), 0
+		Records: make([]*sluicepb.StoreRecord, 0, n)}
 	for _, it := range batch {
 		for _, rec := range it.recs {
-			keyLen += len(rec.Key)
-		}
-	}
-	keys, i := make([]byte, 0, keyLen), 0
-	for _, it := range batch {
-		for _, rec := range it.recs {
-			pb := &pbs[i]
-			keys = append(keys, rec.Key...)
-			pb.Key = keys[len(keys)-len(rec.Key) : len(keys) : len(keys)]
-			pb.Deadline, pb.Value, pb.Append = rec.Deadline, rec.Value, rec.Append
-			req.Records[i] = pb
-			i++
+			req.Records = append(req.Records, &sluicepb.StoreRecord{Key: []byte(rec.Key), Deadline: rec.Deadline, Value: rec.Value, Append: rec.Append})
 		}
 	}
 	call := &laneCall{seq: req.Sequence, batch: batch, n: n, deadline: deadline}
@@ -810,22 +797,9 @@ func (r *Router) submitReplicas(ctx context.Context, req *sluicepb.ReplicateRequ
 		r.copies.RUnlock()
 		return nil, fmt.Errorf("%w: call %d of lane %d from %s arrived after call %d", errLate, req.Sequence, req.Lane, req.FromNode, lane.last)
 	}
-	// The keys as one string, cut per record: the engine copies each
-	// (under actor.ReplicaPrefix) before it returns.
-	keyLen := 0
-	for _, pr := range req.Records {
-		keyLen += len(pr.Key)
-	}
-	keys := make([]byte, 0, keyLen)
-	for _, pr := range req.Records {
-		keys = append(keys, pr.Key...)
-	}
-	all := string(keys)
 	recs := make([]persist.Record, len(req.Records))
 	for i, pr := range req.Records {
-		k := all[:len(pr.Key)]
-		all = all[len(pr.Key):]
-		recs[i] = persist.Record{Key: k, Deadline: pr.Deadline, Value: pr.Value, Append: pr.Append}
+		recs[i] = persist.Record{Key: string(pr.Key), Deadline: pr.Deadline, Value: pr.Value, Append: pr.Append}
 	}
 	w, err := r.cfg.Engine.SubmitReplicas(ctx, recs)
 	if err != nil {
