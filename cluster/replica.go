@@ -117,19 +117,11 @@ func (r *Router) Replicate(recs []persist.Record, done func(error)) {
 	}
 	own := r.own.Load()
 	ended := own.epoch == 0 || own.cur.epochs[r.cfg.Self] != own.epoch
-	// Two passes, so that the records go out in one array per write: the
-	// first finds each record's part (a standby and lane) and counts the
-	// parts, the second fills them, each in the write's order.
+	// A write's keys have a standby or two: a slice, not a map.
 	var (
-		partBuf  [2 * replicaLanes]replPart
-		parts    = partBuf[:0]
-		whereBuf [256]int16
-		where    = whereBuf[:0]
-		n        int
+		partBuf [2 * replicaLanes]replPart
+		parts   = partBuf[:0]
 	)
-	if len(recs) > len(whereBuf) {
-		where = make([]int16, 0, len(recs))
-	}
 	for _, rec := range recs {
 		acting, sb := own.cur.copyOf(rec.Key, r.cfg.Self)
 		if !acting && ended && rec.Value != nil {
@@ -138,7 +130,6 @@ func (r *Router) Replicate(recs []persist.Record, done func(error)) {
 			return
 		}
 		if sb == "" { // not acting, or no standby up
-			where = append(where, -1)
 			continue
 		}
 		l, p := laneOf(rec.Key), 0
@@ -148,22 +139,11 @@ func (r *Router) Replicate(recs []persist.Record, done func(error)) {
 		if p == len(parts) {
 			parts = append(parts, replPart{standby: sb, lane: l})
 		}
-		parts[p].n++
-		n++
-		where = append(where, int16(p))
+		parts[p].recs = append(parts[p].recs, rec)
 	}
-	if n == 0 {
+	if len(parts) == 0 {
 		done(nil)
 		return
-	}
-	all := make([]persist.Record, n)
-	for p := range parts {
-		parts[p].recs, all = all[:0:parts[p].n], all[parts[p].n:]
-	}
-	for i, p := range where {
-		if p >= 0 {
-			parts[p].recs = append(parts[p].recs, recs[i])
-		}
 	}
 	w := &replWrite{done: done}
 	w.left.Store(int32(len(parts)))
@@ -182,7 +162,6 @@ func (r *Router) Replicate(recs []persist.Record, done func(error)) {
 type replPart struct {
 	standby string
 	lane    int
-	n       int
 	recs    []persist.Record
 }
 
