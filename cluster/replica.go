@@ -117,7 +117,8 @@ func (r *Router) Replicate(recs []persist.Record, done func(error)) {
 	}
 	own := r.own.Load()
 	ended := own.epoch == 0 || own.cur.epochs[r.cfg.Self] != own.epoch
-	// A write's keys have a standby or two: a slice, not a map.
+	// A write's keys have few standbys (one per other member at most): a
+	// slice searched in order, not a map.
 	var (
 		partBuf [2 * replicaLanes]replPart
 		parts   = partBuf[:0]
