@@ -625,29 +625,44 @@ type penalty struct {
 }
 
 // penalties returns the tombstones of the current map that bear on key,
-// decided here: the forgotten member ranks before this node in the key's
-// order (with it), and this node is not that member with its old data.
-func (c *config) penalties(key string, seen map[control.Tombstone]time.Time) []penalty {
+// whichever node decides it: the forgotten member held the key's state
+// when it was forgotten (tombstoneHeld), and this node is not that member
+// with its old data.
+func (c *config) penalties(key string, seen map[control.TombstoneKey]time.Time) []penalty {
 	if len(c.m.Tombstones) == 0 {
 		return nil
 	}
 	var out []penalty
 	h := shard.Hash(key)
-	var selfScore uint64
-	for i, name := range c.ring {
-		if name == c.self {
-			selfScore = shard.Score(h, c.hashes[i])
-		}
-	}
 	selfID := c.members[c.self].ID
 	for _, t := range c.m.Tombstones {
 		if t.Name == c.self && t.ID == selfID {
 			continue
 		}
-		sc := shard.Score(h, shard.NodeHash(t.Name))
-		if sc > selfScore || sc == selfScore && t.Name < c.self {
-			out = append(out, penalty{name: t.Name, from: seen[t]})
+		if c.tombstoneHeld(t, h) {
+			out = append(out, penalty{name: t.Name, from: seen[t.Key()]})
 		}
 	}
 	return out
+}
+
+// tombstoneHeld reports whether the forgotten member of t held the state
+// of the key hashed to h when it was forgotten: in the key's rendezvous
+// order over the ring of that moment, it comes before every member that
+// acted for keys or kept them waiting. Members that joined or came back
+// since change nothing: a key is penalized wherever it goes. A tombstone
+// without its ring (written by an older version) falls back to the
+// forgotten member ranking before this node.
+func (c *config) tombstoneHeld(t control.Tombstone, h uint64) bool {
+	score := shard.Score(h, shard.NodeHash(t.Name))
+	before := func(name string, sc uint64) bool { return sc > score || sc == score && name < t.Name }
+	if len(t.Ring) == 0 {
+		return !before(c.self, shard.Score(h, shard.NodeHash(c.self)))
+	}
+	for _, x := range t.Ring {
+		if !x.Passes && before(x.Name, shard.Score(h, shard.NodeHash(x.Name))) {
+			return false
+		}
+	}
+	return true
 }

@@ -295,23 +295,76 @@ func TestOwnershipLost(t *testing.T) {
 	}
 }
 
-// TestPenalties: a tombstone bears on the keys whose order (with the
-// forgotten member) has it before the node deciding them, and not on the
-// forgotten member itself back with its old data.
+// TestPenalties: a tombstone bears on the keys its forgotten member held
+// when it was forgotten, judged on the ring of that moment, whoever
+// decides them: a member below it, a member that joined since and ranks
+// above it, or one that had left and came back. Keys that a member up
+// then acted for carry no penalty, and neither do the forgotten member's
+// keys on the forgotten member itself, back with its old data.
 func TestPenalties(t *testing.T) {
-	m := testMap(9, live("a", 5), live("b", 2))
+	seen := func(m *control.Map) map[control.TombstoneKey]time.Time {
+		return map[control.TombstoneKey]time.Time{m.Tombstones[0].Key(): time.Unix(100, 0)}
+	}
+	// z forgotten beside a (up), b (up) and p (down with complete copies:
+	// keys walk past it). n joins later; it was not in the ring.
+	ring := []control.RingMember{{Name: "a"}, {Name: "b"}, {Name: "p", Passes: true}}
+	all := newConfig("a", PolicyExact, 1, testMap(9, live("a", 5), live("b", 2), live("n", 8), live("p", 3), live("z", 7)))
+	for _, tc := range []struct {
+		order []string // the key's order starts so
+		want  bool
+	}{
+		{[]string{"z", "a"}, true},
+		{[]string{"z", "n"}, true},
+		{[]string{"n", "z"}, true},       // a member that joined later and ranks above z
+		{[]string{"p", "z"}, true},       // the order walked past p to z
+		{[]string{"n", "p", "z"}, true},  // both
+		{[]string{"a", "z"}, false},      // a acted for it
+		{[]string{"n", "b", "z"}, false}, // b acted for it
+		{[]string{"p", "a", "z"}, false}, // past p, a acted for it
+		{[]string{"n", "a", "p"}, false}, // a acted for it; z ranks lower still
+	} {
+		keys := keysOrdered(all, 5, tc.order...)
+		if len(keys) == 0 {
+			t.Fatalf("no key ordered %v", tc.order)
+		}
+		for _, self := range []string{"a", "b", "n"} {
+			m := testMap(11, live("a", 5), live("b", 2), live("n", 8), ended("p", true))
+			m.Tombstones = []control.Tombstone{{Name: "z", ID: "id-z", At: 1, Ring: ring}}
+			c := newConfig(self, PolicyExact, 1, m)
+			for _, k := range keys {
+				got := c.penalties(k, seen(m))
+				if held := len(got) == 1 && got[0].name == "z" && got[0].from.Equal(time.Unix(100, 0)); held != tc.want || len(got) > 1 {
+					t.Fatalf("on %s, penalties(%s, ordered %v) = %+v; want z's: %v", self, k, tc.order, got, tc.want)
+				}
+			}
+		}
+	}
+
+	// z back under its old ID, with its data: it holds its own hits.
+	m := testMap(11, live("a", 5), live("z", 12))
+	m.Tombstones = []control.Tombstone{{Name: "z", ID: "id-z", At: 1, Ring: []control.RingMember{{Name: "a"}}}}
+	for _, k := range keysOrdered(newConfig("z", PolicyExact, 1, m), 5, "z", "a") {
+		if got := newConfig("z", PolicyExact, 1, m).penalties(k, seen(m)); len(got) != 0 {
+			t.Fatalf("on z back with its data, penalties(%s) = %+v; want none", k, got)
+		}
+		if got := newConfig("a", PolicyExact, 1, m).penalties(k, seen(m)); len(got) != 1 {
+			t.Fatalf("on a, penalties(%s, z first) = %+v; want z's", k, got)
+		}
+	}
+
+	// A tombstone written without its ring: z must rank before this node.
+	m = testMap(9, live("a", 5), live("b", 2))
 	m.Tombstones = []control.Tombstone{{Name: "z", ID: "id-z", At: 1}}
 	c := newConfig("a", PolicyExact, 1, m)
-	seen := map[control.Tombstone]time.Time{m.Tombstones[0]: time.Unix(100, 0)}
 	withZ := newConfig("a", PolicyExact, 1, testMap(9, live("a", 5), live("b", 2), live("z", 7)))
 	for _, k := range keysOrdered(withZ, 5, "z", "a") {
-		if got := c.penalties(k, seen); len(got) != 1 || got[0].name != "z" {
-			t.Fatalf("penalties(%s, z before a) = %+v; want z's", k, got)
+		if got := c.penalties(k, seen(m)); len(got) != 1 || got[0].name != "z" {
+			t.Fatalf("penalties(%s, z before a, no ring) = %+v; want z's", k, got)
 		}
 	}
 	for _, k := range keysOrdered(withZ, 5, "a", "z") {
-		if got := c.penalties(k, seen); len(got) != 0 {
-			t.Fatalf("penalties(%s, a before z) = %+v; want none", k, got)
+		if got := c.penalties(k, seen(m)); len(got) != 0 {
+			t.Fatalf("penalties(%s, a before z, no ring) = %+v; want none", k, got)
 		}
 	}
 }

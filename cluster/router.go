@@ -203,7 +203,7 @@ type Router struct {
 	version atomic.Uint64
 	// tombstones records when this node first saw each tombstone of the
 	// map; under ownMu, read through own.
-	tombstones map[control.Tombstone]time.Time
+	tombstones map[control.TombstoneKey]time.Time
 
 	imports sync.RWMutex
 	copies  sync.RWMutex
@@ -254,7 +254,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 		cfg.Observer = nopRouterObserver{}
 	}
 	r := &Router{cfg: cfg, log: cfg.Logger.With("component", "router"), clk: cfg.Clock,
-		tombstones: make(map[control.Tombstone]time.Time)}
+		tombstones: make(map[control.TombstoneKey]time.Time)}
 	if cfg.Clustered {
 		// Every peer call names this node's cluster (see checkClusterID).
 		r.cfg.DialOptions = append(slices.Clip(cfg.DialOptions), grpc.WithChainUnaryInterceptor(r.clusterInterceptor),
@@ -446,8 +446,8 @@ func (r *Router) update() {
 	r.version.Store(m.Version)
 	now := time.Now()
 	for _, t := range m.Tombstones {
-		if _, ok := r.tombstones[t]; !ok {
-			r.tombstones[t] = now
+		if _, ok := r.tombstones[t.Key()]; !ok {
+			r.tombstones[t.Key()] = now
 		}
 	}
 	c := newConfig(r.cfg.Self, r.cfg.Policy, r.cfg.Replicas, m)
@@ -959,8 +959,8 @@ func (r *Router) denyAll(ctx context.Context, gen uint64, checks []actor.Check, 
 	return nil
 }
 
-func cloneTombstones(m map[control.Tombstone]time.Time) map[control.Tombstone]time.Time {
-	out := make(map[control.Tombstone]time.Time, len(m))
+func cloneTombstones(m map[control.TombstoneKey]time.Time) map[control.TombstoneKey]time.Time {
+	out := make(map[control.TombstoneKey]time.Time, len(m))
 	for k, v := range m {
 		out[k] = v
 	}

@@ -236,7 +236,7 @@ func apply(m *Map, c command, index uint64) (*Map, Result) {
 			return refuse("forget: %s epoch %d has not ended", c.Name, x.Epoch)
 		}
 		if !x.Releasable {
-			n.Tombstones = append(n.Tombstones, Tombstone{Name: x.Name, ID: x.ID, At: c.At})
+			n.Tombstones = append(n.Tombstones, Tombstone{Name: x.Name, ID: x.ID, At: c.At, Ring: ringWithout(m, x.Name)})
 		}
 		x.Phase = PhaseLeft
 		n.put(x)
@@ -256,6 +256,25 @@ func apply(m *Map, c command, index uint64) (*Map, Result) {
 		return refuse("unknown op %q", c.Op)
 	}
 	return n, Result{}
+}
+
+// ringWithout returns the ownership ring of m without the member named
+// name, for a tombstone: the members a key's rendezvous order runs over
+// (as the cluster package builds it: the owners, up or down, and members
+// that left phase joined without handing every key over) and whether a
+// key's order walks past each.
+func ringWithout(m *Map, name string) []RingMember {
+	available := m.Settings.Policy == "available"
+	var out []RingMember
+	for _, x := range m.Members {
+		inRing := x.Phase == PhaseJoined || x.Phase == PhaseLeaving && !x.Live && !x.Releasable && !available
+		if x.Name == name || !inRing {
+			continue
+		}
+		up := x.Live && x.Phase == PhaseJoined
+		out = append(out, RingMember{Name: x.Name, Passes: !up && (available || x.Releasable && x.Phase == PhaseJoined)})
+	}
+	return out
 }
 
 // releasable reports whether x's epoch, ending now in m, leaves complete

@@ -171,7 +171,9 @@ func TestForget(t *testing.T) {
 	if got := mc.member("a"); got.Phase != PhaseLeft {
 		t.Fatalf("a after forget: %+v; want left", got)
 	}
-	if want := []Tombstone{{Name: "a", ID: "id-a", At: 42}}; !reflect.DeepEqual(mc.m.Tombstones, want) {
+	// The ring of the moment: b and c up, so neither passes.
+	ring := []RingMember{{Name: "b"}, {Name: "c"}}
+	if want := []Tombstone{{Name: "a", ID: "id-a", At: 42, Ring: ring}}; !reflect.DeepEqual(mc.m.Tombstones, want) {
 		t.Fatalf("tombstones %+v; want %+v", mc.m.Tombstones, want)
 	}
 	if res := mc.do(command{Op: opDrop, At: 42 + int64(tombstoneLife) - 1}); len(mc.m.Tombstones) != 1 {

@@ -135,9 +135,10 @@ type Member struct {
 }
 
 // Tombstone records a member forgotten while it held keys that have no
-// complete copy elsewhere: whoever decides those keys next denies them for
-// one window of each key's limit, so that the hits the forgotten member
-// allowed and the ones allowed after it never share a window.
+// complete copy elsewhere: whoever decides one of those keys, whatever its
+// rank and whenever it joined or came back, denies it for one window of
+// the key's limit, so that the hits the forgotten member allowed and the
+// ones allowed after it never share a window.
 type Tombstone struct {
 	// Name and ID are the forgotten member's.
 	Name string `json:"name"`
@@ -145,7 +146,37 @@ type Tombstone struct {
 	// At is the leader's wall clock, Unix nanoseconds, when it was
 	// forgotten; the map drops the tombstone after the longest window.
 	At int64 `json:"at"`
+	// Ring is the ownership ring when the member was forgotten, the member
+	// itself left out: which keys it held is a function of it (see
+	// RingMember), not of who is a member now. Empty in tombstones written
+	// before it was recorded: those bear on the keys for which the
+	// forgotten member ranks before the deciding node.
+	Ring []RingMember `json:"ring,omitempty"`
 }
+
+// RingMember is a member a key's rendezvous order ran over when a
+// tombstone was made. A key's state was with the forgotten member if,
+// walking the key's order over the ring and the forgotten member, the
+// forgotten member comes before every member that does not pass.
+type RingMember struct {
+	Name string `json:"name"`
+	// Passes is set for a member that was down with complete copies of
+	// its keys elsewhere (or down at all, under the available policy): a
+	// key's order walked past it. A member that was up acted for the keys
+	// it ranks first for; one that was down without complete copies kept
+	// them waiting.
+	Passes bool `json:"passes,omitempty"`
+}
+
+// TombstoneKey identifies a tombstone (a Tombstone holds a slice, so it
+// cannot be a map key itself).
+type TombstoneKey struct {
+	Name, ID string
+	At       int64
+}
+
+// Key returns t's key.
+func (t Tombstone) Key() TombstoneKey { return TombstoneKey{t.Name, t.ID, t.At} }
 
 // tombstoneLife is how long a tombstone is kept: longer than the longest
 // window the engine takes (actor.DefaultMaxWindow, ten years).

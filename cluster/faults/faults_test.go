@@ -338,7 +338,10 @@ func runScenario(t *testing.T, bin string, sc scenario, tm timing) report {
 		t.Logf("after the fault, %d states or standby copies are held by nodes that neither decide the key nor are its standby, such as: %s",
 			len(st.strays), strings.Join(st.strays[:min(3, len(st.strays))], "; "))
 	}
-	results := ledger(keys, calls, st.copies, ld.end)
+	c.mu.Lock()
+	lostBefore := c.lostBefore
+	c.mu.Unlock()
+	results := ledger(keys, calls, st.copies, ld.end, lostBefore)
 	checked := c.verifyFaults(t, calls)
 	if st.copies != nil {
 		what := fmt.Sprintf("%d keys read on %d nodes", len(keys), len(live))

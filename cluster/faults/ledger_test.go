@@ -210,7 +210,7 @@ func (r *keyResult) overCounted() (int64, string) {
 
 // ledger sums each key's calls and holds each of its copies against them.
 // end is when the load stopped.
-func ledger(keys []testKey, calls []call, copies [][]keyCopy, end time.Time) []keyResult {
+func ledger(keys []testKey, calls []call, copies [][]keyCopy, end, lostBefore time.Time) []keyResult {
 	results := make([]keyResult, len(keys))
 	byKey := make([][]call, len(keys))
 	for _, c := range calls {
@@ -230,14 +230,32 @@ func ledger(keys []testKey, calls []call, copies [][]keyCopy, end time.Time) []k
 		}
 		r.overlaps = s1Overlaps(byKey[i])
 		if copies != nil {
+			s2calls := byKey[i]
+			if !lostBefore.IsZero() {
+				s2calls = mayBeLost(s2calls, lostBefore)
+			}
 			for _, cp := range copies[i] {
-				cp.s2 = checkS2(k, byKey[i], cp.runs)
+				cp.s2 = checkS2(k, s2calls, cp.runs)
 				r.copies = append(r.copies, cp)
 			}
 		}
 		r.failing, r.unanswered = unavailable(byKey[i], end)
 	}
 	return results
+}
+
+// mayBeLost returns calls with those allowed and answered before
+// lostBefore turned into calls that may have recorded their hit: their
+// only copy was on a node forgotten with its disk, so S2 holds the copies
+// to them only as possible hits, not acknowledged ones.
+func mayBeLost(calls []call, lostBefore time.Time) []call {
+	out := slices.Clone(calls)
+	for i := range out {
+		if out[i].outcome == allowed && out[i].replied.Before(lostBefore) {
+			out[i].outcome, out[i].maybe = failed, true
+		}
+	}
+	return out
 }
 
 // unavailable measures how long one key was unavailable, two ways:

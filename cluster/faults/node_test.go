@@ -74,6 +74,10 @@ type cluster struct {
 	mu    sync.Mutex
 	// faults are the faults injected, in order (see beginFault).
 	faults []*fault
+	// lostBefore is set when a node was forgotten with the only copy of
+	// its keys (one replica): hits acknowledged before it may be lost with
+	// it, and the ledger does not count them as lost.
+	lostBefore time.Time
 }
 
 // node is one sluice serve process, restarted as often as a scenario

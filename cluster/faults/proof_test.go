@@ -62,6 +62,9 @@ type fault struct {
 	notes []string
 	// problems are what it saw go wrong, reported by verify.
 	problems []string
+	// mustDecide are nodes that must have decided (allowed or denied) some
+	// call sent while the fault lasted: the row is about them.
+	mustDecide []string
 }
 
 // beginFault records that a fault of kind starts now on victims, and
@@ -284,6 +287,19 @@ func (f *fault) verify(c *cluster, calls []call) (seen string, errs []string) {
 			} else {
 				parts = append(parts, fmt.Sprintf("%s kept it alive in gossip", names(f.observers)))
 			}
+		}
+	}
+	for _, name := range f.mustDecide {
+		decided := 0
+		for i := range calls {
+			if calls[i].outcome != failed && calls[i].node == name && inFault(calls[i].sent) {
+				decided++
+			}
+		}
+		if decided == 0 {
+			errs = append(errs, fmt.Sprintf("%s: %s decided none of the calls sent while the fault lasted", f.what, name))
+		} else {
+			parts = append(parts, fmt.Sprintf("%s decided %d calls", name, decided))
 		}
 	}
 	switch f.kind {

@@ -72,7 +72,8 @@ machine and disk are gone), from the cluster map, through the Raft leader.
 Its epoch is ended first, once its lease is over for sure (a paused node
 cannot wake up and decide). Then its keys go on: from their standbys'
 copies when those are complete; otherwise, since the state it held is
-gone, whoever decides them next denies them for one window of each key's
+gone, whichever node decides them (a replacement, or a member that joins
+or comes back later, included) denies them for one window of each key's
 limit, so that no window ever allows more than its limit. A member gossip
 sees alive is refused: stop it first. If a forgotten member comes back, it
 joins again as a new member.`,
