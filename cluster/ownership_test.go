@@ -34,18 +34,26 @@ func testMap(changed uint64, ms ...member) *control.Map {
 
 func live(name string, epoch uint64) member { return member{name: name, epoch: epoch} }
 func ended(name string, rel bool) member    { return member{name: name, epoch: 1, ended: true, rel: rel} }
-func keysOwnedBy(c *config, name string, n int) []string {
+// keysOwnedBy returns n keys whose owner in c is name; it fails the test
+// if there are not n in the first million.
+func keysOwnedBy(t testing.TB, c *config, name string, n int) []string {
+	t.Helper()
 	var keys []string
-	for i := 0; len(keys) < n; i++ {
+	for i := 0; len(keys) < n && i < 1_000_000; i++ {
 		if k := fmt.Sprintf("k%d", i); c.owner(k) == name {
 			keys = append(keys, k)
 		}
 	}
+	if len(keys) < n {
+		t.Fatalf("found %d of %d keys owned by %s", len(keys), n, name)
+	}
 	return keys
 }
 
-// keysOrdered returns keys of c whose order starts with the given names.
-func keysOrdered(c *config, n int, first ...string) []string {
+// keysOrdered returns n keys of c whose order starts with the given
+// names; it fails the test if there are not n in the first million.
+func keysOrdered(t testing.TB, c *config, n int, first ...string) []string {
+	t.Helper()
 	var keys []string
 	for i := 0; len(keys) < n && i < 1_000_000; i++ {
 		k := fmt.Sprintf("k%d", i)
@@ -57,6 +65,9 @@ func keysOrdered(c *config, n int, first ...string) []string {
 		if ok {
 			keys = append(keys, k)
 		}
+	}
+	if len(keys) < n {
+		t.Fatalf("found %d of %d keys ordered %v", len(keys), n, first)
 	}
 	return keys
 }
@@ -86,7 +97,7 @@ func TestActingWalk(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newConfig("c", tc.policy, 2, testMap(5, tc.a, tc.b, live("c", 3), live("d", 4)))
-			for _, k := range keysOrdered(c, 10, "a", "b", "c") {
+			for _, k := range keysOrdered(t, c, 10, "a", "b", "c") {
 				got, wait, err := c.acting(k)
 				if got != tc.want || wait != tc.wantWait {
 					t.Fatalf("acting(%s) = %q, waiting on %q (%v); want %q, waiting on %q", k, got, wait, err, tc.want, tc.wantWait)
@@ -103,12 +114,12 @@ func TestActingWalk(t *testing.T) {
 // member, and none without standbys.
 func TestStandby(t *testing.T) {
 	c := newConfig("a", PolicyExact, 2, testMap(5, live("a", 1), ended("b", true), live("c", 3)))
-	for _, k := range keysOrdered(c, 10, "a", "b", "c") {
+	for _, k := range keysOrdered(t, c, 10, "a", "b", "c") {
 		if got := c.standby(k); got != "c" {
 			t.Fatalf("standby(%s) with b ended = %q; want c", k, got)
 		}
 	}
-	for _, k := range keysOrdered(c, 10, "b", "a", "c") {
+	for _, k := range keysOrdered(t, c, 10, "b", "a", "c") {
 		if a, sb := c.actingName(k), c.standby(k); a != "a" || sb != "c" {
 			t.Fatalf("acting, standby(%s of ended b) = %q, %q; want a, c", k, a, sb)
 		}
@@ -172,9 +183,9 @@ func TestOwnershipGainWaitsForHandoff(t *testing.T) {
 	// releasable): its keys move, some to a.
 	c2 := newConfig("a", PolicyExact, 1, testMap(9, live("a", 1), live("b", 2), member{name: "c", epoch: 3, phase: control.PhaseLeaving}))
 	o = o.next(c2, 1)
-	held := keysOwnedBy(c1, "a", 5)
+	held := keysOwnedBy(t, c1, "a", 5)
 	var gained []string
-	for _, k := range keysOwnedBy(c1, "c", 40) {
+	for _, k := range keysOwnedBy(t, c1, "c", 40) {
 		if c2.actingName(k) == "a" {
 			gained = append(gained, k)
 		}
@@ -233,7 +244,7 @@ func TestOwnershipHolderDownWaits(t *testing.T) {
 		o2 = o2.with("c", complete{epoch: 3, config: c2.id})
 		o2.promoted = c2.id
 		var gained string
-		for _, k := range keysOrdered(c1, 50, "b", "a") {
+		for _, k := range keysOrdered(t, c1, 50, "b", "a") {
 			gained = k
 			break
 		}
@@ -257,7 +268,7 @@ func TestOwnershipHolderDownWaits(t *testing.T) {
 func TestOwnershipFreshEpoch(t *testing.T) {
 	c := newConfig("a", PolicyExact, 1, testMap(9, live("a", 4), live("b", 2), ended("c", false)))
 	o := (&ownership{}).next(c, 4)
-	keys := keysOrdered(c, 5, "a", "b")
+	keys := keysOrdered(t, c, 5, "a", "b")
 	for _, k := range keys {
 		if err := o.gate(k); err == nil {
 			t.Fatalf("fresh epoch: gate(%s) before b's complete = nil; want an error", k)
@@ -269,7 +280,7 @@ func TestOwnershipFreshEpoch(t *testing.T) {
 			t.Fatalf("fresh epoch: gate(%s) after b's complete = %v; want nil", k, err)
 		}
 	}
-	for _, k := range keysOrdered(c, 5, "a", "c") {
+	for _, k := range keysOrdered(t, c, 5, "a", "c") {
 		if err := o.gate(k); !errors.Is(err, ErrOwnerDown) {
 			t.Fatalf("fresh epoch: gate(%s), which c may hold (down, no copies) = %v; want ErrOwnerDown", k, err)
 		}
@@ -289,7 +300,7 @@ func TestOwnershipLost(t *testing.T) {
 	o := (&ownership{}).next(c, 5)
 	o = o.with("b", complete{epoch: 2, config: c.id})
 	o.promoted = c.id
-	k := keysOrdered(c, 1, "a", "b")[0]
+	k := keysOrdered(t, c, 1, "a", "b")[0]
 	if _, err := o.gateHistory(k); !errors.Is(err, ErrOwnerDown) {
 		t.Fatalf("lost node, c down: gate(%s) = %v; want ErrOwnerDown (waiting for c)", k, err)
 	}
@@ -323,10 +334,7 @@ func TestPenalties(t *testing.T) {
 		{[]string{"p", "a", "z"}, false}, // past p, a acted for it
 		{[]string{"n", "a", "p"}, false}, // a acted for it; z ranks lower still
 	} {
-		keys := keysOrdered(all, 5, tc.order...)
-		if len(keys) == 0 {
-			t.Fatalf("no key ordered %v", tc.order)
-		}
+		keys := keysOrdered(t, all, 5, tc.order...)
 		for _, self := range []string{"a", "b", "n"} {
 			m := testMap(11, live("a", 5), live("b", 2), live("n", 8), ended("p", true))
 			m.Tombstones = []control.Tombstone{{Name: "z", ID: "id-z", At: 1, Ring: ring}}
@@ -343,7 +351,7 @@ func TestPenalties(t *testing.T) {
 	// z back under its old ID, with its data: it holds its own hits.
 	m := testMap(11, live("a", 5), live("z", 12))
 	m.Tombstones = []control.Tombstone{{Name: "z", ID: "id-z", At: 1, Ring: []control.RingMember{{Name: "a"}}}}
-	for _, k := range keysOrdered(newConfig("z", PolicyExact, 1, m), 5, "z", "a") {
+	for _, k := range keysOrdered(t, newConfig("z", PolicyExact, 1, m), 5, "z", "a") {
 		if got := newConfig("z", PolicyExact, 1, m).penalties(k, seen(m)); len(got) != 0 {
 			t.Fatalf("on z back with its data, penalties(%s) = %+v; want none", k, got)
 		}
@@ -357,12 +365,12 @@ func TestPenalties(t *testing.T) {
 	m.Tombstones = []control.Tombstone{{Name: "z", ID: "id-z", At: 1}}
 	c := newConfig("a", PolicyExact, 1, m)
 	withZ := newConfig("a", PolicyExact, 1, testMap(9, live("a", 5), live("b", 2), live("z", 7)))
-	for _, k := range keysOrdered(withZ, 5, "z", "a") {
+	for _, k := range keysOrdered(t, withZ, 5, "z", "a") {
 		if got := c.penalties(k, seen(m)); len(got) != 1 || got[0].name != "z" {
 			t.Fatalf("penalties(%s, z before a, no ring) = %+v; want z's", k, got)
 		}
 	}
-	for _, k := range keysOrdered(withZ, 5, "a", "z") {
+	for _, k := range keysOrdered(t, withZ, 5, "a", "z") {
 		if got := c.penalties(k, seen(m)); len(got) != 0 {
 			t.Fatalf("penalties(%s, a before z, no ring) = %+v; want none", k, got)
 		}
@@ -374,7 +382,7 @@ func TestPenalties(t *testing.T) {
 // meanwhile: it is not up to date for the key, whatever its earlier mark.
 func TestStandbyFlipFlop(t *testing.T) {
 	c1 := newConfig("a", PolicyExact, 2, testMap(5, live("a", 1), ended("y", true), live("x", 3)))
-	k := keysOrdered(c1, 1, "a", "y", "x")[0]
+	k := keysOrdered(t, c1, 1, "a", "y", "x")[0]
 	o := (&ownership{}).next(c1, 1)
 	o.synced = map[string]syncMark{"x": {cfg: c1, epoch: 3}}
 	if !o.syncedFor(k, "x") {
