@@ -34,6 +34,7 @@ func testMap(changed uint64, ms ...member) *control.Map {
 
 func live(name string, epoch uint64) member { return member{name: name, epoch: epoch} }
 func ended(name string, rel bool) member    { return member{name: name, epoch: 1, ended: true, rel: rel} }
+
 // keysOwnedBy returns n keys whose owner in c is name; it fails the test
 // if there are not n in the first million.
 func keysOwnedBy(t testing.TB, c *config, name string, n int) []string {
