@@ -42,6 +42,13 @@ const (
 	// ledgerKey is never denied: its count is the hits the cluster
 	// recorded, to hold against what its clients were told.
 	ledgerKey
+	// edgeKey has a window of 2 s and a limit below what the load asks of
+	// it in a window (staggered from 6 to 13 against about 14 asked): from
+	// its first seconds on it is always within a few hits of its limit,
+	// through every fault and handover. A second decider, or a decision
+	// from a state short by a hit, shows as more than its limit allowed in
+	// one window.
+	edgeKey
 )
 
 func (k keyKind) String() string {
@@ -50,6 +57,8 @@ func (k keyKind) String() string {
 		return "limited"
 	case freshKey:
 		return "fresh"
+	case edgeKey:
+		return "edge"
 	}
 	return "ledger"
 }
@@ -69,6 +78,10 @@ const (
 	// maxLogRuns is the nodes' actor.Config.MaxLogRuns (its default, which
 	// sluice serve does not change).
 	maxLogRuns = 1000
+	// edgeWindow is the window of the edge keys; their limits run from
+	// edgeLimitMin up, two keys a limit.
+	edgeWindow   = 2 * time.Second
+	edgeLimitMin = 6
 )
 
 // testKey is a key the load checks, with its limit per window.
@@ -79,8 +92,8 @@ type testKey struct {
 	window time.Duration
 }
 
-// limited reports whether the key is meant to reach its limit: limited
-// and fresh keys.
+// limited reports whether the key is meant to reach its limit: limited,
+// fresh and edge keys.
 func (k testKey) limited() bool { return k.kind != ledgerKey }
 
 // resolution is the granularity of the times the node records k's hits
@@ -102,7 +115,7 @@ func (k testKey) resolution() time.Duration {
 // rendezvous order over names (its owner first, its standby next).
 func scenarioKeys(names []string, freshLimit int64, keep func(order []string) bool) []testKey {
 	var keys []testKey
-	for _, kind := range []keyKind{limitedKey, freshKey, ledgerKey} {
+	for _, kind := range []keyKind{limitedKey, freshKey, ledgerKey, edgeKey} {
 		for i := range keysPerKind {
 			k := testKey{name: fmt.Sprintf("%v:%02d", kind, i), kind: kind}
 			switch kind {
@@ -110,6 +123,8 @@ func scenarioKeys(names []string, freshLimit int64, keep func(order []string) bo
 				k.limit, k.window = limitedLimit, limitedWindow
 			case freshKey:
 				k.limit, k.window = freshLimit, freshWindow
+			case edgeKey:
+				k.limit, k.window = edgeLimitMin+int64(i/2), edgeWindow
 			default:
 				k.limit, k.window = ledgerLimit, ledgerWindow
 			}
@@ -153,6 +168,10 @@ type loadConfig struct {
 	// rate is the calls per second on limited and ledger keys, of all
 	// callers together, from the start.
 	rate float64
+	// edgeRate is the calls per second on edge keys, of edgeCallers per
+	// client, from the start.
+	edgeRate    float64
+	edgeCallers int
 	// freshRate is the calls per second on fresh keys, of all fresh
 	// callers together, from the moment they enter.
 	freshRate float64
@@ -165,12 +184,14 @@ type loadConfig struct {
 }
 
 // defaultLoad is about 800 checks/s on limited and ledger keys (25 a
-// second on each), and 240 on fresh keys (15 a second on each) once they
-// enter: enough that a second decider of a key would alternate with the
+// second on each), 240 on fresh keys (15 a second on each) once they
+// enter, and 112 on edge keys (7 a second on each, 14 a window against
+// limits of 6 to 13): enough that a second decider of a key would alternate with the
 // first every few tens of milliseconds, little enough that two
 // scenarios' nodes and the test share two cores.
 func defaultLoad() loadConfig {
-	return loadConfig{rate: 800, freshRate: 240, callers: 16, freshCallers: 6, deadline: time.Second, maxCalls: 50_000}
+	return loadConfig{rate: 800, freshRate: 240, callers: 16, freshCallers: 6, edgeRate: 7 * keysPerKind, edgeCallers: 2,
+		deadline: time.Second, maxCalls: 50_000}
 }
 
 // freshLimit is the limit of the fresh keys: the hits each gets in the
@@ -240,11 +261,14 @@ type load struct {
 func startLoad(nodes []*node, keys []testKey, cfg loadConfig) *load {
 	l := &load{cfg: cfg, keys: keys, stop: make(chan struct{}), fresh: make(chan struct{}), boost: make(chan struct{}), start: time.Now(),
 		limited: make([]atomic.Bool, len(keys))}
-	var base, fresh []int
+	var base, fresh, edge []int
 	for i, k := range keys {
-		if k.kind == freshKey {
+		switch k.kind {
+		case freshKey:
 			fresh = append(fresh, i)
-		} else {
+		case edgeKey:
+			edge = append(edge, i)
+		default:
 			base = append(base, i)
 		}
 	}
@@ -261,6 +285,9 @@ func startLoad(nodes []*node, keys []testKey, cfg loadConfig) *load {
 	groups := []group{{base, cfg.callers, cfg.rate, opened, nil, &l.sent}}
 	if len(fresh) > 0 && cfg.freshCallers > 0 {
 		groups = append(groups, group{fresh, cfg.freshCallers, cfg.freshRate, l.fresh, l.boost, nil})
+	}
+	if len(edge) > 0 && cfg.edgeCallers > 0 {
+		groups = append(groups, group{edge, cfg.edgeCallers, cfg.edgeRate, opened, nil, nil})
 	}
 	total := 0
 	for _, g := range groups {
