@@ -155,7 +155,7 @@ func (r *Router) Replicate(recs []persist.Record, done func(error)) {
 			w.finish(fmt.Errorf("%w: %s: %v", errStandby, pt.standby, err))
 			continue
 		}
-		s.lanes[pt.lane].enqueue(&replItem{recs: pt.recs, w: w, deadline: deadline})
+		s.lanes[pt.lane].enqueue(&replItem{recs: pt.recs, w: w, deadline: deadline, epoch: own.epoch})
 	}
 }
 
@@ -194,6 +194,10 @@ type replItem struct {
 	w        *replWrite
 	deadline time.Time
 	result   chan error // instead of w, for the router's own waits
+	// epoch is this node's epoch the records were written under: the
+	// copy carries it (ReplicateRequest.from_epoch), whenever it leaves,
+	// so that a standby whose map has ended that epoch refuses it.
+	epoch uint64
 }
 
 func (it *replItem) finish(err error) {
@@ -360,9 +364,11 @@ func (l *replicaLane) sendBatch() bool {
 		l.mu.Unlock()
 		return false
 	}
+	// A call carries the copies of one epoch of this node: an item written
+	// under another than the batch's first waits for the next call.
 	var batch []*replItem
 	n, deadline := 0, time.Time{}
-	for len(l.queue) > 0 && (n == 0 || n+len(l.queue[0].recs) <= maxReplicateBatch) {
+	for len(l.queue) > 0 && (len(batch) == 0 || n+len(l.queue[0].recs) <= maxReplicateBatch && l.queue[0].epoch == batch[0].epoch) {
 		it := l.queue[0]
 		l.queue = l.queue[1:]
 		if now.After(it.deadline) {
@@ -382,8 +388,7 @@ func (l *replicaLane) sendBatch() bool {
 	if len(batch) == 0 {
 		return more
 	}
-	own := s.r.own.Load()
-	req := &sluicepb.ReplicateRequest{FromNode: s.r.cfg.Self, FromEpoch: own.epoch, ToNode: s.name, ToEpoch: s.epoch,
+	req := &sluicepb.ReplicateRequest{FromNode: s.r.cfg.Self, FromEpoch: batch[0].epoch, ToNode: s.name, ToEpoch: s.epoch,
 		MapVersion: s.r.mapVersion(), Lane: uint32(l.index), Sequence: s.r.repl.seq.Add(1),
 		Records: make([]*sluicepb.StoreRecord, 0, n)}
 	for _, it := range batch {
@@ -599,7 +604,7 @@ func (r *Router) send(ctx context.Context, own *ownership, name string, recs []p
 	for l, rs := range lanes {
 		for start := 0; start < len(rs); start += maxReplicateBatch {
 			part := rs[start:min(start+maxReplicateBatch, len(rs))]
-			s.lanes[l].enqueue(&replItem{recs: part, deadline: deadline, result: result})
+			s.lanes[l].enqueue(&replItem{recs: part, deadline: deadline, result: result, epoch: own.epoch})
 			sent++
 		}
 	}

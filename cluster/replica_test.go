@@ -1,12 +1,19 @@
 package cluster
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sluice-io/sluice/persist"
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
-	"google.golang.org/protobuf/proto"
 )
 
 // BenchmarkReplicateMessage measures what the generated code costs a
@@ -55,4 +62,94 @@ func BenchmarkReplicateMessage(b *testing.B) {
 			}
 		}
 	})
+}
+
+// replicateRecorder is a PeerServiceClient whose Replicate stream keeps
+// what was sent and answers each call at once.
+type replicateRecorder struct {
+	sluicepb.PeerServiceClient
+	sent chan *sluicepb.ReplicateRequest
+}
+
+func (c *replicateRecorder) Replicate(ctx context.Context, _ ...grpc.CallOption) (sluicepb.PeerService_ReplicateClient, error) {
+	return &recordedStream{ctx: ctx, sent: c.sent, answers: make(chan *sluicepb.ReplicateResponse, 16)}, nil
+}
+
+type recordedStream struct {
+	grpc.ClientStream
+	ctx     context.Context
+	sent    chan *sluicepb.ReplicateRequest
+	answers chan *sluicepb.ReplicateResponse
+}
+
+func (s *recordedStream) Send(req *sluicepb.ReplicateRequest) error {
+	s.sent <- req
+	s.answers <- &sluicepb.ReplicateResponse{Sequence: req.Sequence}
+	return nil
+}
+
+func (s *recordedStream) Recv() (*sluicepb.ReplicateResponse, error) {
+	select {
+	case a := <-s.answers:
+		return a, nil
+	case <-s.ctx.Done():
+		return nil, s.ctx.Err()
+	}
+}
+
+func (s *recordedStream) CloseSend() error { return nil }
+
+// TestCopiesCarryTheirEpoch: a copy carries the epoch of this node it was
+// written under, however late it leaves, and a call carries the copies of
+// one epoch only. A copy queued under epoch 1 and sent once the node is at
+// epoch 2 says epoch 1, so that a standby whose map ended epoch 1 refuses
+// it. Before, every copy was stamped with the epoch current when its call
+// left: a write of an ended epoch could reach the standby as the new
+// epoch's.
+func TestCopiesCarryTheirEpoch(t *testing.T) {
+	r, err := NewRouter(RouterConfig{Clustered: true, Self: "n1", Replicas: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.own.Store(&ownership{epoch: 2}) // the node moved on to epoch 2
+	sent := make(chan *sluicepb.ReplicateRequest, 4)
+	s := &standbySender{r: r, name: "n2", epoch: 7, p: &peer{client: &replicateRecorder{sent: sent}}, quit: make(chan struct{})}
+	l := &replicaLane{s: s, wake: make(chan struct{}, 1)}
+	s.lanes[0] = l
+	result := make(chan error, 2)
+	deadline := time.Now().Add(5 * time.Second)
+	l.enqueue(&replItem{recs: []persist.Record{{Key: "k1", Value: []byte{1}}}, deadline: deadline, result: result, epoch: 1})
+	l.enqueue(&replItem{recs: []persist.Record{{Key: "k2", Value: []byte{2}}}, deadline: deadline, result: result, epoch: 2})
+	for l.sendBatch() {
+	}
+	type call struct {
+		epoch uint64
+		keys  string
+	}
+	var got []call
+	for len(sent) > 0 {
+		req := <-sent
+		var keys []string
+		for _, rec := range req.Records {
+			keys = append(keys, string(rec.Key))
+		}
+		got = append(got, call{req.FromEpoch, strings.Join(keys, ",")})
+	}
+	want := []call{{1, "k1"}, {2, "k2"}}
+	if !slices.Equal(got, want) {
+		t.Errorf("copies written under epochs 1 (k1) and 2 (k2), sent at epoch 2: calls (from_epoch, keys) = %v; want %v", got, want)
+	}
+	for range 2 {
+		if err := <-result; err != nil {
+			t.Errorf("copy: %v", err)
+		}
+	}
+	s.close()
+	l.mu.Lock()
+	st := l.st
+	l.mu.Unlock()
+	if st != nil {
+		l.broke(st, errors.New("test over"))
+	}
+	r.wg.Wait()
 }

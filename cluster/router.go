@@ -862,7 +862,7 @@ func (r *Router) decideHere(ctx context.Context, own *ownership, gen uint64, che
 		if marks != nil {
 			restMarks = make([]int64, len(rest))
 		}
-		if err := r.decideEngine(ctx, gen, rest, restOut, restMarks, false); err != nil {
+		if err := r.decideEngine(ctx, own.epoch, gen, rest, restOut, restMarks, false); err != nil {
 			return err
 		}
 		for j, i := range restIdx {
@@ -873,24 +873,28 @@ func (r *Router) decideHere(ctx context.Context, own *ownership, gen uint64, che
 		}
 		return nil
 	}
-	return r.decideEngine(ctx, gen, checks, out, marks, allOrNothing)
+	return r.decideEngine(ctx, own.epoch, gen, checks, out, marks, allOrNothing)
 }
 
-// decideEngine has the engine decide checks, and acknowledges them only if
-// this node's lease still runs after they were committed (and copied).
-func (r *Router) decideEngine(ctx context.Context, gen uint64, checks []actor.Check, out []actor.Decision, marks []int64, allOrNothing bool) error {
+// decideEngine has the engine decide checks admitted under epoch, and
+// acknowledges them only if the lease of that epoch still runs after they
+// were committed (and copied): a lease of a later epoch of this node does
+// not vouch for them, since the keys of the epoch that admitted them may
+// have gone on from their copies when it ended.
+func (r *Router) decideEngine(ctx context.Context, epoch, gen uint64, checks []actor.Check, out []actor.Decision, marks []int64, allOrNothing bool) error {
 	if err := r.cfg.Engine.Do(ctx, checks, out, actor.CallOptions{Generation: gen, Marks: marks, AllOrNothing: allOrNothing}); err != nil {
 		if errors.Is(err, actor.ErrReplication) {
 			r.cfg.Observer.Refused("standby", len(checks))
 		}
 		return err
 	}
-	if !r.ctl().LeaseValid() {
-		// The lease ran out while the actors decided (a pause, say): some
-		// other node may act for these keys by now. The hits stay
-		// recorded, unacknowledged: conservative.
+	if !r.ctl().LeaseValidFor(epoch) {
+		// The lease ran out while the actors decided (a pause, say), or
+		// the epoch that admitted them ended meanwhile: some other node
+		// may act for these keys by now. The hits stay recorded,
+		// unacknowledged: conservative.
 		r.cfg.Observer.Refused("no_quorum", len(checks))
-		return maybeRecorded(fmt.Errorf("%w: the lease of %s ran out while it decided; its hits are recorded, none acknowledged", ErrNoQuorum, r.cfg.Self))
+		return maybeRecorded(fmt.Errorf("%w: the lease of %s epoch %d ran out while it decided; its hits are recorded, none acknowledged", ErrNoQuorum, r.cfg.Self, epoch))
 	}
 	return nil
 }

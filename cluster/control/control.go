@@ -104,8 +104,14 @@ type Config struct {
 	// Transport carries Raft (its Advertise is set from Addrs.Peer when
 	// empty). Required: its Listener.
 	Transport TransportConfig
-	// DialOptions reach the leader's peer service (renewals, proposals).
+	// DialOptions reach the leader's peer service (renewals, proposals);
+	// the node's add keepalive pings.
 	DialOptions []grpc.DialOption
+	// CallTimeout bounds each call to the leader: a proposal (this node's
+	// epoch, its synced mark, its leaving) or a renewal, which is given up
+	// then and tried again against whoever leads by then. Default: the
+	// lease, and at least four RaftTimeouts.
+	CallTimeout time.Duration
 	// ClockDrift (ρ) bounds how much faster one node's clock may run than
 	// another's. Default 0.1.
 	ClockDrift float64
@@ -134,6 +140,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Settings.Lease <= 0 {
 		c.Settings.Lease = 2 * time.Second
+	}
+	if c.CallTimeout <= 0 {
+		c.CallTimeout = max(c.Settings.Lease, 4*c.RaftTimeout)
 	}
 	if c.Settings.Replicas <= 0 {
 		c.Settings.Replicas = 1
@@ -180,9 +189,7 @@ type Control struct {
 
 	granter atomic.Pointer[granter] // set while this node leads
 
-	leaderMu   sync.Mutex
-	leaderAddr string
-	leaderConn *grpc.ClientConn
+	leader leaderConn
 
 	renewKick chan struct{} // capacity 1: renew now (a new epoch)
 
@@ -225,7 +232,7 @@ func New(cfg Config) (*Control, error) {
 	}
 	log := cfg.Logger.With("component", "control")
 	c := &Control{cfg: cfg, log: log, clock: cfg.Clock, store: st, fsm: newFSM(log),
-		fatal: make(chan error, 1), renewKick: make(chan struct{}, 1)}
+		fatal: make(chan error, 1), renewKick: make(chan struct{}, 1), leader: leaderConn{dial: cfg.DialOptions}}
 	c.lease.clock, c.lease.length = cfg.Clock, cfg.Settings.Lease
 	ok := false
 	defer func() {
@@ -329,7 +336,7 @@ func (c *Control) Start() error {
 	} else {
 		c.log.Info("no raft state: joining a cluster, or bootstrapping one with the others", "id", c.ID(), "expect", c.cfg.Expect)
 	}
-	for _, loop := range []func(context.Context){c.bootstrapLoop, c.leaderLoop, c.epochLoop, c.renewLoop} {
+	for _, loop := range []func(context.Context){c.bootstrapLoop, c.leaderLoop, c.epochLoop, c.renewLoop, c.followLeader} {
 		c.wg.Add(1)
 		go func() {
 			defer c.wg.Done()
@@ -575,9 +582,14 @@ func (c *Control) setEpoch(e uint64) {
 
 // LeaseValid reports whether this node holds a lease now for its live
 // epoch: it may decide the keys the map gives it.
-func (c *Control) LeaseValid() bool {
-	e := c.epoch.Load()
-	if e == 0 || c.stopping.Load() {
+func (c *Control) LeaseValid() bool { return c.LeaseValidFor(c.epoch.Load()) }
+
+// LeaseValidFor reports whether this node holds a lease now for epoch e,
+// and e is still its live epoch: a decision admitted under e may be
+// acknowledged. A lease of a later epoch does not count: e's keys may
+// have gone on elsewhere when it ended.
+func (c *Control) LeaseValidFor(e uint64) bool {
+	if e == 0 || c.stopping.Load() || c.epoch.Load() != e {
 		return false
 	}
 	if x, ok := c.Map().Member(c.cfg.NodeName); !ok || !x.Live || x.Epoch != e {
@@ -743,6 +755,9 @@ func (c *Control) Forget(ctx context.Context, name string) error {
 	if err != nil {
 		return err
 	}
+	// The leader answers once the member's lease is over for sure, L·(1+ρ)
+	// after its last grant at most, and it left Raft's configuration.
+	client.timeout += 2*time.Duration(float64(c.cfg.Settings.Lease)*(1+c.cfg.ClockDrift)) + 5*time.Second
 	_, err = client.propose(ctx, c.cfg.NodeName, command{Op: opForget, Name: name})
 	return err
 }
@@ -763,11 +778,7 @@ func (c *Control) Shutdown() error {
 		// released.
 		c.trans.CloseStreams()
 		c.stream.wait()
-		c.leaderMu.Lock()
-		if c.leaderConn != nil {
-			c.leaderConn.Close()
-		}
-		c.leaderMu.Unlock()
+		c.leader.close()
 		c.closeErr = errors.Join(err, c.store.Close())
 	})
 	return c.closeErr

@@ -4,7 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
+	"time"
 
+	"github.com/hashicorp/raft"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
@@ -20,22 +23,80 @@ import (
 // or none once it has one.
 const ClusterHeader = "sluice-cluster"
 
-// leaderClient calls the leader's peer service.
+// leaderClient calls the leader's peer service, each call under a
+// deadline of timeout at most.
 type leaderClient struct {
 	client  sluicepb.PeerServiceClient
 	cluster string // this node's cluster ID, for ClusterHeader
+	timeout time.Duration
 }
 
-// outgoing adds this node's cluster ID to ctx, once it has one.
-func (l leaderClient) outgoing(ctx context.Context) context.Context {
+// outgoing adds this node's cluster ID to ctx, once it has one, and the
+// call's deadline.
+func (l leaderClient) outgoing(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	if l.cluster == "" {
-		return ctx
+		return ctx, cancel
 	}
-	return metadata.AppendToOutgoingContext(ctx, ClusterHeader, l.cluster)
+	return metadata.AppendToOutgoingContext(ctx, ClusterHeader, l.cluster), cancel
+}
+
+// leaderConn is the connection to the Raft leader. It follows the leader
+// whoever calls: a call made after the leader changed (or after an
+// election started) dials the new one, and the connection to the one
+// before is closed, which ends the calls still waiting on it (a leader
+// that froze or vanished answers none). Safe for concurrent use.
+type leaderConn struct {
+	dial []grpc.DialOption
+
+	mu   sync.Mutex
+	addr string // "" while there is no connection
+	id   string
+	conn *grpc.ClientConn
+}
+
+// get returns the connection to the leader id at addr, dialled if it is
+// not the one held.
+func (l *leaderConn) get(addr, id string) (*grpc.ClientConn, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn != nil && l.addr == addr && l.id == id {
+		return l.conn, nil
+	}
+	l.closeLocked()
+	conn, err := grpc.NewClient(addr, l.dial...)
+	if err != nil {
+		return nil, fmt.Errorf("control: dial the leader at %s: %w", addr, err)
+	}
+	l.conn, l.addr, l.id = conn, addr, id
+	return conn, nil
+}
+
+// follow closes the connection held unless it is to the leader id at addr
+// ("" while none is known): its calls in flight fail at once.
+func (l *leaderConn) follow(addr, id string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn != nil && (l.addr != addr || l.id != id) {
+		l.closeLocked()
+	}
+}
+
+func (l *leaderConn) closeLocked() {
+	if l.conn != nil {
+		l.conn.Close()
+	}
+	l.conn, l.addr, l.id = nil, "", ""
+}
+
+func (l *leaderConn) close() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closeLocked()
 }
 
 // leaderClient returns a client of the current leader, dialling it when
-// the leader changed.
+// the leader changed. Its calls take CallTimeout at most.
 func (c *Control) leaderClient() (leaderClient, error) {
 	addr, id := c.raft.LeaderWithID()
 	switch {
@@ -44,23 +105,44 @@ func (c *Control) leaderClient() (leaderClient, error) {
 	case string(id) == c.ID():
 		return leaderClient{}, fmt.Errorf("%w: this node was just elected and is not granting yet", ErrNoLeader)
 	}
-	c.leaderMu.Lock()
-	defer c.leaderMu.Unlock()
-	if c.leaderConn == nil || c.leaderAddr != string(addr) {
-		if c.leaderConn != nil {
-			c.leaderConn.Close()
-		}
-		conn, err := grpc.NewClient(string(addr), c.cfg.DialOptions...)
-		if err != nil {
-			return leaderClient{}, fmt.Errorf("control: dial the leader at %s: %w", addr, err)
-		}
-		c.leaderConn, c.leaderAddr = conn, string(addr)
+	conn, err := c.leader.get(string(addr), string(id))
+	if err != nil {
+		return leaderClient{}, err
 	}
-	return leaderClient{sluicepb.NewPeerServiceClient(c.leaderConn), c.ClusterID()}, nil
+	return leaderClient{sluicepb.NewPeerServiceClient(conn), c.ClusterID(), c.cfg.CallTimeout}, nil
+}
+
+// followLeader closes the connection to a leader that lost its place as
+// soon as Raft reports the change (a frozen leader's followers elect
+// another after RaftTimeout), so that a call waiting on it, a proposal of
+// this node's epoch say, is tried again against the new one without
+// waiting out its deadline.
+func (c *Control) followLeader(ctx context.Context) {
+	ch := make(chan raft.Observation, 8)
+	obs := raft.NewObserver(ch, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	c.raft.RegisterObserver(obs)
+	defer c.raft.DeregisterObserver(obs)
+	t := time.NewTicker(time.Second) // an observation dropped (the channel full) is caught up here
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ch:
+		case <-t.C:
+		}
+		addr, id := c.raft.LeaderWithID()
+		c.leader.follow(string(addr), string(id))
+	}
 }
 
 func (l leaderClient) renew(ctx context.Context, name string, e uint64) (bool, string, error) {
-	resp, err := l.client.Renew(l.outgoing(ctx), &sluicepb.RenewRequest{FromNode: name, Epoch: e})
+	ctx, cancel := l.outgoing(ctx)
+	defer cancel()
+	resp, err := l.client.Renew(ctx, &sluicepb.RenewRequest{FromNode: name, Epoch: e})
 	if err != nil {
 		return false, "", err
 	}
@@ -68,7 +150,9 @@ func (l leaderClient) renew(ctx context.Context, name string, e uint64) (bool, s
 }
 
 func (l leaderClient) propose(ctx context.Context, from string, cmd command) (Result, error) {
-	resp, err := l.client.Propose(l.outgoing(ctx), &sluicepb.ProposeRequest{FromNode: from, Command: cmd.encode()})
+	ctx, cancel := l.outgoing(ctx)
+	defer cancel()
+	resp, err := l.client.Propose(ctx, &sluicepb.ProposeRequest{FromNode: from, Command: cmd.encode()})
 	if err != nil {
 		return Result{}, err
 	}

@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
 	"regexp"
 	"slices"
 	"strings"
@@ -391,4 +394,47 @@ func TestBenchBadInput(t *testing.T) {
 			t.Errorf("sluice bench %s took %v to fail; want it to stop at the first call, long before its minute", strings.Join(args, " "), d)
 		}
 	}
+}
+
+// TestBenchLeavesNoErrors: a clean bench run, of either API, leaves
+// sluice_decisions_total{result="error"} at 0 on the node: the probe of
+// each connection before the run is a peek the node answers, and the
+// calls in flight at the end finish before the bench closes. Before, each
+// connection's probe was an empty batch refused as INVALID_ARGUMENT: 8
+// errors per run, and an error-ratio alert on a load test.
+func TestBenchLeavesNoErrors(t *testing.T) {
+	t.Parallel()
+	n := startNode(t, nil, "--durability", "memory")
+	for _, api := range []string{"native", "envoy"} {
+		rep := benchJSON(t, n.grpcAddr, "--api", api, "--connections", "8", "--concurrency", "8", "--key-prefix", "noerr-"+api+":")
+		if rep.Errors != 0 {
+			t.Errorf("bench --api %s: %d errors; want none", api, rep.Errors)
+		}
+	}
+	resp, err := http.Get("http://" + n.httpAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, api := range []string{"native", "envoy"} {
+		want := fmt.Sprintf(`sluice_decisions_total{api=%q,result="error"} 0`, api)
+		if !strings.Contains(string(body), want+"\n") {
+			t.Errorf("after a clean bench run, /metrics lacks %s:\n%s", want, grepLines(string(body), "sluice_decisions_total"))
+		}
+	}
+}
+
+// grepLines returns the lines of s that contain sub.
+func grepLines(s, sub string) string {
+	var out []string
+	for _, l := range strings.Split(s, "\n") {
+		if strings.Contains(l, sub) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
 }

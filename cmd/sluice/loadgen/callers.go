@@ -200,18 +200,28 @@ func envoyUnit(w time.Duration) (typev3.RateLimitUnit, uint32) {
 	return typev3.RateLimitUnit_SECOND, uint32(w / time.Second)
 }
 
-// Probe makes one call through api on conn that decides nothing (an empty
-// batch, which the server refuses as INVALID_ARGUMENT without recording
-// anything), to connect before the run and to find out early that the
-// server is unreachable or does not serve api. It returns the call's error
-// unless it is INVALID_ARGUMENT or none.
+// ProbeKey is the key Probe peeks at (the Envoy API's descriptor value).
+const ProbeKey = "sluice-bench:probe"
+
+// Probe makes one call through api on conn that records nothing (a peek,
+// cost 0, at ProbeKey), to connect before the run and to find out early
+// that the server is unreachable or does not serve api. The node answers
+// it as any decision: it counts as allowed, never as a failed call that an
+// error-ratio alert would see. It returns the call's error, nil as well
+// for INVALID_ARGUMENT (a node that refuses the peek still serves api).
 func Probe(ctx context.Context, api API, conn grpc.ClientConnInterface) error {
 	var err error
 	switch api {
 	case Native:
-		_, err = sluicepb.NewRateLimitServiceClient(conn).Check(ctx, &sluicepb.CheckRequest{})
+		_, err = sluicepb.NewRateLimitServiceClient(conn).Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{{
+			Key: []byte(ProbeKey), Limit: 1, Window: durationpb.New(time.Second), Cost: new(int64)}}})
 	case Envoy:
-		_, err = rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{})
+		_, err = rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: EnvoyDomain,
+			Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+				Entries:    []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "key", Value: ProbeKey}},
+				Limit:      &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_SECOND},
+				HitsAddend: wrapperspb.UInt64(0),
+			}}})
 	default:
 		return fmt.Errorf("loadgen: unknown API %q", api)
 	}

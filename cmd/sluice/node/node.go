@@ -251,13 +251,32 @@ func (n *Node) newEngine() error {
 	return nil
 }
 
+// peerKeepalive pings a peer connection silent for 10 s (gRPC's shortest
+// client interval) and drops it when the ping is not answered within 5
+// s: a peer that froze or vanished without closing its connections (a
+// SIGSTOP, a pulled cable, a blackholed route) is noticed within 15 s on
+// every connection to it, the idle ones and the long-lived copy streams
+// included, instead of after the kernel's retransmissions give up. The
+// peer listener accepts these pings (see peerKeepaliveMinTime).
+var peerKeepalive = keepalive.ClientParameters{Time: 10 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}
+
+// peerKeepaliveMinTime is the shortest ping interval the listener of the
+// peer service accepts: --keepalive-min-time, but never above the peers'
+// own interval, which an operator's setting must not turn into
+// disconnections.
+func peerKeepaliveMinTime(cfg Config) time.Duration {
+	return min(cfg.KeepaliveMinTime, peerKeepalive.Time)
+}
+
 // peerDialOptions are the options of the node's connections to its peers:
-// TLS with the node's certificate, the admin token, the trace context.
+// TLS with the node's certificate, the admin token, the trace context,
+// keepalive pings.
 func (n *Node) peerDialOptions() []grpc.DialOption {
 	dial := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
 	if n.certs != nil {
 		dial = []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(n.certs.peerConfig()))}
 	}
+	dial = append(dial, grpc.WithKeepaliveParams(peerKeepalive))
 	if creds := api.PeerCredentials(n.cfg.AdminToken, n.certs != nil); creds != nil {
 		dial = append(dial, grpc.WithPerRPCCredentials(creds))
 	}
@@ -343,6 +362,15 @@ func (n *Node) newGRPC() error {
 			PermitWithoutStream: true,
 		}),
 	}, n.api.Interceptors()...)
+	// The peer service accepts the peers' keepalive pings, on its own
+	// listener or on the shared one.
+	peerPolicy := grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+		MinTime:             peerKeepaliveMinTime(cfg),
+		PermitWithoutStream: true,
+	})
+	if cfg.Cluster != nil && cfg.PeerAddr == "" {
+		opts = append(opts, peerPolicy)
+	}
 	if n.certs != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(n.certs.serverConfig(false))))
 	}
@@ -363,7 +391,7 @@ func (n *Node) newGRPC() error {
 			MaxConnectionIdle: cfg.MaxConnectionIdle,
 			Time:              cfg.KeepaliveTime,
 			Timeout:           cfg.KeepaliveTimeout,
-		}))
+		}), peerPolicy)
 	}
 	if cfg.AdminAddr != "" {
 		n.admin = newListener("admin", cfg.AdminAddr)
