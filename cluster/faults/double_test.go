@@ -55,6 +55,10 @@ func doubleFaults() []scenario {
 			event: func(tm timing) string {
 				return fmt.Sprintf("node 2 cut off %s, the fresh keys first checked at the moment of the cut", secs(tm.fault))
 			}},
+		{name: "cut-then-wiped-disk", inject: cutThenWipedDisk,
+			event: func(tm timing) string {
+				return fmt.Sprintf("n2 cut off; %s later, once its keys went on from their copies, killed -9 with its disk wiped; back empty as the cut heals %s after it began", secs(tm.fault/2), secs(tm.fault))
+			}},
 		{name: "leader-paused", inject: leaderPaused,
 			event: func(tm timing) string { return fmt.Sprintf("the Raft leader paused %s", secs(tm.fault)) }},
 		{name: "leader-cut", inject: leaderCut,
@@ -242,6 +246,27 @@ func gossipBlindCut(t *testing.T, c *cluster, tm timing) {
 		t.Fatal(err)
 	}
 	f.heal()
+}
+
+// cutThenWipedDisk cuts node 2 off, kills it with SIGKILL and wipes its
+// disk half way through the cut, and starts it again, empty, as the cut
+// heals: every hit it acknowledged must be on its standbys, since its own
+// disk is gone (it must acknowledge nothing while cut off that its
+// standbys lack).
+func cutThenWipedDisk(t *testing.T, c *cluster, tm timing) {
+	n := c.node(2)
+	if err := n.host.setLink(false); err != nil {
+		t.Fatal(err)
+	}
+	f := c.beginFault(cutOff, "n2 cut off", []*node{n}, c.others(n))
+	time.Sleep(tm.fault / 2) // not a poll: the node is killed half way through the cut
+	k := killNode(t, c, n, true, c.others(n))
+	time.Sleep(tm.fault / 2) // not a poll: the cut lasts the fault's length
+	if err := n.host.setLink(true); err != nil {
+		t.Fatal(err)
+	}
+	f.heal()
+	returnNode(t, n, k)
 }
 
 // leaderPaused pauses the control plane's leader for the fault's length.

@@ -157,7 +157,9 @@ type keyResult struct {
 	copies []keyCopy
 	// peak is, for an edge key, the most allowed calls that were
 	// certainly decided within one window (see windowPeak).
-	peak       int64
+	peak int64
+	// slack is the excess the scenario documents (scenario.extraLimits).
+	slack      int64
 	failing    time.Duration // time covered by its failed calls
 	unanswered time.Duration // time some client went without an answer
 }
@@ -177,7 +179,7 @@ func (r *keyResult) over() int64 {
 	if !r.key.limited() {
 		return 0
 	}
-	return max(0, r.inWindow()-r.key.limit)
+	return max(0, r.inWindow()-r.key.limit-r.slack)
 }
 
 // windowPeak returns the most allowed calls of calls that were certainly
