@@ -314,12 +314,13 @@ func (c *Control) Servers() map[string]bool {
 	return out
 }
 
-// Start checks what gossip shows against this node's settings (a cluster
-// run with other settings refuses the node at once, with one line naming
-// the setting), then bootstraps or joins in the background and keeps this
-// node's epoch and lease. It returns without waiting for the cluster.
+// Start checks what gossip shows against this node's settings (a node
+// without a cluster of its own is refused at once, with one line naming
+// the setting, if the cluster it would join runs other settings), then
+// bootstraps or joins in the background and keeps this node's epoch and
+// lease. It returns without waiting for the cluster.
 func (c *Control) Start() error {
-	if err := c.checkPeers(); err != nil {
+	if _, err := c.checkPeers(); err != nil {
 		return err
 	}
 	c.ctx, c.cancel = context.WithCancel(context.Background())
@@ -338,12 +339,31 @@ func (c *Control) Start() error {
 	return nil
 }
 
-// checkPeers refuses settings that differ from those of a cluster gossip
-// shows, and two cluster IDs.
-func (c *Control) checkPeers() error {
-	mine := c.cfg.Settings
+// checkPeers holds the nodes gossip shows that announce a cluster against
+// this node. A node without a cluster of its own (no Raft state, no
+// cluster ID) is about to join the one gossip shows: it gets ErrMismatch
+// if a node of that cluster runs other settings, and ErrTwoClusters if
+// gossip shows several (it cannot tell which to join). A node of a
+// cluster gets no error: the nodes of other clusters, which it returns as
+// strangers, are not its concern but to be named in a warning. A node
+// with Raft state that has not applied its map yet cannot tell strangers
+// from its own cluster: it returns none.
+func (c *Control) checkPeers() (strangers []Peer, err error) {
 	own := c.ClusterID()
+	if own != "" || c.raft.LastIndex() > 0 {
+		if own == "" {
+			return nil, nil
+		}
+		for _, p := range c.cfg.Gossip.Peers() {
+			if p.ClusterID != "" && p.ClusterID != own && p.Name != c.cfg.NodeName {
+				strangers = append(strangers, p)
+			}
+		}
+		return strangers, nil
+	}
+	mine := c.cfg.Settings
 	seen := make(map[string]string)
+	var mismatch error
 	for _, p := range c.cfg.Gossip.Peers() {
 		if p.ClusterID == "" || p.Name == c.cfg.NodeName {
 			continue
@@ -353,12 +373,9 @@ func (c *Control) checkPeers() error {
 		if err != nil {
 			continue
 		}
-		if why := s.Mismatch(mine); why != "" {
-			return fmt.Errorf("%w: this node runs with %s (seen on %s); stop it, fix its flags, start it again", ErrMismatch, why, p.Name)
+		if why := s.Mismatch(mine); why != "" && mismatch == nil {
+			mismatch = fmt.Errorf("%w: this node runs with %s (seen on %s); stop it, fix its flags, start it again", ErrMismatch, why, p.Name)
 		}
-	}
-	if own != "" {
-		seen[own] = c.cfg.NodeName
 	}
 	if len(seen) > 1 {
 		var parts []string
@@ -366,9 +383,9 @@ func (c *Control) checkPeers() error {
 			parts = append(parts, fmt.Sprintf("%s (%s)", id, name))
 		}
 		slices.Sort(parts)
-		return fmt.Errorf("%w: gossip shows clusters %s; they never merge: stop one and start its nodes with empty data directories to join the other", ErrTwoClusters, strings.Join(parts, " and "))
+		return nil, fmt.Errorf("%w: gossip shows clusters %s; they never merge: stop one and start its nodes with empty data directories to join the other", ErrTwoClusters, strings.Join(parts, " and "))
 	}
-	return nil
+	return nil, mismatch
 }
 
 // fail delivers a fatal error once.
@@ -392,20 +409,33 @@ func (c *Control) bootstrapLoop(ctx context.Context) {
 		}
 	}
 	announced := ""
+	warned := make(map[string]time.Time) // strangers, by name: when last named
 	for {
+		// The cluster ID is announced only once this node's settings
+		// match its cluster's: a node restarted with a changed flag stops
+		// without having shown itself as a member of the cluster.
 		if id := c.ClusterID(); id != "" && id != announced {
-			c.cfg.Gossip.SetClusterID(id)
-			announced = id
 			if why := c.Map().Settings.Mismatch(c.cfg.Settings); why != "" {
 				c.fail(fmt.Errorf("%w: this node runs with %s; stop it, fix its flags, start it again", ErrMismatch, why))
+			} else {
+				c.cfg.Gossip.SetClusterID(id)
+				announced = id
 			}
 		}
-		if err := c.checkPeers(); err != nil {
-			if errors.Is(err, ErrMismatch) {
-				c.fail(err)
-			} else {
-				loud(err.Error())
+		strangers, err := c.checkPeers()
+		switch {
+		case errors.Is(err, ErrMismatch):
+			c.fail(err)
+		case err != nil:
+			loud(err.Error())
+		}
+		for _, p := range strangers {
+			if time.Since(warned[p.Name]) < 5*time.Second {
+				continue
 			}
+			warned[p.Name] = time.Now()
+			c.log.Warn("gossip shows a node of another cluster: it is not admitted; stop it, or take it out of this cluster's join list and network",
+				"stranger", p.Name, "its_cluster", p.ClusterID, "cluster", c.ClusterID(), "its_settings", p.Settings, "gossip", p.Addrs.Gossip)
 		}
 		if announced == "" && c.raft.LastIndex() == 0 {
 			c.tryBootstrap(loud)

@@ -32,6 +32,11 @@ func gossipFlows() []scenario {
 			event: func(tm timing) string {
 				return fmt.Sprintf("the Raft leader's gossip cut both ways %s, Raft and the peer service flowing", secs(leaderCutFor(tm)))
 			}},
+		{name: "stranger-in-gossip", nodes: 4, expect: 3, joinAll: true, deferred: []int{4},
+			nodeFlags: map[int][]string{4: {"--join", "", "--expect", "1", "--replicas", "1"}}, inject: strangerInGossip,
+			event: func(tm timing) string {
+				return fmt.Sprintf("n4, bootstrapped alone as a cluster of its own (`--expect 1 --replicas 1`), in every node's join list: its gossip merges, %s", secs(tm.fault))
+			}},
 	}
 }
 
@@ -237,8 +242,9 @@ func strangerInGossip(t *testing.T, c *cluster, tm timing) {
 	admitted := map[string]bool{}
 	for time.Now().Before(end) {
 		if gone := exited(); len(gone) > 0 {
-			f.problem("a stranger in gossip stopped running nodes: %s", strings.Join(gone, "; "))
-			break
+			// The ledger cannot be read without them: stop here.
+			f.heal()
+			t.Fatalf("a stranger in gossip stopped running nodes: %s", strings.Join(gone, "; "))
 		}
 		for _, o := range others {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
