@@ -78,6 +78,7 @@ func (h *holder) remaining(e uint64) time.Duration {
 type granter struct {
 	c     *Control
 	since time.Duration // when this node became leader, on its boot clock
+	lease time.Duration // L
 	wait  time.Duration // L·(1+ρ)
 
 	mu        sync.Mutex
@@ -89,7 +90,10 @@ type granter struct {
 	// leader first saw its epoch if later.
 	seenAt map[string]time.Duration
 	ending map[string]ending
-	kick   chan struct{}
+	// distrust is set while gossip shows every other live member dead:
+	// it hastens no end then.
+	distrust bool
+	kick     chan struct{}
 }
 
 // renewal is one Renew waiting for the next barrier.
@@ -223,8 +227,8 @@ func (c *Control) leaderLoop(ctx context.Context) {
 }
 
 // lead does the leader's work until ctx ends: it commits a barrier, then
-// grants leases, ends the epochs of members that stopped renewing or that
-// gossip declared dead, initialises a new cluster, adds the members gossip
+// grants leases, ends the epochs of members that stopped renewing,
+// initialises a new cluster, adds the members gossip
 // finds and places voters.
 func (c *Control) lead(ctx context.Context) {
 	since := c.clock.Now()
@@ -232,7 +236,7 @@ func (c *Control) lead(ctx context.Context) {
 		c.log.Warn("new leader: barrier", "err", err)
 		return
 	}
-	g := &granter{c: c, since: since, wait: time.Duration(float64(c.cfg.Settings.Lease) * (1 + c.cfg.ClockDrift)),
+	g := &granter{c: c, since: since, lease: c.cfg.Settings.Lease, wait: time.Duration(float64(c.cfg.Settings.Lease) * (1 + c.cfg.ClockDrift)),
 		lastGrant: map[string]time.Duration{}, lastAsk: map[string]time.Duration{}, epochSeen: map[string]uint64{}, seenAt: map[string]time.Duration{},
 		ending: map[string]ending{}, kick: make(chan struct{}, 1)}
 	c.granter.Store(g)
@@ -294,52 +298,22 @@ func (g *granter) failPending() {
 	g.pending = nil
 }
 
-// endDown ends the epochs of members that stopped renewing (for longer
-// than L) or that gossip declared dead, once their lease is over for sure.
+// endDown ends the epochs of members that stopped renewing, once their
+// lease is over for sure (see checkLocked).
 func (g *granter) endDown() {
 	c := g.c
 	m := c.Map()
 	now := c.clock.Now()
-	type due struct {
-		name  string
-		epoch uint64
-	}
-	var todo []due
 	g.mu.Lock()
-	for _, x := range m.Members {
-		if !x.Live || x.Phase == PhaseLeft {
-			delete(g.ending, x.Name)
-			continue
-		}
-		if g.epochSeen[x.Name] != x.Epoch {
-			// A new epoch: its renewals are counted from now, and gossip,
-			// which may still remember the member's previous process as
-			// dead, gets a lease's time to see this one.
-			g.epochSeen[x.Name] = x.Epoch
-			g.lastAsk[x.Name] = now
-			g.seenAt[x.Name] = now
-		}
-		e, isEnding := g.ending[x.Name]
-		if isEnding && e.epoch != x.Epoch {
-			delete(g.ending, x.Name)
-			isEnding = false
-		}
-		if !isEnding && x.Name != c.cfg.NodeName {
-			why := g.downLocked(x.Name, now, c.cfg.Gossip.Alive(x.Name), c.cfg.Settings.Lease)
-			if why == "" {
-				continue
-			}
-			e = ending{epoch: x.Epoch, at: max(g.lastGrant[x.Name], g.since) + g.wait, why: why}
-			g.ending[x.Name] = e
-			isEnding = true
-			c.log.Warn("ending the epoch of a member that is down once its lease is over", "member", x.Name, "epoch", x.Epoch,
-				"why", why, "in", (e.at - now).Round(time.Millisecond))
-		}
-		if isEnding && now >= e.at {
-			todo = append(todo, due{x.Name, x.Epoch})
-		}
-	}
+	todo, marked, distrust := g.checkLocked(m, now, c.cfg.NodeName, c.cfg.Gossip.Alive)
 	g.mu.Unlock()
+	if distrust != "" {
+		c.log.Warn(distrust)
+	}
+	for _, e := range marked {
+		c.log.Warn("ending the epoch of a member that is down once its lease is over", "member", e.name, "epoch", e.epoch,
+			"why", e.why, "in", (e.at - now).Round(time.Millisecond))
+	}
 	for _, d := range todo {
 		if _, err := c.apply(command{Op: opEnd, Name: d.name, Epoch: d.epoch}, time.Second); err != nil {
 			c.log.Warn("end an epoch", "member", d.name, "epoch", d.epoch, "err", err)
@@ -350,13 +324,89 @@ func (g *granter) endDown() {
 	}
 }
 
+// due is an epoch whose end the leader applies now.
+type due struct {
+	name  string
+	epoch uint64
+}
+
+// marked is an epoch the leader just started to end.
+type marked struct {
+	name string
+	ending
+}
+
+// checkLocked looks at every live member of m but self at now (alive is
+// what gossip says of a member now): it marks ending the epochs of the
+// members that are down (downLocked), and returns those whose end is due
+// (their lease is over for sure), those it marked, and a warning to log
+// when this leader starts or stops distrusting gossip ("" otherwise).
+//
+// Gossip only hastens the end of a member that stopped renewing. A leader
+// whose gossip shows every other live member dead distrusts it (its own
+// gossip is more likely cut off than all of them down): it ends epochs on
+// missed renewals alone until gossip sees one of them alive again.
+func (g *granter) checkLocked(m *Map, now time.Duration, self string, alive func(string) bool) (todo []due, newly []marked, distrust string) {
+	others, seen := 0, 0
+	for _, x := range m.Members {
+		if x.Live && x.Phase != PhaseLeft && x.Name != self {
+			others++
+			if alive(x.Name) {
+				seen++
+			}
+		}
+	}
+	trust := others == 0 || seen > 0
+	switch {
+	case !trust && !g.distrust:
+		distrust = fmt.Sprintf("gossip shows every other member dead (%d) while this node leads: it is more likely cut off than they are; epochs end on missed renewals only", others)
+	case trust && g.distrust:
+		distrust = "gossip sees other members alive again: it hastens the end of members that stopped renewing"
+	}
+	g.distrust = !trust
+	for _, x := range m.Members {
+		if !x.Live || x.Phase == PhaseLeft {
+			delete(g.ending, x.Name)
+			continue
+		}
+		if g.epochSeen[x.Name] != x.Epoch {
+			// A new epoch: its renewals are counted from now, and gossip,
+			// which may still remember the member's previous process as
+			// dead, is not heard until it missed renewals too.
+			g.epochSeen[x.Name] = x.Epoch
+			g.lastAsk[x.Name] = now
+			g.seenAt[x.Name] = now
+		}
+		e, isEnding := g.ending[x.Name]
+		if isEnding && e.epoch != x.Epoch {
+			delete(g.ending, x.Name)
+			isEnding = false
+		}
+		if !isEnding && x.Name != self {
+			why := g.downLocked(x.Name, now, alive(x.Name), trust, g.lease)
+			if why == "" {
+				continue
+			}
+			e = ending{epoch: x.Epoch, at: max(g.lastGrant[x.Name], g.since) + g.wait, why: why}
+			g.ending[x.Name] = e
+			isEnding = true
+			newly = append(newly, marked{x.Name, e})
+		}
+		if isEnding && now >= e.at {
+			todo = append(todo, due{x.Name, x.Epoch})
+		}
+	}
+	return todo, newly, distrust
+}
+
 // downLocked says why the member named name is down at now, "" if it is
-// not: it has not asked for a renewal for longer than the lease, or gossip
-// has not seen it alive for longer than the lease (alive is what gossip
-// says now). A member that gossip declares dead for a moment only (a stale
-// rumour spread once a partition heals, until the member refutes it) is
-// not down: ending its epoch would refuse its keys for nothing.
-func (g *granter) downLocked(name string, now time.Duration, alive bool, lease time.Duration) string {
+// not. A member is down only when its renewals stopped: none arrived for
+// longer than the lease, or, when gossip is trusted and has not seen it
+// alive now, none arrived for hastenAfter of the lease. A member that
+// renews is never down, whatever gossip says: its gossip port may be cut
+// while Raft and the peer service work, or a stale rumour of its death
+// may be spreading after a partition healed.
+func (g *granter) downLocked(name string, now time.Duration, alive, trust bool, lease time.Duration) string {
 	if alive {
 		g.seenAt[name] = now
 	}
@@ -364,14 +414,21 @@ func (g *granter) downLocked(name string, now time.Duration, alive bool, lease t
 	if !ok {
 		ask = g.since
 	}
+	silent := now - ask
 	switch {
-	case !alive && now-g.seenAt[name] > lease:
-		return fmt.Sprintf("gossip has not seen it alive for %v", (now - g.seenAt[name]).Round(time.Millisecond))
-	case now-ask > lease:
-		return fmt.Sprintf("no renewal for %v", (now - ask).Round(time.Millisecond))
+	case silent > lease:
+		return fmt.Sprintf("no renewal for %v", silent.Round(time.Millisecond))
+	case trust && !alive && silent > hastenAfter(lease):
+		return fmt.Sprintf("no renewal for %v, and gossip has not seen it alive for %v",
+			silent.Round(time.Millisecond), (now - g.seenAt[name]).Round(time.Millisecond))
 	}
 	return ""
 }
+
+// hastenAfter is how long a member that gossip declares dead may go
+// without renewing before the leader ends its epoch: three renewals (one
+// every lease/4) missed in a row.
+func hastenAfter(lease time.Duration) time.Duration { return lease * 3 / 4 }
 
 // forceEnd makes the leader end the live epoch of the member named name
 // once its lease is over, whatever gossip says.

@@ -37,32 +37,6 @@ func ownedBy2(a, b string) func(order []string) bool {
 	return func(order []string) bool { return order[0] == a && order[1] == b }
 }
 
-// agreedLeader returns the Raft leader every node names
-// (ListMembersResponse.leader), polled up to 10 s; it fails the test if
-// they do not agree on one: no silent fallback to a node that is not the
-// leader.
-func agreedLeader(t *testing.T, c *cluster) *node {
-	t.Helper()
-	var last string
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		names := map[string]bool{}
-		for _, n := range c.running() {
-			names[leaderSeenBy(n)] = true
-		}
-		last = fmt.Sprint(names)
-		if len(names) != 1 {
-			continue
-		}
-		for _, n := range c.nodes {
-			if names[n.name] {
-				return n
-			}
-		}
-	}
-	t.Fatalf("the nodes do not agree on a Raft leader within 10 s: they name %s", last)
-	return nil
-}
-
 // leaderSeenBy is the leader n names, "" if it names none or does not
 // answer.
 func leaderSeenBy(n *node) string {

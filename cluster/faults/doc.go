@@ -11,7 +11,8 @@
 // network namespace, linked by a veth pair to a bridge in a "switch"
 // namespace, with two addresses in a /24 of 10.0.0.0/8 picked at random
 // for the run (the second serves only what a scenario binds to it: the
-// peer service, for the cut that gossip does not see). Beside each node
+// peer service, for the cut that gossip does not see, or gossip, for the
+// cut of gossip alone). Beside each node
 // runs its edge client, in the test process: its connections are opened
 // inside the node's namespace and reach the node on 127.0.0.1, as a
 // sidecar's would, so cutting a node off the network does not cut it off

@@ -5,7 +5,9 @@ package faults
 import (
 	"context"
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // doubleFaults returns the double faults and operator mistakes of issue
@@ -271,31 +274,45 @@ func cutThenWipedDisk(t *testing.T, c *cluster, tm timing) {
 
 // leaderPaused pauses the control plane's leader for the fault's length.
 func leaderPaused(t *testing.T, c *cluster, tm timing) {
-	l := c.leader()
+	l := agreedLeader(t, c)
 	pauseFor(t, c, l, tm.fault, c.others(l))
 }
 
 // leaderCut cuts the control plane's leader off for the fault's length.
 func leaderCut(t *testing.T, c *cluster, tm timing) {
-	cutLink(t, c, c.leader(), tm.fault)
+	cutLink(t, c, agreedLeader(t, c), tm.fault)
 }
 
-// leader returns the node the control plane names as its Raft leader
-// (ListMembersResponse.leader), asked of every running node until one
-// knows; node 1 if none does.
-func (c *cluster) leader() *node {
-	for _, n := range c.running() {
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		resp, err := n.admin.ListMembers(ctx, &sluicepb.ListMembersRequest{})
-		cancel()
-		if err != nil {
-			continue
+// agreedLeader returns the node every running node names as the Raft
+// leader, polling up to 10 s; it fails the test if they never agree (a
+// row about the leader must hit the leader, not a node taken for it).
+func agreedLeader(t *testing.T, c *cluster) *node {
+	t.Helper()
+	var leader *node
+	err := testkit.Wait(10*time.Second, func() error {
+		names := map[string]bool{}
+		for _, n := range c.running() {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			resp, err := n.admin.ListMembers(ctx, &sluicepb.ListMembersRequest{})
+			cancel()
+			if err != nil {
+				return fmt.Errorf("%s: %v", n.name, err)
+			}
+			names[resp.Leader] = true
 		}
-		for _, l := range c.nodes {
-			if l.name == resp.Leader {
-				return l
+		if len(names) != 1 || names[""] {
+			return fmt.Errorf("the nodes name leaders %q", slices.Sorted(maps.Keys(names)))
+		}
+		for _, n := range c.nodes {
+			if names[n.name] {
+				leader = n
+				return nil
 			}
 		}
+		return fmt.Errorf("the leader named is none of the nodes")
+	})
+	if err != nil {
+		t.Fatalf("find the Raft leader: %v", err)
 	}
-	return c.node(1)
+	return leader
 }

@@ -175,6 +175,9 @@ type scenario struct {
 	extraLimits int64
 	// peerAddr serves the peer service on each host's second address.
 	peerAddr bool
+	// gossipSecond runs gossip on each host's second address, the peer
+	// service on the first.
+	gossipSecond bool
 	// nodeFlags, deferred and mayExit are clusterConfig's.
 	nodeFlags         map[int][]string
 	deferred, mayExit []int
@@ -304,7 +307,7 @@ func runScenario(t *testing.T, bin string, sc scenario, tm timing) report {
 	r := report{name: sc.name, event: sc.event(tm)}
 	c, err := startCluster(t, clusterConfig{
 		bin: bin, nodes: sc.nodes, joinAll: sc.joinAll, extraFlags: sc.serveFlags(),
-		nodeFlags: sc.nodeFlags, peerAddr: sc.peerAddr, deferred: sc.deferred, mayExit: sc.mayExit,
+		nodeFlags: sc.nodeFlags, peerAddr: sc.peerAddr, gossipSecond: sc.gossipSecond, deferred: sc.deferred, mayExit: sc.mayExit,
 	})
 	if err != nil {
 		r.checked = []string{"the cluster never started: " + err.Error()}

@@ -59,6 +59,10 @@ type clusterConfig struct {
 	// peerAddr serves each node's peer service on its host's second
 	// address (--peer-addr), gossip and the rest staying on the first.
 	peerAddr bool
+	// gossipSecond runs gossip on each host's second address and serves
+	// the peer service (Raft with it) on the first (--peer-addr): a cut
+	// of the second address cuts gossip alone.
+	gossipSecond bool
 	// deferred are nodes (by number) that startCluster does not start: the
 	// scenario starts them (a scale-up).
 	deferred []int
@@ -118,7 +122,11 @@ func startCluster(t *testing.T, cfg clusterConfig) (*cluster, error) {
 	c := &cluster{}
 	var gossip []string
 	for _, h := range nw.hosts {
-		gossip = append(gossip, net.JoinHostPort(h.ip, gossipPort))
+		addr := h.ip
+		if cfg.gossipSecond {
+			addr = h.ip2
+		}
+		gossip = append(gossip, net.JoinHostPort(addr, gossipPort))
 	}
 	join := gossip[0]
 	if cfg.joinAll {
@@ -180,6 +188,9 @@ func startCluster(t *testing.T, cfg clusterConfig) (*cluster, error) {
 		}
 		if cfg.peerAddr {
 			n.args = append(n.args, "--peer-addr", net.JoinHostPort(h.ip2, peerPort))
+		}
+		if cfg.gossipSecond {
+			n.args = append(n.args, "--peer-addr", net.JoinHostPort(h.ip, peerPort))
 		}
 		n.args = append(n.args, cfg.extraFlags...)
 		n.args = append(n.args, cfg.nodeFlags[i+1]...)

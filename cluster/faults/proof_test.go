@@ -33,6 +33,9 @@ const (
 	gossipBlind
 	// refused: the victims must refuse to join and exit.
 	refused
+	// gossipCut: the victims' gossip is cut both ways, Raft and the peer
+	// service still flow: the observers must see them down in gossip.
+	gossipCut
 )
 
 // fault is one fault a scenario injected: what it did to which nodes and
@@ -121,7 +124,7 @@ func (f *fault) monitor() {
 					// its renewals stop); every other fault must show as
 					// the victim not alive, in gossip or in the map.
 					down := states[v.name].state != "alive"
-					if f.kind == gossipBlind {
+					if f.kind == gossipBlind || f.kind == gossipCut {
 						down = states[v.name].gossip != "alive"
 					}
 					if down {
@@ -364,6 +367,8 @@ func (f *fault) verify(c *cluster, calls []call) (seen string, errs []string) {
 		sawDown(true)
 	case killed, restarted:
 		sawDown(f.kind == killed)
+	case gossipCut:
+		sawDown(true)
 	case refused:
 		// The refused node never became a member: what the others list
 		// of it says nothing; the scenario checks its exit and its line.
