@@ -146,7 +146,6 @@ func liveEpochs(n *node) (map[string]uint64, error) {
 	return out, nil
 }
 
-
 // strangerInGossip starts node 4 cut off from the others, with an empty
 // join list, --expect 1 and --replicas 1: it bootstraps a cluster of its
 // own. Its address is in the join list of nodes 1 to 3 (joinAll), as a
