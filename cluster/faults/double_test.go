@@ -6,9 +6,11 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"net"
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -61,6 +63,14 @@ func doubleFaults() []scenario {
 		{name: "cut-then-wiped-disk", inject: cutThenWipedDisk,
 			event: func(tm timing) string {
 				return fmt.Sprintf("n2 cut off; %s later, once its keys went on from their copies, killed -9 with its disk wiped; back empty as the cut heals %s after it began", secs(tm.fault/2), secs(tm.fault))
+			}},
+		{name: "whole-cluster/sigterm", inject: func(t *testing.T, c *cluster, tm timing) { wholeCluster(t, c, tm, syscall.SIGTERM) },
+			event: fixed("every node stopped at once with SIGTERM, all started again")},
+		{name: "whole-cluster/kill9", inject: func(t *testing.T, c *cluster, tm timing) { wholeCluster(t, c, tm, syscall.SIGKILL) },
+			event: func(tm timing) string { return fmt.Sprintf("every node killed -9 at once, all back %s later", secs(tm.down)) }},
+		{name: "non-transitive-partition", inject: nonTransitivePartition,
+			event: func(tm timing) string {
+				return fmt.Sprintf("n1 and n2 cut off from each other %s, both still reaching n3", secs(tm.fault))
 			}},
 		{name: "leader-paused", inject: leaderPaused,
 			event: func(tm timing) string { return fmt.Sprintf("the Raft leader paused %s", secs(tm.fault)) }},
@@ -270,6 +280,79 @@ func cutThenWipedDisk(t *testing.T, c *cluster, tm timing) {
 	}
 	f.heal()
 	returnNode(t, n, k)
+}
+
+// wholeCluster stops every node at once with sig (SIGTERM: each must exit
+// 0; SIGKILL: each is down for the fault's down time), then starts every
+// one again on its data directory and waits until all are ready.
+func wholeCluster(t *testing.T, c *cluster, tm timing, sig syscall.Signal) {
+	what := "every node stopped with SIGTERM"
+	if sig == syscall.SIGKILL {
+		what = "every node killed -9"
+	}
+	f := c.beginFault(restarted, what, c.nodes, nil)
+	defer f.heal()
+	for _, n := range c.nodes {
+		if err := n.signal(sig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range c.nodes {
+		code, err := n.waitStopped(60 * time.Second)
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case sig == syscall.SIGTERM && code != 0:
+			f.problem("%s exited %d after SIGTERM; want 0", n.name, code)
+		}
+	}
+	if sig == syscall.SIGKILL {
+		time.Sleep(tm.down) // not a poll: the nodes stay down this long
+	}
+	for _, n := range c.nodes {
+		if err := n.start(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range c.nodes {
+		if err := n.waitReady(time.Now().Add(60 * time.Second)); err != nil {
+			f.problem("%v", err)
+			return
+		}
+	}
+	f.note("all stopped and ready again")
+}
+
+// nonTransitivePartition cuts node 1 and node 2 off from each other for
+// the fault's length; each still reaches node 3 (and gossip's indirect
+// probes through it).
+func nonTransitivePartition(t *testing.T, c *cluster, tm timing) {
+	a, b := c.node(1), c.node(2)
+	if err := cutBetween(hosts([]*node{a}), hosts([]*node{b}), true); err != nil {
+		t.Fatal(err)
+	}
+	f := c.beginFault(restarted, "n1 and n2 cut off from each other", nil, nil)
+	for _, p := range [][2]*node{{a, b}, {b, a}, {a, c.node(3)}, {b, c.node(3)}} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		conn, err := p[0].host.dial(ctx, net.JoinHostPort(p[1].host.ip, grpcPort))
+		cancel()
+		cut := p[1] != c.node(3)
+		switch {
+		case err == nil:
+			conn.Close()
+			if cut {
+				f.problem("%s reached %s through the cut", p[0].name, p[1].name)
+			}
+		case !cut:
+			f.problem("%s could not reach n3: %v", p[0].name, err)
+		}
+	}
+	f.note("n1 and n2 could not reach each other, both reached n3")
+	time.Sleep(tm.fault) // not a poll: the fault lasts this long
+	if err := cutBetween(hosts([]*node{a}), hosts([]*node{b}), false); err != nil {
+		t.Fatal(err)
+	}
+	f.heal()
 }
 
 // leaderPaused pauses the control plane's leader for the fault's length.
