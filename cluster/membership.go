@@ -263,6 +263,23 @@ func (m *Membership) SetClusterID(id string) {
 	m.local.Store(&self)
 }
 
+// SetBootstrap announces whether this node has Raft state and the digest
+// of its bootstrap set. It implements control.Gossip.
+func (m *Membership) SetBootstrap(boot string, raft bool) {
+	m.life.Lock()
+	defer m.life.Unlock()
+	if m.runningLocked() != nil || m.meta.Boot == boot && m.meta.Raft == raft {
+		return
+	}
+	m.meta.Boot, m.meta.Raft = boot, raft
+	if err := m.announceLocked(m.cfg.TCPTimeout, "announce the bootstrap state"); err != nil {
+		m.log.Warn("bootstrap state not announced yet", "err", err)
+	}
+	self := m.Local()
+	self.Boot, self.Raft = boot, raft
+	m.local.Store(&self)
+}
+
 // Peers returns the nodes gossip sees alive now, this one included, with
 // what they announce. It implements control.Gossip.
 func (m *Membership) Peers() []control.Peer {
@@ -272,7 +289,7 @@ func (m *Membership) Peers() []control.Peer {
 		if x.Name == m.cfg.NodeName {
 			self = true
 		}
-		out = append(out, control.Peer{Name: x.Name, ID: x.ID, ClusterID: x.ClusterID, Zone: x.Zone, Expect: x.Expect,
+		out = append(out, control.Peer{Name: x.Name, ID: x.ID, ClusterID: x.ClusterID, Raft: x.Raft, Boot: x.Boot, Zone: x.Zone, Expect: x.Expect,
 			Settings: x.Settings, Addrs: control.Addrs{Gossip: x.GossipAddr, GRPC: x.GRPCAddr, Peer: x.PeerAddr, Admin: x.AdminAddr}})
 	}
 	if !self {
@@ -280,7 +297,7 @@ func (m *Membership) Peers() []control.Peer {
 		md := m.meta
 		m.life.Unlock()
 		l := m.Local()
-		out = append(out, control.Peer{Name: m.cfg.NodeName, ID: md.ID, ClusterID: md.Cluster, Zone: md.Zone, Expect: md.Expect,
+		out = append(out, control.Peer{Name: m.cfg.NodeName, ID: md.ID, ClusterID: md.Cluster, Raft: md.Raft, Boot: md.Boot, Zone: md.Zone, Expect: md.Expect,
 			Settings: md.Settings, Addrs: control.Addrs{Gossip: l.GossipAddr, GRPC: md.GRPC, Peer: md.peerAddr(), Admin: md.adminAddr()}})
 	}
 	return out
@@ -477,6 +494,8 @@ func (m *Membership) nodeUp(n *memberlist.Node, kind ChangeKind) {
 		Started:    md.started(),
 		ID:         md.ID,
 		ClusterID:  md.Cluster,
+		Raft:       md.Raft,
+		Boot:       md.Boot,
 		Expect:     md.Expect,
 		Settings:   md.Settings,
 		Zone:       md.Zone,
@@ -532,6 +551,7 @@ func sameMember(a, b Member) bool {
 	return a.Name == b.Name && a.GossipAddr == b.GossipAddr && a.GRPCAddr == b.GRPCAddr &&
 		a.PeerAddr == b.PeerAddr && a.AdminAddr == b.AdminAddr &&
 		a.State == b.State && a.Started.Equal(b.Started) && a.ID == b.ID && a.ClusterID == b.ClusterID &&
+		a.Raft == b.Raft && a.Boot == b.Boot &&
 		a.Expect == b.Expect && a.Settings == b.Settings && a.Zone == b.Zone
 }
 

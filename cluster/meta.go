@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"strings"
 	"time"
+
+	"github.com/sluice-io/sluice/cluster/control"
 )
 
 // meta is what a node gossips about itself in memberlist's node metadata
@@ -30,6 +33,12 @@ type meta struct {
 	// Cluster is the ID of the cluster the node belongs to, empty until it
 	// joined one (or bootstrapped it).
 	Cluster string `json:"cluster,omitempty"`
+	// Raft is set once the node has Raft state (a log entry or a vote):
+	// it bootstrapped a cluster, or one reached it.
+	Raft bool `json:"raft,omitempty"`
+	// Boot is the digest of the node's bootstrap set (control.Peer.Boot),
+	// empty before it computed one.
+	Boot string `json:"boot,omitempty"`
 	// Expect is the node's --expect: how many nodes bootstrap a cluster.
 	Expect int `json:"expect,omitempty"`
 	// Settings are its cluster-wide settings (control.Settings.String).
@@ -94,6 +103,8 @@ func (m meta) advertised(ip string) meta {
 func (c Config) largestMeta() meta {
 	m := newMeta(c, math.MaxInt64)
 	m.Cluster = "00000000-0000-0000-0000-000000000000"
+	m.Raft = true
+	m.Boot = strings.Repeat("0", control.BootDigestLen)
 	m.Left = true
 	return m.advertised("ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255")
 }

@@ -64,6 +64,10 @@ type Member struct {
 	// ClusterID is the cluster it announces it belongs to, "" until it
 	// joined one.
 	ClusterID string
+	// Raft says whether it has Raft state; Boot is the digest of its
+	// bootstrap set (see control.Peer).
+	Raft bool
+	Boot string
 	// Expect, Settings and Zone are what it announces: its --expect, its
 	// cluster-wide settings and its failure domain.
 	Expect   int

@@ -49,6 +49,8 @@ type Peer struct {
 	Name      string
 	ID        string // Raft server ID; "" for a node without one
 	ClusterID string // "" before it joined a cluster
+	Raft      bool   // it has Raft state: a log entry or a vote
+	Boot      string // the digest of its bootstrap set, "" before it has one
 	Zone      string
 	Expect    int
 	Settings  string // Settings.String()
@@ -68,6 +70,9 @@ type Gossip interface {
 	JoinsOthers() bool
 	// SetClusterID announces the cluster this node belongs to.
 	SetClusterID(id string)
+	// SetBootstrap announces the digest of this node's bootstrap set and
+	// whether it has Raft state (see bootstrap.go).
+	SetBootstrap(boot string, raft bool)
 }
 
 // Observer receives measurements for metrics. Its methods must not block.
@@ -88,9 +93,10 @@ type Config struct {
 	// raft-snapshots/. Required.
 	DataDir string
 	// Expect is how many nodes bootstrap the cluster together: a node
-	// with no Raft state bootstraps only once it sees that many nodes
-	// without a cluster that agree on Expect and Settings. It means
-	// nothing once the cluster exists. Default 1.
+	// with no Raft state bootstraps only with at least that many nodes
+	// without a cluster that run its Settings, all of which announce the
+	// same bootstrap set (see bootstrap.go). It means nothing once the
+	// cluster exists. Default 1.
 	Expect int
 	// Settings are this node's cluster-wide settings; the cluster's must
 	// match.
@@ -175,8 +181,15 @@ type Control struct {
 	store  *store
 	stream *stream
 	trans  *raft.NetworkTransport
+	snaps  raft.SnapshotStore
 	raft   *raft.Raft
 	fsm    *fsm
+
+	// boot is this node's bootstrap set and bootDigest its digest; only
+	// bootstrapLoop touches them after New.
+	boot       bootSet
+	bootDigest string
+	bootGrown  time.Time // when boot last grew
 
 	// epoch is this process's live epoch, 0 while it has none; epochAt is
 	// the map version that started it.
@@ -240,10 +253,17 @@ func New(cfg Config) (*Control, error) {
 			st.Close()
 		}
 	}()
+	if c.boot, err = st.loadBootSet(); err != nil {
+		return nil, err
+	}
+	if len(c.boot) > 0 {
+		c.bootDigest = c.boot.digest(cfg.Settings.String())
+	}
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(cfg.DataDir, "raft-snapshots"), 2, newHCLogger(c.log))
 	if err != nil {
 		return nil, fmt.Errorf("control: snapshots: %w", err)
 	}
+	c.snaps = snaps
 	tcfg := cfg.Transport
 	tcfg.ClusterID = c.ClusterID
 	c.stream, err = newStream(tcfg)
@@ -417,6 +437,10 @@ func (c *Control) bootstrapLoop(ctx context.Context) {
 	}
 	announced := ""
 	warned := make(map[string]time.Time) // strangers, by name: when last named
+	var bootSaid struct {
+		digest string
+		raft   bool
+	}
 	for {
 		// The cluster ID is announced only once this node's settings
 		// match its cluster's: a node restarted with a changed flag stops
@@ -444,8 +468,14 @@ func (c *Control) bootstrapLoop(ctx context.Context) {
 			c.log.Warn("gossip shows a node of another cluster: it is not admitted; stop it, or take it out of this cluster's join list and network",
 				"stranger", p.Name, "its_cluster", p.ClusterID, "cluster", c.ClusterID(), "its_settings", p.Settings, "gossip", p.Addrs.Gossip)
 		}
-		if announced == "" && c.raft.LastIndex() == 0 {
+		state := c.hasState()
+		if announced == "" && !state {
 			c.tryBootstrap(loud)
+			state = c.hasState()
+		}
+		if bootSaid.digest != c.bootDigest || bootSaid.raft != state {
+			c.cfg.Gossip.SetBootstrap(c.bootDigest, state)
+			bootSaid.digest, bootSaid.raft = c.bootDigest, state
 		}
 		select {
 		case <-ctx.Done():
@@ -453,59 +483,6 @@ func (c *Control) bootstrapLoop(ctx context.Context) {
 		case <-t.C:
 		}
 	}
-}
-
-// tryBootstrap bootstraps the cluster if this node has no Raft state, no
-// node gossip shows belongs to a cluster, at least Expect nodes without a
-// cluster are up, a majority of Expect of them (this node among them)
-// agree on Expect and the settings, and this node has the lowest name of
-// those. The nodes that disagree are left out, named in a warning: once the
-// cluster exists they join it (an --expect that differs means nothing
-// then) or are refused (settings that differ). Two groups can bootstrap
-// apart only if each holds a majority of its own Expect.
-func (c *Control) tryBootstrap(loud func(string, ...any)) {
-	var agree []Peer
-	present := 0
-	for _, p := range c.cfg.Gossip.Peers() {
-		if p.ClusterID != "" {
-			return // a cluster exists: its leader adds this node
-		}
-		if p.ID == "" {
-			continue
-		}
-		present++
-		if p.Expect != c.cfg.Expect || p.Settings != c.cfg.Settings.String() {
-			loud("a node disagrees on how to bootstrap the cluster: it is left out of the bootstrap",
-				"node", p.Name, "its_expect", p.Expect, "expect", c.cfg.Expect, "its_settings", p.Settings, "settings", c.cfg.Settings.String())
-			continue
-		}
-		agree = append(agree, p)
-	}
-	if c.cfg.Expect == 1 && c.cfg.Gossip.JoinsOthers() {
-		loud("--expect 1, but the join list names other nodes: waiting to join them rather than bootstrapping alone")
-		return
-	}
-	if present < c.cfg.Expect || len(agree) < c.cfg.Expect/2+1 {
-		return
-	}
-	slices.SortFunc(agree, func(a, b Peer) int { return strings.Compare(a.Name, b.Name) })
-	if agree[0].Name != c.cfg.NodeName {
-		return
-	}
-	var servers []raft.Server
-	for _, p := range agree[:voterTarget(len(agree))] {
-		servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(p.ID), Address: raft.ServerAddress(p.Addrs.Peer)})
-	}
-	err := c.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
-	if err != nil && !errors.Is(err, raft.ErrCantBootstrap) {
-		c.log.Error("bootstrap the cluster", "err", err)
-		return
-	}
-	names := make([]string, len(servers))
-	for i, p := range agree[:len(servers)] {
-		names[i] = p.Name
-	}
-	c.log.Info("bootstrapped the cluster", "voters", names, "expect", c.cfg.Expect)
 }
 
 // voterTarget is how many of n servers vote: one of 1 or 2 (a second

@@ -15,8 +15,8 @@
 // leader answers renewals after a Raft barrier, ends the epoch of a member
 // that stopped renewing (or that gossip has not seen alive for a lease)
 // once its lease is over for sure, initialises a new cluster, adds the
-// nodes gossip finds and keeps voters placed. Bootstrap follows Consul's bootstrap-expect with the
-// holes closed: see tryBootstrap.
+// nodes gossip finds and keeps voters placed. Every node of a first start bootstraps with the
+// identical configuration, or none does: see bootstrap.go.
 //
 // Gossip (package cluster's Membership) only finds members and suspects
 // failures: Control sees it through the small Gossip interface. Nodes reach

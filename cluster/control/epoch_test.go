@@ -28,6 +28,11 @@ func (g *soloGossip) SetClusterID(id string) {
 	defer g.mu.Unlock()
 	g.self.ClusterID = id
 }
+func (g *soloGossip) SetBootstrap(boot string, raft bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.self.Boot, g.self.Raft = boot, raft
+}
 
 // startSolo starts the control plane of a cluster of one and waits for its
 // lease.

@@ -33,7 +33,10 @@ func (c *Control) reconcile(g *granter) {
 	}
 	settings := m.Settings.String()
 	for _, p := range c.cfg.Gossip.Peers() {
-		if p.ID == "" || p.ClusterID != "" && p.ClusterID != m.ClusterID || p.Settings != settings {
+		// A node with Raft state that announces no cluster ID yet has not
+		// applied its map: it may belong to another cluster, and says so
+		// in a moment. Only nodes of this cluster, or of none, are added.
+		if p.ID == "" || p.ClusterID != "" && p.ClusterID != m.ClusterID || p.ClusterID == "" && p.Raft || p.Settings != settings {
 			continue
 		}
 		x, found := m.Member(p.Name)

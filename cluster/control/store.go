@@ -5,8 +5,11 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -20,7 +23,9 @@ import (
 //
 //   - bucket "meta": "format" → "1"; "id" → this node's Raft server ID, a
 //     UUID drawn when the file is created (a lost data directory comes
-//     back under a new ID).
+//     back under a new ID); "bootstrap" → the node's bootstrap set while
+//     it has none of Raft's state: lines "ID name", sorted (see
+//     bootstrap.go). It only grows.
 //   - bucket "logs": 8-byte big-endian index → an entry: byte 1 (the
 //     entry's encoding version), index and term (uvarint each), type (one
 //     byte), the time it was appended (Unix nanoseconds, varint), the data
@@ -291,6 +296,38 @@ func decodeLog(b []byte, l *raft.Log) error {
 		return fmt.Errorf("%d bytes after the entry", len(b))
 	}
 	return nil
+}
+
+// loadBootSet returns the bootstrap set saved by saveBootSet: ID → name.
+func (s *store) loadBootSet() (map[string]string, error) {
+	out := make(map[string]string)
+	err := s.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketMeta).Get([]byte("bootstrap"))
+		for _, line := range strings.Split(string(v), "\n") {
+			if line == "" {
+				continue
+			}
+			id, name, ok := strings.Cut(line, " ")
+			if !ok || id == "" || name == "" {
+				return fmt.Errorf("control: raft.db: bootstrap set: bad line %q", line)
+			}
+			out[id] = name
+		}
+		return nil
+	})
+	return out, err
+}
+
+// saveBootSet saves the bootstrap set, synced before it returns.
+func (s *store) saveBootSet(set map[string]string) error {
+	ids := slices.Sorted(maps.Keys(set))
+	var b strings.Builder
+	for _, id := range ids {
+		fmt.Fprintf(&b, "%s %s\n", id, set[id])
+	}
+	return s.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put([]byte("bootstrap"), []byte(b.String()))
+	})
 }
 
 // NodeID returns the Raft server ID of the node whose data directory is

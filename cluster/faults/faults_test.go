@@ -184,6 +184,10 @@ type scenario struct {
 	// keep chooses the scenario's keys by their rendezvous order over the
 	// node names (owner first, standby next); nil takes any.
 	keep func(order []string) bool
+	// takeOver requires, of each fault that cuts, pauses or kills a node,
+	// that another node decided some of the keys the victim decided before
+	// it (their standby took them over): the fault mattered.
+	takeOver bool
 	// freshAtFault lets the fresh keys enter the load at the moment the
 	// fault strikes, rather than freshLead before: new keys that a node
 	// decides for the first time as it is cut off.
@@ -224,25 +228,25 @@ func scenarios() []scenario {
 			event: fixed("rolling SIGTERM restart, each node joining through the first")},
 		{name: "rolling-restart/join-all", joinAll: true, inject: rollingRestart,
 			event: fixed("rolling SIGTERM restart, every node in every join list")},
-		{name: "partition", inject: partition,
+		{name: "partition", inject: partition, takeOver: true,
 			event: func(tm timing) string {
 				return fmt.Sprintf("node 2 cut off %s, its own client still reaching it", secs(tm.fault))
 			}},
-		{name: "pause", inject: pause,
+		{name: "pause", inject: pause, takeOver: true,
 			event: func(tm timing) string { return fmt.Sprintf("node 2 paused (SIGSTOP) %s", secs(tm.fault)) }},
-		{name: "one-way-cut", inject: oneWayCut,
+		{name: "one-way-cut", inject: oneWayCut, takeOver: true,
 			event: func(tm timing) string {
 				return fmt.Sprintf("one-way cut: node 2 sends, receives nothing, %s", secs(tm.fault))
 			}},
-		{name: "kill9-return", inject: kill9Return,
+		{name: "kill9-return", inject: kill9Return, takeOver: true,
 			event: func(tm timing) string { return fmt.Sprintf("kill -9 of node 2, back %s later", secs(tm.down)) }},
-		{name: "kill9-wiped-disk", inject: kill9WipedDisk,
+		{name: "kill9-wiped-disk", inject: kill9WipedDisk, takeOver: true,
 			event: func(tm timing) string {
 				return fmt.Sprintf("kill -9 of node 2, its data directory wiped, back %s later", secs(tm.down))
 			}},
-		{name: "kill9-return/available", available: true, inject: kill9Return,
+		{name: "kill9-return/available", available: true, inject: kill9Return, takeOver: true,
 			event: func(tm timing) string { return fmt.Sprintf("kill -9, back %s later, `available`", secs(tm.down)) }},
-		{name: "partition/available", available: true, inject: partition,
+		{name: "partition/available", available: true, inject: partition, takeOver: true,
 			event: func(tm timing) string { return fmt.Sprintf("node 2 cut off %s, `available`", secs(tm.fault)) }},
 		{name: "lease-only/partition", available: true, replicas: 1, extraLimits: 1, inject: partition,
 			event: func(tm timing) string {
@@ -357,6 +361,15 @@ func runScenario(t *testing.T, bin string, sc scenario, tm timing) report {
 	results := ledger(keys, calls, st.copies, ld.end, lostBefore)
 	for i := range results {
 		results[i].slack = sc.extraLimits * results[i].key.limit
+	}
+	if sc.takeOver {
+		c.mu.Lock()
+		for _, f := range c.faults {
+			if f.kind == cutOff || f.kind == paused || f.kind == killed {
+				f.mustTakeOver = true
+			}
+		}
+		c.mu.Unlock()
 	}
 	checked := c.verifyFaults(t, calls)
 	if st.copies != nil {

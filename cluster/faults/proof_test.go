@@ -68,6 +68,9 @@ type fault struct {
 	// mustDecide are nodes that must have decided (allowed or denied) some
 	// call sent while the fault lasted: the row is about them.
 	mustDecide []string
+	// mustTakeOver requires another node to have decided, while the fault
+	// lasted, some key each victim decided before it.
+	mustTakeOver bool
 }
 
 // beginFault records that a fault of kind starts now on victims, and
@@ -303,6 +306,32 @@ func (f *fault) verify(c *cluster, calls []call) (seen string, errs []string) {
 			errs = append(errs, fmt.Sprintf("%s: %s decided none of the calls sent while the fault lasted", f.what, name))
 		} else {
 			parts = append(parts, fmt.Sprintf("%s decided %d calls", name, decided))
+		}
+	}
+	if f.mustTakeOver {
+		for _, v := range f.victims {
+			before, taken := map[int]bool{}, map[int]bool{}
+			for i := range calls {
+				cl := &calls[i]
+				switch {
+				case cl.outcome == failed:
+				case cl.node == v.name && cl.replied.Before(f.start):
+					before[cl.key] = true
+				case cl.node != v.name && inFault(cl.sent):
+					taken[cl.key] = true
+				}
+			}
+			n := 0
+			for k := range before {
+				if taken[k] {
+					n++
+				}
+			}
+			if n == 0 {
+				errs = append(errs, fmt.Sprintf("%s: no other node decided any of the %d keys %s decided before the fault while it lasted", f.what, len(before), v.name))
+			} else {
+				parts = append(parts, fmt.Sprintf("%d of the %d keys %s decided taken over", n, len(before), v.name))
+			}
 		}
 	}
 	switch f.kind {

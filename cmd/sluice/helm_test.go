@@ -195,6 +195,8 @@ topologySpreadConstraints:
 			want string
 		}{
 			{[]string{"--set", "expect=4"}, "expect 4: want from 1 to replicas (3)"},
+			// Half of the pods or fewer could bootstrap two clusters.
+			{[]string{"--set", "replicas=6"}, "expect 3: a new install wants more than half of replicas (6)"},
 			{[]string{"--set-string", "limits.edge\\.yaml=domain: ["}, "limits: edge.yaml is not YAML"},
 			{[]string{"--set-string", "limits.edge\\.yaml=descriptors: []"}, "limits: edge.yaml names no domain"},
 			{[]string{"--set-string", "limits.edge/x\\.yaml=domain: edge"}, "want NAME.yaml or NAME.yml"},
@@ -203,6 +205,11 @@ topologySpreadConstraints:
 			if err == nil || !strings.Contains(out, tt.want) {
 				t.Errorf("helm template %q: %v\n%s\nwant a failure saying %q", tt.args, err, out, tt.want)
 			}
+		}
+		// A cluster created at 3 scales to 7 by an upgrade, --expect
+		// unchanged (it is ignored once the cluster exists).
+		if out, err := helmRun(helm, "sluice", "--is-upgrade", "--set", "replicas=7"); err != nil {
+			t.Errorf("helm upgrade --set replicas=7 (expect 3): %v\n%s\nwant it rendered", err, out)
 		}
 		// NOTES.txt renders (helm template leaves it out; helm install
 		// prints it), naming the Secret to create and the limits.

@@ -6,13 +6,15 @@
 //
 // Usage:
 //
-//	helmtemplate [-f FILE]... [--set K=V]... [--set-string K=V]... [--set-file K=FILE]... [--notes] RELEASE CHART
+//	helmtemplate [-f FILE]... [--set K=V]... [--set-string K=V]... [--set-file K=FILE]... [--notes] [--is-upgrade] RELEASE CHART
 //
 // As helm does, it merges the -f files in order, then every --set, then
 // every --set-string, then every --set-file, whatever order they come in.
 // It prints the manifests, then the hooks, each after a "# Source:" line;
 // with --notes, the chart's NOTES.txt follows them after a "# Notes" line
-// (helm install prints it; helm template does not). Errors go to standard
+// (helm install prints it; helm template does not). With --is-upgrade it
+// renders as helm upgrade does (.Release.IsUpgrade), else as helm install
+// (.Release.IsInstall). Errors go to standard
 // error, with exit status 1.
 //
 // It lives in a module of its own, so that Helm's dependencies are not the
@@ -43,12 +45,15 @@ func main() {
 
 func run(args []string, w io.Writer) error {
 	var files, sets, strs, fileSets, pos []string
-	notes := false
+	notes, upgrade := false, false
 	for i := 0; i < len(args); i++ {
 		a := args[i]
 		switch a {
 		case "--notes":
 			notes = true
+			continue
+		case "--is-upgrade":
+			upgrade = true
 			continue
 		case "-f", "--values", "--set", "--set-string", "--set-file":
 		default:
@@ -117,7 +122,7 @@ func run(args []string, w io.Writer) error {
 	if err := chartutil.ProcessDependenciesWithMerge(ch, vals); err != nil {
 		return err
 	}
-	top, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: release, Namespace: "default", Revision: 1, IsInstall: true}, chartutil.DefaultCapabilities)
+	top, err := chartutil.ToRenderValues(ch, vals, chartutil.ReleaseOptions{Name: release, Namespace: "default", Revision: 1, IsInstall: !upgrade, IsUpgrade: upgrade}, chartutil.DefaultCapabilities)
 	if err != nil {
 		return err
 	}
