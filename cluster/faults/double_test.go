@@ -67,7 +67,9 @@ func doubleFaults() []scenario {
 		{name: "whole-cluster/sigterm", inject: func(t *testing.T, c *cluster, tm timing) { wholeCluster(t, c, tm, syscall.SIGTERM) },
 			event: fixed("every node stopped at once with SIGTERM, all started again")},
 		{name: "whole-cluster/kill9", inject: func(t *testing.T, c *cluster, tm timing) { wholeCluster(t, c, tm, syscall.SIGKILL) },
-			event: func(tm timing) string { return fmt.Sprintf("every node killed -9 at once, all back %s later", secs(tm.down)) }},
+			event: func(tm timing) string {
+				return fmt.Sprintf("every node killed -9 at once, all back %s later", secs(tm.down))
+			}},
 		{name: "non-transitive-partition", inject: nonTransitivePartition,
 			event: func(tm timing) string {
 				return fmt.Sprintf("n1 and n2 cut off from each other %s, both still reaching n3", secs(tm.fault))
