@@ -1,37 +1,23 @@
 package control_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
 	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sluice-io/sluice/cluster"
 	"github.com/sluice-io/sluice/cluster/control"
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
-// logBuf collects a node's log lines, for the test to look for a warning.
-type logBuf struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-// line returns the first line that holds every one of parts, "" if none.
-func (l *logBuf) line(parts ...string) string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, line := range strings.Split(l.buf.String(), "\n") {
+// logLine returns the first line of log that holds every one of parts,
+// "" if none.
+func logLine(log *testkit.SyncBuffer, parts ...string) string {
+	for _, line := range strings.Split(log.String(), "\n") {
 		ok := true
 		for _, p := range parts {
 			ok = ok && strings.Contains(line, p)
@@ -49,7 +35,7 @@ func (l *logBuf) line(parts ...string) string {
 type soloNode struct {
 	m   *cluster.Membership
 	c   *control.Control
-	log *logBuf
+	log *testkit.SyncBuffer
 }
 
 // startSolo starts a node named name with settings on dir (a fresh one
@@ -87,7 +73,7 @@ func newSolo(t *testing.T, name, dir string, settings control.Settings, join ...
 	mux := control.NewMux(lis)
 	t.Cleanup(func() { lis.Close() })
 	addr := lis.Addr().String()
-	n := &soloNode{log: &logBuf{}}
+	n := &soloNode{log: &testkit.SyncBuffer{}}
 	log := slog.New(slog.NewTextHandler(n.log, nil)).With("node", name)
 	n.m, err = cluster.New(cluster.Config{NodeName: name, GossipAddr: "127.0.0.1:0", GRPCAddr: addr, PeerAddr: addr, AdminAddr: addr,
 		Expect: 1, ID: id, Settings: settings.String(), Join: join, RejoinInterval: -1, Logger: log})
@@ -144,7 +130,7 @@ func TestStrangerInGossipIsNamedNotFatal(t *testing.T) {
 	}
 	for i, n := range nodes {
 		other := nodes[1-i].c
-		if n.log.line("another cluster", "stranger="+other.Self(), other.ClusterID()) == "" {
+		if logLine(n.log, "another cluster", "stranger="+other.Self(), other.ClusterID()) == "" {
 			t.Errorf("%s logged no warning naming %s and its cluster %s", n.c.Self(), other.Self(), other.ClusterID())
 		}
 		if !n.c.LeaseValid() {

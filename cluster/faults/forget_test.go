@@ -40,18 +40,7 @@ func forgetThenReplace(t *testing.T, c *cluster, tm timing) {
 	dead, repl := c.node(3), c.node(4)
 	observers := c.others(dead, repl)
 	forgetForGood(t, c, dead, observers)
-	f := c.beginFault(restarted, "replacement n4 started", []*node{repl}, nil)
-	defer f.heal()
-	if err := repl.start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := repl.waitReady(time.Now().Add(60 * time.Second)); err != nil {
-		f.problem("%v", err)
-		return
-	}
-	f.note("ready")
-	time.Sleep(tm.fault) // not a poll: the load drives the keys through the replacement this long
-	requireDecides(f, repl)
+	startAndDrive(t, c, repl, "replacement n4 started", tm)
 }
 
 // forgetThenReturn: node 4 stops (SIGTERM, handing its keys to node 3)
@@ -71,18 +60,24 @@ func forgetThenReturn(t *testing.T, c *cluster, tm timing) {
 	forget(f, c.node(1), back.name)
 	f.heal()
 	forgetForGood(t, c, dead, observers)
-	f = c.beginFault(restarted, "n4 back", []*node{back}, nil)
+	startAndDrive(t, c, back, "n4 back", tm)
+}
+
+// startAndDrive starts n, waits until it is ready, and lets the load drive
+// the keys through it for the fault's length: n must decide some of them.
+func startAndDrive(t *testing.T, c *cluster, n *node, what string, tm timing) {
+	f := c.beginFault(restarted, what, []*node{n}, nil)
 	defer f.heal()
-	if err := back.start(); err != nil {
+	if err := n.start(); err != nil {
 		t.Fatal(err)
 	}
-	if err := back.waitReady(time.Now().Add(60 * time.Second)); err != nil {
+	if err := n.waitReady(time.Now().Add(60 * time.Second)); err != nil {
 		f.problem("%v", err)
 		return
 	}
 	f.note("ready")
-	time.Sleep(tm.fault) // not a poll: the load drives the keys through the returned node this long
-	requireDecides(f, back)
+	time.Sleep(tm.fault) // not a poll: the load drives the keys through n this long
+	requireDecides(f, n)
 }
 
 // forgetForGood pauses n, waits until the others ended its epoch, kills it
