@@ -33,13 +33,18 @@ func (c *Control) reconcile(g *granter) {
 	}
 	settings := m.Settings.String()
 	for _, p := range c.cfg.Gossip.Peers() {
-		// A node with Raft state that announces no cluster ID yet has not
-		// applied its map: it may belong to another cluster, and says so
-		// in a moment. Only nodes of this cluster, or of none, are added.
-		if p.ID == "" || p.ClusterID != "" && p.ClusterID != m.ClusterID || p.ClusterID == "" && p.Raft || p.Settings != settings {
+		if p.ID == "" || p.ClusterID != "" && p.ClusterID != m.ClusterID || p.Settings != settings {
 			continue
 		}
 		x, found := m.Member(p.Name)
+		if p.ClusterID == "" && p.Raft && (!found || x.ID != p.ID) {
+			// Raft state and no cluster ID yet: a node that has not
+			// applied its map since it started, of another cluster (it
+			// says so in a moment) unless its ID is a member's here. A
+			// member of this cluster is updated (its new addresses are how
+			// the leader reaches it to bring its map), never a stranger.
+			continue
+		}
 		switch {
 		case found && x.ID != p.ID && x.Phase != PhaseLeft && x.Live:
 			// The name came back under a new ID while its old epoch is
