@@ -103,3 +103,19 @@ func TestEndWaitsForTheLease(t *testing.T) {
 		}
 	}
 }
+
+// TestRateClock: a clock at rate r advances r times as far as its base.
+func TestRateClock(t *testing.T) {
+	base := &manualClock{now: 10 * time.Second}
+	c := NewRateClock(base, 0.5)
+	if got := c.Now(); got != 10*time.Second {
+		t.Fatalf("at its origin: %v; want 10s", got)
+	}
+	base.now = 14 * time.Second
+	if got, want := c.Now(), 12*time.Second; got != want {
+		t.Fatalf("4 s of its base later at rate 0.5: %v; want %v", got, want)
+	}
+	if got := NewRateClock(base, 0).Now(); got != base.now {
+		t.Fatalf("rate 0 (taken as 1): %v; want %v", got, base.now)
+	}
+}

@@ -87,6 +87,16 @@ var mutants = []mutant{
 		},
 	},
 	{
+		name: "clock-beyond-rho",
+		what: "a node's lease clock at half the real rate, beyond the drift the lease assumes",
+		edits: []edit{
+			{"cluster/faults/faults_test.go",
+				`nodeFlags: map[int][]string{2: {"--test-lease-clock-rate", "0.95"}},`,
+				`nodeFlags: map[int][]string{2: {"--test-lease-clock-rate", "0.5"}},`},
+		},
+		checks: []check{faultRows("TestFaults/lease-only/slow-clock")},
+	},
+	{
 		name: "stale-copies",
 		what: "a standby takes copies from an owner whose epoch its map has ended",
 		edits: []edit{
