@@ -251,6 +251,8 @@ func scenarios() []scenario {
 		{name: "lease-only/slow-clock", available: true, replicas: 1, extraLimits: 1, inject: partition,
 			nodeFlags: map[int][]string{2: {"--test-lease-clock-rate", "0.95"}},
 			event:     fixed("as lease-only/partition, n2's lease clock at 0.95 of real time (within ρ = 0.1: a lease of L lasts 1.05 L, the leader waits 1.1 L)")},
+		{name: "lease-only/pauses-at-the-edge", available: true, replicas: 1, extraLimits: 1, inject: pausesAtTheEdge,
+			event: fixed("`available`, `--replicas 1`: n2 paused right after a lease renewal for 0.9, 1.0, 1.1 and 1.3 L in turn")},
 		{name: "lease-only/partition", available: true, replicas: 1, extraLimits: 1, inject: partition,
 			event: func(tm timing) string {
 				return fmt.Sprintf("node 2 cut off %s, `available`, `--replicas 1`: only the lease keeps n2 from deciding beside the others (one extra limit a window is the documented trade)", secs(tm.fault))

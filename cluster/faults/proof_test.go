@@ -246,6 +246,9 @@ func (f *fault) verify(c *cluster, calls []call) (seen string, errs []string) {
 	// a lone node slows its own detection down (Lifeguard), so it may
 	// still list the victim alive when the fault ends.
 	sawDown := func(want bool) {
+		if len(f.observers) == 0 {
+			return // the fault names nobody who must see it
+		}
 		if want && 2*len(f.observers) <= len(c.nodes) {
 			var saw, not []string
 			for _, o := range f.observers {

@@ -84,6 +84,7 @@ var mutants = []mutant{
 		checks: []check{
 			{"./cluster/control/", "TestHolderExpiry"},
 			faultRows("TestFaults/lease-only/partition"),
+			faultRows("TestFaults/lease-only/pauses-at-the-edge"),
 		},
 	},
 	{
