@@ -102,6 +102,12 @@
 // its limit in its window (for edge keys, in the window of their calls
 // described above).
 //
+// Keys denied below their limit, reported and not failed: denials made
+// while fewer calls than the limit were allowed or may have recorded a
+// hit in the window that ends at the denial. Hits counted twice (a state
+// added up from two histories, a late copy applied again) show here, and
+// so do the denials a forgotten member's tombstone makes on purpose.
+//
 // S2: nothing acknowledged lost, nothing counted that no call recorded.
 // Each copy of each key is held against its calls at every instant: with
 // r(t) the node's rounding of a hit's time (up to window/1000 for a limit

@@ -159,7 +159,10 @@ type keyResult struct {
 	// certainly decided within one window (see windowPeak).
 	peak int64
 	// slack is the excess the scenario documents (scenario.extraLimits).
-	slack      int64
+	slack int64
+	// early counts the key's denials made while it was certainly below
+	// its limit (earlyDenials).
+	early      int
 	failing    time.Duration // time covered by its failed calls
 	unanswered time.Duration // time some client went without an answer
 }
@@ -282,6 +285,9 @@ func ledger(keys []testKey, calls []call, copies [][]keyCopy, end, lostBefore ti
 		if k.kind == edgeKey {
 			r.peak = windowPeak(byKey[i], k.window)
 		}
+		if k.limited() {
+			r.early = earlyDenials(byKey[i], k)
+		}
 		if copies != nil {
 			s2calls := byKey[i]
 			if !lostBefore.IsZero() {
@@ -295,6 +301,49 @@ func ledger(keys []testKey, calls []call, copies [][]keyCopy, end, lostBefore ti
 		r.failing, r.unanswered = unavailable(byKey[i], end)
 	}
 	return results
+}
+
+// earlyDenials counts the denials of k's calls made while k was certainly
+// below its limit: fewer calls than the limit were allowed or may have
+// recorded a hit and could fall in the window that ends at the denial
+// (sent before the denied call was answered, answered after its send less
+// a window). Counting hits twice (a state added up from two histories, a
+// late copy applied again) shows here; so do the denials of a forgotten
+// member's keys, which deny on purpose.
+func earlyDenials(calls []call, k testKey) int {
+	var hits []call
+	for _, c := range calls {
+		if c.outcome == allowed || c.ambiguous() {
+			hits = append(hits, c)
+		}
+	}
+	slices.SortFunc(hits, func(a, b call) int { return a.sent.Compare(b.sent) })
+	// A hit sent more than a window and the longest call before a denial
+	// cannot fall in its window: the scan starts there.
+	var longest time.Duration
+	for _, h := range hits {
+		longest = max(longest, h.replied.Sub(h.sent))
+	}
+	n := 0
+	for _, c := range calls {
+		if c.outcome != denied {
+			continue
+		}
+		from, _ := slices.BinarySearchFunc(hits, c.sent.Add(-k.window-longest-clockMargin), func(h call, t time.Time) int { return h.sent.Compare(t) })
+		var possible int64
+		for _, h := range hits[from:] {
+			if h.sent.After(c.replied.Add(clockMargin)) {
+				break
+			}
+			if h.replied.Add(k.window + clockMargin).After(c.sent) {
+				possible++
+			}
+		}
+		if possible < k.limit {
+			n++
+		}
+	}
+	return n
 }
 
 // mayBeLost returns calls with those allowed and answered before
@@ -420,6 +469,8 @@ type report struct {
 	// ambiguous calls, and the worst count of each.
 	lostKeys, overCountKeys   int
 	worstLost, worstOverCount int64
+	// Keys denied while certainly below their limit, and those denials.
+	earlyKeys, earlyDenials int
 	// What the check of the suite before would have said: keys whose
 	// count is short of their acknowledged hits in total.
 	oldLostKeys    int
@@ -458,6 +509,10 @@ func newReport(name, event string, calls []call, results []keyResult, known bool
 			r.lostKeys++
 			r.worstLost = max(r.worstLost, lost)
 		}
+		if k.early > 0 {
+			r.earlyKeys++
+			r.earlyDenials += k.early
+		}
 		if over, _ := k.overCounted(); over > 0 {
 			r.overCountKeys++
 			r.worstOverCount = max(r.worstOverCount, over)
@@ -483,8 +538,9 @@ func newReport(name, event string, calls []call, results []keyResult, known bool
 // "What each failure costs"; each report is one row.
 const tableHeader = "| event | checked | keys over their limit (worst allowed/limit) | keys decided by two nodes at once | " +
 	"acknowledged hits lost (keys, worst) | hits counted beyond the ambiguous calls (keys, worst) | " +
+	"keys denied below their limit (reported, not failed) | " +
 	"s refused per key: failed calls (max / median) | s until answered again (max / median) | errors by code |\n" +
-	"|---|---|---|---|---|---|---|---|---|"
+	"|---|---|---|---|---|---|---|---|---|---|"
 
 // row formats the report as a markdown table row.
 func (r report) row() string {
@@ -494,7 +550,7 @@ func (r report) row() string {
 	}
 	checked := strings.Join(r.checked, "; ")
 	if !r.measured {
-		return fmt.Sprintf("| %s | %s | not measured | not measured | not measured | not measured | not measured | not measured | not measured |", event, checked)
+		return fmt.Sprintf("| %s | %s | not measured | not measured | not measured | not measured | not measured | not measured | not measured | not measured |", event, checked)
 	}
 	over := fmt.Sprintf("%d of %d", r.overKeys, r.limitedKeys)
 	if r.worst.key.name != "" {
@@ -510,8 +566,12 @@ func (r report) row() string {
 			counted = fmt.Sprintf("%d keys, worst %d", r.overCountKeys, r.worstOverCount)
 		}
 	}
-	return fmt.Sprintf("| %s | %s | %s | %d | %s | %s | %v | %v | %s |",
-		event, checked, over, r.s1Keys, lost, counted, r.failing, r.unanswered, r.errorSummary())
+	early := "0"
+	if r.earlyKeys > 0 {
+		early = fmt.Sprintf("%d keys, %d denials", r.earlyKeys, r.earlyDenials)
+	}
+	return fmt.Sprintf("| %s | %s | %s | %d | %s | %s | %s | %v | %v | %s |",
+		event, checked, over, r.s1Keys, lost, counted, early, r.failing, r.unanswered, r.errorSummary())
 }
 
 // errorSummary lists the failed calls by code, most frequent first.
@@ -808,6 +868,32 @@ func TestWindowPeak(t *testing.T) {
 	} {
 		if got := windowPeak(tc.calls, w); got != tc.want {
 			t.Errorf("%s: windowPeak = %d; want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestEarlyDenials: a denial counts as early only when fewer calls than
+// the limit could have recorded a hit in the window that ends at it.
+func TestEarlyDenials(t *testing.T) {
+	at := func(s float64) time.Time { return time.Unix(0, 0).Add(time.Duration(s * float64(time.Second))) }
+	c := func(sent, replied float64, o outcome, maybe bool) call {
+		return call{sent: at(sent), replied: at(replied), outcome: o, maybe: maybe}
+	}
+	k := testKey{name: "k", kind: edgeKey, limit: 2, window: 2 * time.Second}
+	for _, tc := range []struct {
+		name  string
+		calls []call
+		want  int
+	}{
+		{"denied at the limit", []call{c(0, 0.01, allowed, false), c(0.5, 0.51, allowed, false), c(1, 1.01, denied, false)}, 0},
+		{"denied below it", []call{c(0, 0.01, allowed, false), c(1, 1.01, denied, false)}, 1},
+		{"an ambiguous call may have recorded", []call{c(0, 0.01, allowed, false), c(0.2, 0.3, failed, true), c(1, 1.01, denied, false)}, 0},
+		{"a refused call recorded nothing", []call{c(0, 0.01, allowed, false), c(0.2, 0.3, failed, false), c(1, 1.01, denied, false)}, 1},
+		{"hits out of the window do not count", []call{c(0, 0.01, allowed, false), c(0.5, 0.51, allowed, false), c(3, 3.01, denied, false)}, 1},
+		{"a hit sent after the denial's answer does not count", []call{c(0, 0.01, allowed, false), c(1, 1.01, denied, false), c(1.5, 1.51, allowed, false)}, 1},
+	} {
+		if got := earlyDenials(tc.calls, k); got != tc.want {
+			t.Errorf("%s: earlyDenials = %d; want %d", tc.name, got, tc.want)
 		}
 	}
 }
