@@ -74,6 +74,10 @@ func doubleFaults() []scenario {
 			event: func(tm timing) string {
 				return fmt.Sprintf("n1 and n2 cut off from each other %s, both still reaching n3", secs(tm.fault))
 			}},
+		{name: "leader-killed-during-handoff", inject: leaderKilledDuringHandoff,
+			event: func(tm timing) string {
+				return fmt.Sprintf("a follower stopped with SIGTERM (handing its keys over) and the Raft leader killed -9 at once; both back %s later", secs(tm.down))
+			}},
 		{name: "leader-paused", inject: leaderPaused,
 			event: func(tm timing) string { return fmt.Sprintf("the Raft leader paused %s", secs(tm.fault)) }},
 		{name: "leader-cut", inject: leaderCut,
@@ -357,6 +361,32 @@ func nonTransitivePartition(t *testing.T, c *cluster, tm timing) {
 	f.note("n1 and n2 could not reach each other, both reached n3")
 	time.Sleep(tm.fault) // not a poll: the fault lasts this long
 	if err := cutBetween(hosts([]*node{a}), hosts([]*node{b}), false); err != nil {
+		t.Fatal(err)
+	}
+	f.heal()
+}
+
+// leaderKilledDuringHandoff stops a follower with SIGTERM, which hands
+// its keys over and ends its epoch through the leader, and kills the Raft
+// leader with SIGKILL at the same moment; both come back after the down
+// time.
+func leaderKilledDuringHandoff(t *testing.T, c *cluster, tm timing) {
+	l := agreedLeader(t, c)
+	v := c.others(l)[0]
+	f := c.beginFault(restarted, v.name+" stopped with SIGTERM", []*node{v}, nil)
+	if err := v.signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	k := killNode(t, c, l, false, nil)
+	k.note("%s was the leader", l.name)
+	if code, err := v.waitStopped(60 * time.Second); err != nil {
+		t.Fatal(err)
+	} else {
+		f.note("it exited %d", code)
+	}
+	time.Sleep(tm.down) // not a poll: both stay down this long
+	returnNode(t, l, k)
+	if err := v.start(); err != nil {
 		t.Fatal(err)
 	}
 	f.heal()
