@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"maps"
 	"net"
+	"os"
 	"regexp"
 	"slices"
 	"strings"
@@ -77,6 +78,11 @@ func doubleFaults() []scenario {
 		{name: "leader-killed-during-handoff", inject: leaderKilledDuringHandoff,
 			event: func(tm timing) string {
 				return fmt.Sprintf("a follower stopped with SIGTERM (handing its keys over) and the Raft leader killed -9 at once; both back %s later", secs(tm.down))
+			}},
+		{name: "two-processes-one-name", nodes: 4, expect: 3, deferred: []int{4}, mayExit: []int{4},
+			nodeFlags: map[int][]string{4: {"--node-name", "n2"}}, inject: twoProcessesOneName,
+			event: func(tm timing) string {
+				return fmt.Sprintf("a second process named n2 (its own empty data directory, on a fourth host) started beside n2 for %s", secs(tm.fault))
 			}},
 		{name: "leader-paused", inject: leaderPaused,
 			event: func(tm timing) string { return fmt.Sprintf("the Raft leader paused %s", secs(tm.fault)) }},
@@ -390,6 +396,41 @@ func leaderKilledDuringHandoff(t *testing.T, c *cluster, tm timing) {
 		t.Fatal(err)
 	}
 	f.heal()
+}
+
+// twoProcessesOneName starts node 4 under n2's name (a copy of a pod's
+// manifest, a host renamed by mistake) with an empty data directory, lets
+// it run for the fault's length, then kills it and wipes its disk. Its
+// calls and n2's carry the same node name, so the ledger's limits, not
+// the one-decider check, are what would show two deciders here.
+func twoProcessesOneName(t *testing.T, c *cluster, tm timing) {
+	imp := c.node(4)
+	f := c.beginFault(restarted, "a second n2 started", []*node{imp}, nil)
+	defer f.heal()
+	if err := imp.start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := imp.waitReady(time.Now().Add(tm.fault)); err != nil {
+		f.note("the second n2 did not become ready: %v", err)
+	} else {
+		f.note("the second n2 became ready")
+	}
+	time.Sleep(tm.fault) // not a poll: both run this long
+	if lines := imp.logLines("conflict"); len(lines) > 0 {
+		f.note("it logged: %s", strings.TrimSpace(lines[0]))
+	}
+	if imp.running() {
+		if err := imp.signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		imp.wait(10 * time.Second)
+	}
+	if err := os.RemoveAll(imp.dataDir()); err != nil {
+		t.Fatal(err)
+	}
+	if err := waitReady(c.running(), time.Now().Add(60*time.Second)); err != nil {
+		f.problem("after the second n2 was gone: %v", err)
+	}
 }
 
 // leaderPaused pauses the control plane's leader for the fault's length.
