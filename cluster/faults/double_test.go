@@ -53,6 +53,10 @@ func doubleFaults() []scenario {
 			event: func(tm timing) string {
 				return fmt.Sprintf("n2 killed -9 and its disk wiped, back %s later, while n3 is paused %s", secs(tm.down), secs(tm.fault))
 			}},
+		{name: "owner-wiped-standby-lagging", keep: ownedBy("n2", "n3"), inject: wipedDiskAndPause,
+			event: func(tm timing) string {
+				return fmt.Sprintf("keys owned by n2 and n3: one paused %s, the other killed -9 with its disk wiped at the same moment, back %s later", secs(tm.fault), secs(tm.down))
+			}},
 		{name: "one-way-cut-gossip-blind", peerAddr: true, inject: gossipBlindCut,
 			event: func(tm timing) string {
 				return fmt.Sprintf("one-way cut of n2's peer address only (gossip on another address still flows) %s", secs(tm.fault))
