@@ -153,3 +153,42 @@ func TestCopiesCarryTheirEpoch(t *testing.T) {
 	}
 	r.wg.Wait()
 }
+
+// TestStandbyRefusesEndedEpochs: a standby takes copies only from an owner
+// whose epoch is live in the map it applied, and only when they are meant
+// for its own current epoch. A copy from an owner whose epoch ended (a late
+// write of a node cut off, arriving once its keys went on from this
+// standby's copy) is refused before it touches anything.
+func TestStandbyRefusesEndedEpochs(t *testing.T) {
+	m := testMap(9, live("a", 4), ended("b", true), live("c", 6))
+	m.Members[1].Epoch = 5 // b's last epoch, ended
+	r := &Router{cfg: RouterConfig{Self: "c"}}
+	r.own.Store(&ownership{cur: newConfig("c", PolicyExact, 2, m), epoch: 6})
+	for _, tc := range []struct {
+		name string
+		req  *sluicepb.ReplicateRequest
+	}{
+		{"from an ended epoch", &sluicepb.ReplicateRequest{FromNode: "b", FromEpoch: 5, ToNode: "c", ToEpoch: 6, Sequence: 1}},
+		{"from an epoch the map does not know", &sluicepb.ReplicateRequest{FromNode: "a", FromEpoch: 3, ToNode: "c", ToEpoch: 6, Sequence: 1}},
+		{"meant for another epoch of this node", &sluicepb.ReplicateRequest{FromNode: "a", FromEpoch: 4, ToNode: "c", ToEpoch: 2, Sequence: 1}},
+		{"meant for another node", &sluicepb.ReplicateRequest{FromNode: "a", FromEpoch: 4, ToNode: "b", ToEpoch: 6, Sequence: 1}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.req.Records = []*sluicepb.StoreRecord{{Key: []byte("k"), Value: []byte{1}, Append: true}}
+			var ack *replicaAck
+			var err error
+			func() {
+				defer func() {
+					if p := recover(); p != nil {
+						err = fmt.Errorf("accepted: it went on to store the copy (%v)", p)
+					}
+				}()
+				ack, err = r.submitReplicas(context.Background(), tc.req)
+			}()
+			if ack != nil || !errors.Is(err, errWrongEpoch) {
+				t.Fatalf("submitReplicas(from %s epoch %d, to %s epoch %d) = %v, %v; want refused as %v",
+					tc.req.FromNode, tc.req.FromEpoch, tc.req.ToNode, tc.req.ToEpoch, ack, err, errWrongEpoch)
+			}
+		})
+	}
+}

@@ -106,6 +106,7 @@ var mutants = []mutant{
 				"\tcase false && own.cur.epochs[req.FromNode] != req.FromEpoch:"},
 		},
 		checks: []check{
+			{"./cluster/", "TestStandbyRefusesEndedEpochs"},
 			faultRows("TestFaults/partition$"),
 			faultRows("TestFaults/one-way-cut"),
 			faultRows("TestFaults/pause"),
