@@ -4,6 +4,7 @@ package faults
 
 import (
 	"context"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -100,6 +101,9 @@ func forgetForGood(t *testing.T, c *cluster, n *node, observers []*node) {
 		t.Fatal(err)
 	}
 	if _, err := n.wait(10 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(n.dataDir()); err != nil {
 		t.Fatal(err)
 	}
 	forget(f, c.node(1), n.name)
