@@ -124,6 +124,15 @@
 // its newest limit+1 hits). The table reports both sides: acknowledged
 // hits lost, and hits counted beyond the ambiguous calls.
 //
+// S2 while the load runs. Every decision says what its state counted
+// (limit − remaining, its own hit included when allowed): that must be
+// at least the calls allowed and answered before the decided call was
+// sent. So a node that decided from a copy lacking acknowledged hits shows
+// at the moment it decided, even if a later handoff or merge repaired the
+// copy before the end. For every key but edge keys; a decision at the
+// limit (remaining 0) only says it counted at least the limit. Not held in
+// rows that document an excess (a key decided from nothing).
+//
 // Every copy agrees. After the fault, for every key, the node that decides
 // it (its peek's Decision.node) is read locally (AdminService.GetKey with
 // local: its own state, never forwarded), and so is its standby (the next

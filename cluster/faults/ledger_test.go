@@ -162,7 +162,11 @@ type keyResult struct {
 	slack int64
 	// early counts the key's denials made while it was certainly below
 	// its limit (earlyDenials).
-	early      int
+	early int
+	// short is the most acknowledged hits a decision of the key did not
+	// count (decidedShort), and shortAt that decision.
+	short      int64
+	shortAt    string
 	failing    time.Duration // time covered by its failed calls
 	unanswered time.Duration // time some client went without an answer
 }
@@ -246,6 +250,11 @@ func (r *keyResult) lost() (int64, string) {
 	return worst, where
 }
 
+// shortChecked reports whether a decision of the key counted fewer hits
+// than were acknowledged before it, where that is a failure: not where
+// the scenario documents an excess (a key decided from nothing).
+func (r *keyResult) shortChecked() bool { return r.short > 0 && r.slack == 0 }
+
 // overCounted is the most hits any copy holds at some instant beyond the
 // calls that could have recorded them (0 if not checked).
 func (r *keyResult) overCounted() (int64, string) {
@@ -287,6 +296,13 @@ func ledger(keys []testKey, calls []call, copies [][]keyCopy, end, lostBefore ti
 		}
 		if k.limited() {
 			r.early = earlyDenials(byKey[i], k)
+		}
+		if k.kind != edgeKey {
+			s2calls := byKey[i]
+			if !lostBefore.IsZero() {
+				s2calls = mayBeLost(s2calls, lostBefore)
+			}
+			r.short, r.shortAt = decidedShort(s2calls, k)
 		}
 		if copies != nil {
 			s2calls := byKey[i]
@@ -344,6 +360,47 @@ func earlyDenials(calls []call, k testKey) int {
 		}
 	}
 	return n
+}
+
+// decidedShort holds every decision of k, made while the load ran, to the
+// hits acknowledged before it: a decision's remaining tells how many hits
+// its state counted (limit − remaining, its own included when allowed),
+// and that must be at least the calls allowed and answered before the
+// decided call was sent. A decider that worked from a copy lacking
+// acknowledged hits shows here at the moment it decided, whatever a later
+// handoff or merge repairs. It returns the largest shortfall and the
+// decision it was found at. For keys whose window outlasts the run (every
+// kind but edge keys); a decision at or over the limit (remaining 0) only
+// says its state counted at least the limit.
+func decidedShort(calls []call, k testKey) (int64, string) {
+	var acked []time.Time
+	for _, c := range calls {
+		if c.outcome == allowed {
+			acked = append(acked, c.replied)
+		}
+	}
+	slices.SortFunc(acked, time.Time.Compare)
+	var worst int64
+	var at string
+	for _, c := range calls {
+		if c.outcome == failed {
+			continue
+		}
+		before, _ := slices.BinarySearchFunc(acked, c.sent.Add(-clockMargin), time.Time.Compare)
+		want := int64(before)
+		if c.outcome == allowed {
+			want++
+		}
+		counted := k.limit - c.remaining
+		if c.remaining == 0 {
+			counted = max(counted, want) // at the limit: it counted at least the limit
+		}
+		if short := want - counted; short > worst {
+			worst = short
+			at = fmt.Sprintf("%s by %s at %s: counted %d, %d acknowledged before it was sent", [...]string{"allowed", "denied"}[c.outcome], c.node, c.sent.Format("15:04:05.000"), counted, before)
+		}
+	}
+	return worst, at
 }
 
 // mayBeLost returns calls with those allowed and answered before
@@ -505,7 +562,11 @@ func newReport(name, event string, calls []call, results []keyResult, known bool
 			}
 			r.s1Keys++
 		}
-		if lost, _ := k.lost(); lost > 0 {
+		lost, _ := k.lost()
+		if k.shortChecked() {
+			lost = max(lost, k.short)
+		}
+		if lost > 0 {
 			r.lostKeys++
 			r.worstLost = max(r.worstLost, lost)
 		}
@@ -614,6 +675,10 @@ func checkResults(t *testing.T, results []keyResult) {
 		}
 		if len(k.overlaps) > 0 {
 			t.Errorf("%s: decided by two nodes at once (S1), %d times; first: %v", k.key.name, len(k.overlaps), k.overlaps[0])
+		}
+		if k.shortChecked() {
+			t.Errorf("%s: a decision counted %d acknowledged hits fewer than were acknowledged before it (S2, while the load ran): %s; %s",
+				k.key.name, k.short, k.shortAt, describeAllowedBy(k.allowedBy))
 		}
 		if lost, where := k.lost(); lost > 0 {
 			t.Errorf("%s: %d acknowledged hits missing from %s (S2); %d acknowledged in all (%s), %d ambiguous; %s",
@@ -894,6 +959,32 @@ func TestEarlyDenials(t *testing.T) {
 	} {
 		if got := earlyDenials(tc.calls, k); got != tc.want {
 			t.Errorf("%s: earlyDenials = %d; want %d", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestDecidedShort: a decision must count every hit acknowledged before
+// its call was sent, its own too when allowed; one at the limit counts at
+// least the limit.
+func TestDecidedShort(t *testing.T) {
+	at := func(s float64) time.Time { return time.Unix(0, 0).Add(time.Duration(s * float64(time.Second))) }
+	c := func(sent, replied float64, o outcome, remaining int64) call {
+		return call{sent: at(sent), replied: at(replied), outcome: o, remaining: remaining, node: "n1"}
+	}
+	k := testKey{name: "k", kind: ledgerKey, limit: 10, window: time.Hour}
+	for _, tc := range []struct {
+		name  string
+		calls []call
+		want  int64
+	}{
+		{"every decision counts what came before", []call{c(0, 0.1, allowed, 9), c(1, 1.1, allowed, 8), c(2, 2.1, denied, 8)}, 0},
+		{"a decision from a state one hit short", []call{c(0, 0.1, allowed, 9), c(1, 1.1, allowed, 8), c(2, 2.1, allowed, 8)}, 1},
+		{"a hit answered after the send need not count", []call{c(0, 0.5, allowed, 9), c(0.2, 0.3, allowed, 9)}, 0},
+		{"a failed call counts for nothing", []call{c(0, 0.1, failed, 0), c(1, 1.1, allowed, 9)}, 0},
+		{"at the limit", []call{c(0, 0.1, allowed, 0), c(1, 1.1, denied, 0)}, 0},
+	} {
+		if got, where := decidedShort(tc.calls, k); got != tc.want {
+			t.Errorf("%s: decidedShort = %d (%s); want %d", tc.name, got, where, tc.want)
 		}
 	}
 }

@@ -221,6 +221,7 @@ type call struct {
 	sent, replied time.Time
 	outcome       outcome
 	node          string     // allowed or denied: the node that decided
+	remaining     int64      // allowed or denied: the decision's remaining
 	code          codes.Code // failed: the call's status
 	msg           string     // failed: the status message
 	reason        string     // failed: the ErrorInfo's reason, if any
@@ -399,9 +400,9 @@ func runCaller(n *node, client int, keys []testKey, pick []int, interval time.Du
 		case len(resp.Decisions) != 1:
 			c.outcome, c.code, c.msg, c.maybe = failed, codes.Internal, fmt.Sprintf("%d decisions for 1 check", len(resp.Decisions)), true
 		case resp.Decisions[0].Allowed:
-			c.outcome, c.node = allowed, resp.Decisions[0].Node
+			c.outcome, c.node, c.remaining = allowed, resp.Decisions[0].Node, resp.Decisions[0].Remaining
 		default:
-			c.outcome, c.node = denied, resp.Decisions[0].Node
+			c.outcome, c.node, c.remaining = denied, resp.Decisions[0].Node, resp.Decisions[0].Remaining
 			limited[c.key].Store(true)
 		}
 		calls = append(calls, c)
