@@ -69,7 +69,7 @@ func TestChurn(t *testing.T) {
 		if err := waitReady(c.running(), time.Now().Add(60*time.Second)); err != nil {
 			t.Fatalf("step %d (%s): the cluster did not recover: %v", len(steps)+1, what, err)
 		}
-		steps = append(steps, fmt.Sprintf("%s (%.1f s)", what, time.Since(start).Seconds()))
+		steps = append(steps, fmt.Sprintf("%s %s (%.1f s)", start.Format("15:04:05.0"), what, time.Since(start).Seconds()))
 		time.Sleep(time.Second + time.Duration(rng.Int64N(int64(2*time.Second)))) // not a poll: a pause between steps
 	}
 	time.Sleep(2 * time.Second) // not a poll: the load runs a moment after the last step

@@ -157,7 +157,8 @@ type keyResult struct {
 	copies []keyCopy
 	// peak is, for an edge key, the most allowed calls that were
 	// certainly decided within one window (see windowPeak).
-	peak int64
+	peak      int64
+	peakCalls []call
 	// slack is the excess the scenario documents (scenario.extraLimits).
 	slack int64
 	// early counts the key's denials made while it was certainly below
@@ -195,6 +196,13 @@ func (r *keyResult) over() int64 {
 // whenever within its call each was decided. For each call in order of
 // sending, it takes the calls sent no earlier that replied soonest.
 func windowPeak(calls []call, window time.Duration) int64 {
+	n, _ := windowPeakAt(calls, window)
+	return n
+}
+
+// windowPeakAt is windowPeak, and the calls of the peak, in order of
+// sending.
+func windowPeakAt(calls []call, window time.Duration) (int64, []call) {
 	var ok []call
 	for _, c := range calls {
 		if c.outcome == allowed {
@@ -202,24 +210,37 @@ func windowPeak(calls []call, window time.Duration) int64 {
 		}
 	}
 	slices.SortFunc(ok, func(a, b call) int { return a.sent.Compare(b.sent) })
-	var best int64
-	replies := make([]time.Time, 0, len(ok))
+	var best []call
 	for i := range ok {
-		replies = replies[:0]
+		var in []call
 		for _, c := range ok[i:] {
-			replies = append(replies, c.replied)
-		}
-		slices.SortFunc(replies, time.Time.Compare)
-		n := int64(0)
-		for _, r := range replies {
-			if r.Sub(ok[i].sent) >= window-clockMargin {
-				break
+			if c.sent.Sub(ok[i].sent) >= window {
+				break // sent in order: no later call can reply in time
 			}
-			n++
+			if c.replied.Sub(ok[i].sent) < window-clockMargin {
+				in = append(in, c)
+			}
 		}
-		best = max(best, n)
+		if len(in) > len(best) {
+			best = in
+		}
 	}
-	return best
+	return int64(len(best)), best
+}
+
+// describeCalls lists calls as "node [sent, replied] ms" from the first's
+// send, with its wall time.
+func describeCalls(calls []call) string {
+	if len(calls) == 0 {
+		return "none"
+	}
+	t0 := calls[0].sent
+	var parts []string
+	for _, c := range calls {
+		parts = append(parts, fmt.Sprintf("%s (client of n%d) [%.1f, %.1f]", c.node, c.client+1,
+			float64(c.sent.Sub(t0).Microseconds())/1000, float64(c.replied.Sub(t0).Microseconds())/1000))
+	}
+	return fmt.Sprintf("from %s: %s ms", t0.Format("15:04:05.000"), strings.Join(parts, ", "))
 }
 
 // s2Checked reports whether the key's copies are held against the ledger:
@@ -292,18 +313,16 @@ func ledger(keys []testKey, calls []call, copies [][]keyCopy, end, lostBefore ti
 		}
 		r.overlaps = s1Overlaps(byKey[i])
 		if k.kind == edgeKey {
-			r.peak = windowPeak(byKey[i], k.window)
+			r.peak, r.peakCalls = windowPeakAt(byKey[i], k.window)
 		}
 		if k.limited() {
 			r.early = earlyDenials(byKey[i], k)
 		}
-		if k.kind != edgeKey {
-			s2calls := byKey[i]
-			if !lostBefore.IsZero() {
-				s2calls = mayBeLost(s2calls, lostBefore)
-			}
-			r.short, r.shortAt = decidedShort(s2calls, k)
+		s2calls := byKey[i]
+		if !lostBefore.IsZero() {
+			s2calls = mayBeLost(s2calls, lostBefore)
 		}
+		r.short, r.shortAt = decidedShort(s2calls, k)
 		if copies != nil {
 			s2calls := byKey[i]
 			if !lostBefore.IsZero() {
@@ -364,30 +383,54 @@ func earlyDenials(calls []call, k testKey) int {
 
 // decidedShort holds every decision of k, made while the load ran, to the
 // hits acknowledged before it: a decision's remaining tells how many hits
-// its state counted (limit − remaining, its own included when allowed),
-// and that must be at least the calls allowed and answered before the
-// decided call was sent. A decider that worked from a copy lacking
-// acknowledged hits shows here at the moment it decided, whatever a later
-// handoff or merge repairs. It returns the largest shortfall and the
-// decision it was found at. For keys whose window outlasts the run (every
-// kind but edge keys); a decision at or over the limit (remaining 0) only
-// says its state counted at least the limit.
+// its state counted in its window (limit − remaining, its own included
+// when allowed), and that must be at least the calls allowed and answered
+// before the decided call was sent that were certainly decided within the
+// window before it (sent less than a window before the decided call was
+// answered; every one, for a window longer than the run). A decider that
+// worked from a copy lacking acknowledged hits shows here at the moment
+// it decided, whatever a later handoff or merge repairs. It returns the
+// largest shortfall and the decision it was found at. A decision at or
+// over the limit (remaining 0) only says its state counted at least the
+// limit.
 func decidedShort(calls []call, k testKey) (int64, string) {
-	var acked []time.Time
+	var acked []call
 	for _, c := range calls {
 		if c.outcome == allowed {
-			acked = append(acked, c.replied)
+			acked = append(acked, c)
 		}
 	}
-	slices.SortFunc(acked, time.Time.Compare)
+	slices.SortFunc(acked, func(a, b call) int { return a.replied.Compare(b.replied) })
+	var longest time.Duration
+	for _, h := range acked {
+		longest = max(longest, h.replied.Sub(h.sent))
+	}
 	var worst int64
 	var at string
 	for _, c := range calls {
 		if c.outcome == failed {
 			continue
 		}
-		before, _ := slices.BinarySearchFunc(acked, c.sent.Add(-clockMargin), time.Time.Compare)
-		want := int64(before)
+		// The acknowledged calls answered before c was sent, then those
+		// of them sent within the window before c was answered: scanned
+		// back from the newest, no further than the longest call.
+		n, _ := slices.BinarySearchFunc(acked, c.sent.Add(-clockMargin), func(h call, t time.Time) int {
+			if h.replied.Before(t) {
+				return -1
+			}
+			return 1
+		})
+		from := c.replied.Add(-k.window + clockMargin)
+		want := int64(n)
+		if len(acked) > 0 && !acked[0].sent.After(from) {
+			want = 0 // the window is shorter than the run: count within it
+			for j := n - 1; j >= 0 && acked[j].replied.Add(longest).After(from); j-- {
+				if acked[j].sent.After(from) {
+					want++
+				}
+			}
+		}
+		before := want
 		if c.outcome == allowed {
 			want++
 		}
@@ -397,7 +440,8 @@ func decidedShort(calls []call, k testKey) (int64, string) {
 		}
 		if short := want - counted; short > worst {
 			worst = short
-			at = fmt.Sprintf("%s by %s at %s: counted %d, %d acknowledged before it was sent", [...]string{"allowed", "denied"}[c.outcome], c.node, c.sent.Format("15:04:05.000"), counted, before)
+			at = fmt.Sprintf("%s by %s (client of %s) sent %s, answered %.1f ms later: counted %d, %d acknowledged before it in its window",
+				[...]string{"allowed", "denied"}[c.outcome], c.node, fmt.Sprint("n", c.client+1), c.sent.Format("15:04:05.000"), float64(c.replied.Sub(c.sent).Microseconds())/1000, counted, before)
 		}
 	}
 	return worst, at
@@ -672,6 +716,9 @@ func checkResults(t *testing.T, results []keyResult) {
 		if k.over() > 0 {
 			t.Errorf("%s: %d hits allowed within the window (%s in the whole run); limit %d; %s",
 				k.key.name, k.inWindow(), describeAllowedBy(k.allowedBy), k.key.limit, describeCopies(k.copies))
+			if k.key.kind == edgeKey {
+				t.Logf("%s: the allowed calls of its fullest window: %s", k.key.name, describeCalls(k.peakCalls))
+			}
 		}
 		if len(k.overlaps) > 0 {
 			t.Errorf("%s: decided by two nodes at once (S1), %d times; first: %v", k.key.name, len(k.overlaps), k.overlaps[0])
