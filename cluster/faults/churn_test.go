@@ -220,8 +220,9 @@ var churnActions = []churnAction{
 	}},
 }
 
-// stopGracefully stops n with SIGTERM and requires it to exit 0.
-func stopGracefully(t *testing.T, f *fault, n *node) {
+// stopGracefully stops n with SIGTERM and reports whether it exited 0;
+// any other exit is a problem of the fault f.
+func stopGracefully(t *testing.T, f *fault, n *node) bool {
 	if err := n.signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
@@ -232,6 +233,7 @@ func stopGracefully(t *testing.T, f *fault, n *node) {
 	if code != 0 {
 		f.problem("%s exited %d after SIGTERM; want 0", n.name, code)
 	}
+	return code == 0
 }
 
 // waitReady waits until every one of nodes is ready, or deadline.

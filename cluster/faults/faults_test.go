@@ -455,16 +455,8 @@ func restart(t *testing.T, c *cluster, tm timing, nodes []*node, flags []string)
 		}
 	}()
 	for _, n := range nodes {
-		if err := n.signal(syscall.SIGTERM); err != nil {
-			t.Fatal(err)
-		}
-		code, err := n.waitStopped(60 * time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if code != 0 {
+		if !stopGracefully(t, f, n) {
 			clean = false
-			t.Errorf("%s exited with code %d after SIGTERM; want 0", n.name, code)
 		}
 		n.args = append(n.args, flags...)
 		if err := n.start(); err != nil {
