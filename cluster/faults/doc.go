@@ -151,7 +151,14 @@
 // cut (nodes 1 and 3 drop what they send to node 2, which still reaches
 // them); a kill -9 of node 2 with its return on the same data dir, and on
 // an empty one; and, with --owner-policy available, the kill and the
-// partition again.
+// partition again. The rows that cut, pause or kill node 2 require another
+// node to have decided, while the fault lasted, keys node 2 decided before
+// it. The lease-only rows run --owner-policy available with one copy,
+// where only the lease keeps one decider (they allow the one extra limit a
+// window that configuration documents): a partition; pauses of 0.9, 1.0,
+// 1.1 and 1.3 leases, each right after a granted renewal; and a partition
+// of a node whose lease clock runs at 0.95 of real time
+// (--test-lease-clock-rate, within ρ).
 //
 // TestDoubleFaults runs the double faults and operator mistakes of issue
 // 19, which broke the hand-made control plane that came before Raft. On
@@ -169,8 +176,24 @@
 // is paused; node 2's peer address (--peer-addr on the second address)
 // cut one way, gossip still flowing; the fresh keys first checked at the
 // very moment node 2 is cut off (the partition row lets them in a second
-// before, so that they have copies); and the Raft leader paused, and cut
-// off. The leader is the node ListMembersResponse's leader field names.
+// before, so that they have copies); the Raft leader paused, and cut
+// off; node 2 cut off and, half way through, killed -9 with its disk
+// wiped; every node stopped at once with SIGTERM, and killed -9 at once;
+// nodes 1 and 2 cut off from each other only; a follower stopped with
+// SIGTERM as the leader is killed -9; a second process under node 2's
+// name; and the keys of nodes 2 and 3, one paused while the other is
+// killed and wiped. The leader is the node every running node names as
+// such (ListMembersResponse.leader); a row fails if they do not agree.
+//
+// TestOperatorFlows runs the operator flows and the control plane's own
+// faults: forget-then-replace and forget-then-return (with --replicas 1,
+// the runbook's replacement of a dead node, and a forgotten member's keys
+// meeting a member that returns), a staggered first start of five empty
+// nodes with --expect 3, a follower's and the leader's gossip cut alone, a
+// node of another cluster merging into gossip, the leader frozen while a
+// node starts its epoch, and a standby's lane stalled across an epoch
+// change. TestChurn is a seeded random nemesis over five nodes (see its
+// doc).
 //
 // Each scenario reports, as one row of the table its test prints at the
 // end (the shape of docs/cluster.md's "What each failure costs"), what it
@@ -191,14 +214,15 @@
 //
 // The suite needs root (to create network namespaces) and iproute2's ip.
 // It uses only ip netns, veth pairs, a bridge, addresses, link up and
-// down, and blackhole routes: no tc, netem or iptables. It touches nothing
+// down, and blackhole routes: no tc, netem or iptables (this machine's
+// kernel has no netem, so latency and loss are not injected). It touches nothing
 // in the root namespace. Without root or ip, or where ip netns add fails
 // (a container without CAP_SYS_ADMIN), and under -short, the tests skip
 // with one line saying why. Scenarios run two at a time, each in its own
-// namespaces. On two cores TestFaults takes about a minute after the
-// build, TestDoubleFaults about a minute and a half; every
-// wait is polled against a deadline, so a busy machine makes them slower,
-// not wrong.
+// namespaces. On two cores the whole suite takes about seven minutes after
+// the build; every wait is polled against a deadline, so a busy machine
+// makes it slower, not wrong. The bugs the suite must catch are in
+// scripts/mutants.
 //
 // Environment:
 //
