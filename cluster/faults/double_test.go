@@ -200,8 +200,8 @@ var refusalLine = regexp.MustCompile(`replicas\D*(1\D+2|2\D+1)\b`)
 // two nodes with 2, and expects it to refuse to join: to exit non-zero
 // with one line naming the setting and both values. The others must go
 // on unaffected (the ledger checks them). At a first start such a node is
-// left out of the bootstrap set (TestBootstrapOnce's package has the
-// rule): with fewer than --expect nodes agreeing, none bootstraps.
+// left out of the bootstrap set (docs/cluster.md, "Bootstrap"): with
+// fewer than --expect nodes agreeing, none bootstraps.
 func mismatchedReplicas(t *testing.T, c *cluster, tm timing) {
 	n := c.node(3)
 	f := c.beginFault(refused, "n3 started with --replicas 1", []*node{n}, c.others(n))
