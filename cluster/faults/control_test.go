@@ -5,6 +5,7 @@ package faults
 import (
 	"context"
 	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -114,6 +115,29 @@ func leaderFrozenAtEpochStart(t *testing.T, c *cluster, tm timing) {
 // standby as the new epoch's.
 func standbyLaneStalledAcrossEpoch(t *testing.T, c *cluster, tm timing) {
 	owner, standby := c.node(2), c.node(3)
+	// The owner reaches the leader through its peer address, which the
+	// stall cuts on the standby: the leader must be the third node. While
+	// it is not, a short pause of the leader (under a lease, so no epoch
+	// ends) makes Raft elect again.
+	for i := 0; ; i++ {
+		l := agreedLeader(t, c)
+		if l == c.node(1) {
+			break
+		}
+		if i == 10 {
+			t.Fatalf("n1 was not elected Raft leader in %d elections", i)
+		}
+		if err := l.signal(syscall.SIGSTOP); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(1200 * time.Millisecond) // not a poll: longer than an election timeout, shorter than a lease
+		if err := l.signal(syscall.SIGCONT); err != nil {
+			t.Fatal(err)
+		}
+		if err := waitReady(c.running(), time.Now().Add(30*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	started := len(owner.logLines("epoch started"))
 	if err := blackholeRoutes([]*host{owner.host}, []string{standby.host.ip2}, true); err != nil {
 		t.Fatal(err)
