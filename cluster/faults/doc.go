@@ -214,8 +214,9 @@
 //
 // The suite needs root (to create network namespaces) and iproute2's ip.
 // It uses only ip netns, veth pairs, a bridge, addresses, link up and
-// down, and blackhole routes: no tc, netem or iptables (this machine's
-// kernel has no netem, so latency and loss are not injected). It touches nothing
+// down, blackhole routes, and tc's token bucket filter for the slow and
+// lossy links: no netem or iptables (this machine's kernel has no netem,
+// so latency and loss come from a queue that fills). It touches nothing
 // in the root namespace. Without root or ip, or where ip netns add fails
 // (a container without CAP_SYS_ADMIN), and under -short, the tests skip
 // with one line saying why. Scenarios run two at a time, each in its own

@@ -37,6 +37,9 @@ func requireNetns(t *testing.T) {
 	if _, err := exec.LookPath("ip"); err != nil {
 		missing("faults: needs ip (iproute2) to create network namespaces")
 	}
+	if _, err := exec.LookPath("tc"); err != nil {
+		missing("faults: needs tc (iproute2) to slow a node's link")
+	}
 	probe := randomPrefix() + "pr"
 	if err := ip("netns", "add", probe); err != nil {
 		missing(fmt.Sprintf("faults: cannot create a network namespace: %v", err))
@@ -88,6 +91,9 @@ type host struct {
 	// while ip, and gossip on it, still work.
 	ip2   string
 	peers []*host
+	// sw and port are the switch namespace and h's port on its bridge:
+	// the other end of ifname.
+	sw, port string
 }
 
 // newNetwork creates a network of n hosts, each with loopback and its link
@@ -131,8 +137,10 @@ func newNetwork(t *testing.T, n int) *network {
 			ifname: fmt.Sprintf("%sv%d", nw.prefix, i),
 			ip:     fmt.Sprintf("%s%d", nw.subnet, 10+i),
 			ip2:    fmt.Sprintf("%s%d", nw.subnet, 110+i),
+			sw:     nw.sw,
+			port:   fmt.Sprintf("%sp%d", nw.prefix, i),
 		}
-		port := fmt.Sprintf("%sp%d", nw.prefix, i)
+		port := h.port
 		addNS(h.ns)
 		must("link", "add", h.ifname, "netns", h.ns, "type", "veth", "peer", "name", port, "netns", nw.sw)
 		must("-n", nw.sw, "link", "set", port, "master", "br0", "up")

@@ -36,6 +36,11 @@ const (
 	// gossipCut: the victims' gossip is cut both ways, Raft and the peer
 	// service still flow: the observers must see them down in gossip.
 	gossipCut
+	// slowed: the victims' links are shaped (slowLink): calls that cross
+	// them must have waited near the replica timeout, and packets must
+	// have been dropped. Whether anyone sees the victims down is up to
+	// the cluster.
+	slowed
 )
 
 // fault is one fault a scenario injected: what it did to which nodes and
@@ -401,6 +406,13 @@ func (f *fault) verify(c *cluster, calls []call) (seen string, errs []string) {
 		sawDown(f.kind == killed)
 	case gossipCut:
 		sawDown(true)
+	case slowed:
+		slow, answered := f.slowCalls(calls)
+		if slow == 0 {
+			errs = append(errs, fmt.Sprintf("%s: no call sent while it lasted took %s or more; want the link to slow calls to near the replica timeout", f.what, replicaTimeout*8/10))
+		} else {
+			parts = append(parts, fmt.Sprintf("%d calls took %s or more (%d of them answered)", slow, replicaTimeout*8/10, answered))
+		}
 	case refused:
 		// The refused node never became a member: what the others list
 		// of it says nothing; the scenario checks its exit and its line.
