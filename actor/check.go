@@ -119,6 +119,19 @@ type Reservation struct {
 	TTL time.Duration
 	// Settle makes the check settle reservation ID instead of making it.
 	Settle bool
+	// Lease makes the reservation a quota lease: a slice of the key's
+	// room that a holder spends on its own, one hit at a time, until the
+	// reservation expires, and then settles with what it spent. On a
+	// sliding log its hits are recorded at its expiry rather than at
+	// now, so that they count in every window that holds any moment the
+	// holder may spend them in, and until a window after the expiry: a
+	// hit spent at t is counted as if spent at the expiry, never earlier,
+	// so no window holds more than the limit, whatever the holder does.
+	// (Hits recorded while a lease is open join its run, and count until
+	// a window after its expiry too.) A token bucket takes the tokens at
+	// once, which its bound allows whenever they are spent. The sliding
+	// window, approximate, takes no leases. Ignored by a settle.
+	Lease bool
 }
 
 // MaxReservations is the most reservations one key holds at once. A
@@ -253,6 +266,8 @@ func (c *Check) validate(i int, l Limits) error {
 			return bad("cost", "0: a reservation needs an estimate of at least 1")
 		case r.TTL < l.MinWindow || r.TTL > l.MaxWindow:
 			return bad("reservation", "lasts %v; it must last from %v to %v", r.TTL, l.MinWindow, l.MaxWindow)
+		case r.Lease && c.Algorithm == SlidingWindow:
+			return bad("algorithm", "sliding_window takes no leases: its count is an estimate, so a slice of it is not exact; use sliding_log or token_bucket")
 		}
 	}
 	return nil

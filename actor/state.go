@@ -181,6 +181,11 @@ func (s *state) decide(now int64, c *Check, maxRuns int, d *Decision) (changed b
 		recorded = s.algoDecide(now, c, maxRuns, d)
 	} else if s.holdsReservation(r.ID) || s.res != nil && len(s.res.list) >= MaxReservations {
 		s.reserveHeld(now, c, maxRuns, d)
+	} else if r.Lease && s.algo == SlidingLog {
+		expires := satAdd(now, int64(r.TTL))
+		if recorded = s.leaseDecide(now, expires, c, maxRuns, d); recorded {
+			s.addReservation(r.ID, s.mark(), c.Cost, expires)
+		}
 	} else if recorded = s.algoDecide(now, c, maxRuns, d); recorded && d.Allowed {
 		s.addReservation(r.ID, s.mark(), c.Cost, satAdd(now, int64(r.TTL)))
 	}
@@ -457,6 +462,27 @@ func (s *state) logDecide(now int64, c *Check, maxRuns int, d *Decision) (record
 		d.RetryAfter = s.logWait(now, c.Cost)
 	}
 	return recorded
+}
+
+// leaseDecide decides a lease of c.Cost hits (see Reservation.Lease) on
+// a sliding log: allowed when the cost fits now, as a plain check; its
+// hits are then recorded at expires, so that they count until a window
+// after it. It reports whether it recorded them.
+func (s *state) leaseDecide(now, expires int64, c *Check, maxRuns int, d *Decision) bool {
+	peek := Check{Key: c.Key, Limit: c.Limit, Window: c.Window, Algorithm: c.Algorithm}
+	s.logDecide(now, &peek, maxRuns, d) // prunes, and fills d as for the key now
+	if c.Cost > s.limit || s.cur > s.limit-c.Cost {
+		d.Allowed, d.RetryAfter = false, s.logWait(now, c.Cost)
+		return false
+	}
+	if len(s.buf) == 0 {
+		s.lineage = 0 // it held nothing: a new history
+	}
+	s.logAdd(expires, c.Cost, maxRuns)
+	d.Allowed, d.RetryAfter = true, 0
+	d.Remaining = max(0, s.limit-s.cur)
+	d.ResetAfter = time.Duration(s.runAt(len(s.buf)-1).at + s.window - now)
+	return true
 }
 
 // logWait returns how long from now until cost fits, with nothing else

@@ -178,6 +178,10 @@ func TestNativeUsageBadInput(t *testing.T) {
 		{"negative reserve_for", &sluicepb.CheckRequest{Checks: []*sluicepb.Check{with(func(pc *sluicepb.Check) { pc.ReserveFor = durationpb.New(-time.Second) })}}},
 		{"reserve_for too long", &sluicepb.CheckRequest{Checks: []*sluicepb.Check{with(func(pc *sluicepb.Check) { pc.ReserveFor = durationpb.New(4000 * 24 * time.Hour) })}}},
 		{"reserve nothing", &sluicepb.CheckRequest{Checks: []*sluicepb.Check{with(func(pc *sluicepb.Check) { pc.ReserveFor, pc.Cost = durationpb.New(time.Second), new(int64) })}}},
+		{"lease without reserve_for", &sluicepb.CheckRequest{Checks: []*sluicepb.Check{with(func(pc *sluicepb.Check) { pc.Lease = true })}}},
+		{"lease on a sliding window", &sluicepb.CheckRequest{Checks: []*sluicepb.Check{with(func(pc *sluicepb.Check) {
+			pc.Lease, pc.ReserveFor, pc.Algorithm = true, durationpb.New(time.Second), sluicepb.Algorithm_ALGORITHM_SLIDING_WINDOW
+		})}}},
 		{"usage report in all_or_nothing", &sluicepb.CheckRequest{AllOrNothing: true, Checks: []*sluicepb.Check{nativeCheck("y", 10, time.Minute, 1), with(func(pc *sluicepb.Check) { pc.Usage = true })}}},
 	} {
 		if _, err := c.Check(ts.ctx(), tc.req); status.Code(err) != codes.InvalidArgument {

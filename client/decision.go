@@ -159,6 +159,10 @@ const (
 	// SourceFailure: Sluice did not decide it; Decision.Failure says why
 	// and Decision.Policy which policy made the decision.
 	SourceFailure
+	// SourceLease: a Lease allowed it from the slice it holds, without a
+	// call; Remaining is what is left of the slice (the key may have
+	// more room).
+	SourceLease
 )
 
 func (s Source) String() string {
@@ -173,6 +177,8 @@ func (s Source) String() string {
 		return "cache"
 	case SourceFailure:
 		return "failure"
+	case SourceLease:
+		return "lease"
 	}
 	return fmt.Sprintf("Source(%d)", uint8(s))
 }

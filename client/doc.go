@@ -147,6 +147,16 @@
 //
 // docs/edge.md, "Token budgets", has the details.
 //
+// # Quota leases
+//
+// A hot key (a tenant-wide limit checked by every request) can be spent
+// without a call per hit: Client.Lease holds slices of the key's room,
+// which Sluice counts as spent at once and the client spends one hit per
+// Lease.Allow, settling each with what it used. The key stays exact (a
+// slice's hits count until a window after its expiry, and the holder
+// stops before it); near the limit, hits go to Sluice one by one. See
+// Lease and docs/edge.md, "Quota leases".
+//
 // # Concurrency and lifecycle
 //
 // A Client is safe for concurrent use. New does not connect; the first

@@ -136,6 +136,16 @@ var mutants = []mutant{
 		},
 	},
 	{
+		name: "lease-at-grant",
+		what: "a quota lease's hits dated at its grant rather than its expiry",
+		edits: []edit{
+			{"actor/state.go",
+				"\ts.logAdd(expires, c.Cost, maxRuns)",
+				"\ts.logAdd(now, c.Cost, maxRuns)"},
+		},
+		checks: []check{{"./actor/", "TestLeaseLedger"}},
+	},
+	{
 		name: "no-tombstone",
 		what: "a forgotten member's keys are decided from nothing",
 		edits: []edit{

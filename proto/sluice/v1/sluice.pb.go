@@ -247,7 +247,19 @@ type Check struct {
 	ReservationId []byte `protobuf:"bytes,11,opt,name=reservation_id,json=reservationId,proto3" json:"reservation_id,omitempty"`
 	// PeerService only: the check settles reservation_id at cost. Clients
 	// leave it false (INVALID_ARGUMENT otherwise) and call Settle.
-	Settle        bool `protobuf:"varint,12,opt,name=settle,proto3" json:"settle,omitempty"`
+	Settle bool `protobuf:"varint,12,opt,name=settle,proto3" json:"settle,omitempty"`
+	// With reserve_for: the reservation is a quota lease, cost hits that
+	// the caller spends on its own (one request at a time, without asking
+	// Sluice) until it expires, then settles with Settle at what it spent.
+	// On a sliding_log key its hits are recorded at its expiry rather than
+	// now, so that they count in every window the caller may spend them in,
+	// and for a window after it: the key never allows more than its limit
+	// in any window, whatever the holder does, provided it spends nothing
+	// after reserve_for has passed since it sent the check. Hits recorded
+	// while a lease is open count that long too. A token_bucket key takes
+	// the tokens at once. sliding_window takes no leases
+	// (INVALID_ARGUMENT). The Go client's Lease does all of this.
+	Lease         bool `protobuf:"varint,13,opt,name=lease,proto3" json:"lease,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -362,6 +374,13 @@ func (x *Check) GetReservationId() []byte {
 func (x *Check) GetSettle() bool {
 	if x != nil {
 		return x.Settle
+	}
+	return false
+}
+
+func (x *Check) GetLease() bool {
+	if x != nil {
+		return x.Lease
 	}
 	return false
 }
@@ -3836,7 +3855,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"^\n" +
 	"\fCheckRequest\x12(\n" +
 	"\x06checks\x18\x01 \x03(\v2\x10.sluice.v1.CheckR\x06checks\x12$\n" +
-	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\"\x96\x03\n" +
+	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\"\xac\x03\n" +
 	"\x05Check\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x19\n" +
 	"\bkey_text\x18\b \x01(\tR\akeyText\x12\x14\n" +
@@ -3851,7 +3870,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	" \x01(\v2\x19.google.protobuf.DurationR\n" +
 	"reserveFor\x12%\n" +
 	"\x0ereservation_id\x18\v \x01(\fR\rreservationId\x12\x16\n" +
-	"\x06settle\x18\f \x01(\bR\x06settleB\a\n" +
+	"\x06settle\x18\f \x01(\bR\x06settle\x12\x14\n" +
+	"\x05lease\x18\r \x01(\bR\x05leaseB\a\n" +
 	"\x05_cost\"i\n" +
 	"\rCheckResponse\x121\n" +
 	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\x12%\n" +

@@ -1,0 +1,165 @@
+package actor
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+)
+
+// leaseT0 is where the lease tests' clock starts.
+const leaseT0 = int64(1_700_000_000) * int64(time.Second)
+
+// TestLeaseCountsUntilAWindowAfterExpiry pins where a sliding log puts a
+// lease's hits: at its expiry, so that they count from the grant until a
+// window after it, settled or not, and a settle gives back only what was
+// not spent.
+func TestLeaseCountsUntilAWindowAfterExpiry(t *testing.T) {
+	var s state
+	at := func(d time.Duration) int64 { return leaseT0 + int64(d) }
+	decide := func(d time.Duration, c Check) Decision {
+		t.Helper()
+		c.Key, c.Limit, c.Window, c.Algorithm = "k", 10, stSec, SlidingLog
+		var dec Decision
+		s.decide(at(d), &c, stMaxRuns, &dec)
+		checkStateWellFormed(t, &s)
+		return dec
+	}
+	lease := func(n int64, ttl time.Duration) Check {
+		return Check{Cost: n, Reservation: &Reservation{ID: ReservationID{byte(n)}, TTL: ttl, Lease: true}}
+	}
+	if d := decide(0, lease(6, 3*stSec)); !d.Allowed || d.Remaining != 4 || d.ResetAfter != 4*stSec {
+		t.Fatalf("lease 6 of 10 for 3 s = %+v; want allowed, 4 remaining, reset after 4 s (a window after the expiry)", d)
+	}
+	for _, d := range []time.Duration{0, 2 * stSec, 3999 * stMs} {
+		if got := s.usedAt(at(d)); got != 6 {
+			t.Fatalf("used at %v = %d; want the lease's 6 until a window after its expiry", d, got)
+		}
+	}
+	if got := s.usedAt(at(4 * stSec)); got != 0 {
+		t.Fatalf("used at 4 s = %d; want 0", got)
+	}
+	if d := decide(500*stMs, lease(5, stSec)); d.Allowed {
+		t.Fatalf("a second lease of 5 with 4 left = %+v; want denied", d)
+	}
+	if d := decide(stSec, Check{Cost: 2, Reservation: &Reservation{ID: ReservationID{6}, Settle: true}}); !d.Allowed {
+		t.Fatalf("settle the lease at 2 = %+v; want allowed (held)", d)
+	}
+	if got := s.usedAt(at(3999 * stMs)); got != 2 {
+		t.Fatalf("after a settle at 2 spent, used at 3.999 s = %d; want 2 (the spent hits count as spent at the expiry)", got)
+	}
+	if d := decide(2*stSec, Check{Cost: 8}); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("8 more after the settle = %+v; want allowed, nothing left", d)
+	}
+	b := s.appendBinary(nil)
+	var u state
+	if err := u.decode(b); err != nil || !stSame(&s, &u) {
+		t.Fatalf("a log with a lease's run ahead of now does not round-trip: %v", err)
+	}
+}
+
+// TestLeaseRefusedBySlidingWindow: the approximate algorithm takes no
+// leases, with a message that names the ones that do.
+func TestLeaseRefusedBySlidingWindow(t *testing.T) {
+	c := Check{Key: "k", Limit: 10, Window: stSec, Algorithm: SlidingWindow, Cost: 2,
+		Reservation: &Reservation{ID: ReservationID{1}, TTL: stSec, Lease: true}}
+	err := c.validate(0, Limits{}.withDefaults())
+	if err == nil {
+		t.Fatal("a lease on a sliding window was accepted")
+	}
+	if e, ok := err.(*InvalidCheckError); !ok || e.Field != "algorithm" {
+		t.Fatalf("error %v; want an InvalidCheckError on the algorithm", err)
+	}
+}
+
+// TestLeaseLedger is the claim of leases, tried the way that breaks it:
+// holders that spend their slices at the last moment before their expiry,
+// settle some, abandon others, and a caller checking the key directly
+// beside them, all on one clock. Every hit allowed (directly or from a
+// slice) goes into a ledger at the moment it was spent, and no window of
+// the ledger may hold more than the limit. A lease dated at its grant
+// rather than its expiry fails it.
+func TestLeaseLedger(t *testing.T) {
+	for _, algo := range []Algorithm{SlidingLog, TokenBucket} {
+		for seed := range uint64(60) {
+			rng := rand.New(rand.NewPCG(seed, 7))
+			limit := 5 + rng.Int64N(30)
+			window := time.Duration(200+rng.IntN(1800)) * stMs
+			ttl := []time.Duration{20 * stMs, window / 2, window, 2 * window}[rng.IntN(4)]
+			var s state
+			var spent []int64
+			type holder struct {
+				id             ReservationID
+				n, used        int64
+				expires        int64
+				open, settling bool
+			}
+			holders := make([]holder, 1+rng.IntN(4))
+			nextID := 0
+			decide := func(now int64, c Check) Decision {
+				c.Key, c.Limit, c.Window, c.Algorithm = "k", limit, window, algo
+				var d Decision
+				s.decide(now, &c, stMaxRuns, &d)
+				return d
+			}
+			now := leaseT0
+			for step := 0; step < 3000; step++ {
+				now += int64(time.Duration(1+rng.IntN(20)) * stMs)
+				if rng.IntN(3) == 0 {
+					if d := decide(now, Check{Cost: 1}); d.Allowed {
+						spent = append(spent, now)
+					}
+				}
+				for i := range holders {
+					h := &holders[i]
+					if h.open && now >= h.expires {
+						h.open = false // expired: settled at its estimate
+					}
+					switch {
+					case !h.open:
+						if rng.IntN(4) != 0 {
+							continue
+						}
+						nextID++
+						h.id = ReservationID{byte(nextID), byte(nextID >> 8), byte(nextID >> 16)}
+						want := 1 + rng.Int64N(max(1, limit/2))
+						if d := decide(now, Check{Cost: want, Reservation: &Reservation{ID: h.id, TTL: ttl, Lease: true}}); d.Allowed {
+							*h = holder{id: h.id, n: want, expires: now + int64(ttl), open: true}
+						}
+					case rng.IntN(8) == 0 && h.used < h.n:
+						// Spend what is left at the last moment of the lease.
+						last := h.expires - 1
+						for h.used < h.n {
+							spent = append(spent, last)
+							h.used++
+						}
+					case rng.IntN(10) == 0:
+						if rng.IntN(3) != 0 { // else abandoned: expires unsettled
+							decide(now, Check{Cost: h.used, Reservation: &Reservation{ID: h.id, Settle: true}})
+						}
+						h.open = false
+					case h.used < h.n && rng.IntN(2) == 0:
+						spent = append(spent, now)
+						h.used++
+					}
+				}
+			}
+			slices.Sort(spent)
+			for i, t0 := 0, 0; i < len(spent); i++ {
+				for spent[t0] <= spent[i]-int64(window) {
+					t0++
+				}
+				if int64(i-t0+1) > limit && algo == SlidingLog {
+					t.Fatalf("%v, seed %d (limit %d, window %v, leases of %v): %d hits spent in the window ending %v; want at most %d",
+						algo, seed, limit, window, ttl, i-t0+1, time.Duration(spent[i]-leaseT0), limit)
+				}
+				// A token bucket bounds any interval by its limit plus its
+				// refill over it: limit + rate × window within one window.
+				if int64(i-t0+1) > 2*limit && algo == TokenBucket {
+					t.Fatalf("%v, seed %d: %d hits spent in one window; want at most %d (the bucket plus a window of refill)",
+						algo, seed, i-t0+1, 2*limit)
+				}
+			}
+		}
+	}
+}

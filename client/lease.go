@@ -1,0 +1,272 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults of LeaseConfig.
+const (
+	// DefaultLeaseTTLFraction: a slice lasts a tenth of the key's window
+	// unless LeaseConfig.TTL says otherwise, from MinLeaseTTL to
+	// MaxLeaseTTL. The hits of a slice count until a window after its
+	// expiry (see Lease), so a short slice costs the key less room.
+	DefaultLeaseTTLFraction = 10
+	// MinLeaseTTL and MaxLeaseTTL bound the default TTL of a slice.
+	MinLeaseTTL = 10 * time.Millisecond
+	MaxLeaseTTL = 5 * time.Second
+	// DefaultLeaseSliceFraction: a slice asks for a tenth of the limit
+	// unless LeaseConfig.Slice says otherwise, at least 1.
+	DefaultLeaseSliceFraction = 10
+)
+
+// leaseClockMargin is the part of a slice's TTL a holder spends: it stops
+// at send + TTL × 10/11, so that a holder whose clock runs up to 10% slow
+// against the owner's (ρ, as for the nodes' leases) still stops before
+// the owner's expiry.
+const leaseClockMargin = 11
+
+// LeaseConfig configures a Lease.
+type LeaseConfig struct {
+	// Slice is how many hits each slice asks for. 0: a tenth of the
+	// limit, at least 1. A slice larger than the key's room is not
+	// granted: the check then goes to Sluice, and the next slice asks for
+	// half the room Sluice reported.
+	Slice int64
+	// TTL is how long a slice lasts. 0: a tenth of the window, from
+	// MinLeaseTTL to MaxLeaseTTL. Sluice bounds it by the window's range.
+	TTL time.Duration
+}
+
+// Lease holds quota leases on one hot key: slices of its room that Sluice
+// counts as spent and that the holder spends on its own, one hit per
+// Allow, without a call. A spent or expired slice is settled with what
+// was used (the rest goes back to the key) and the next one taken; when
+// Sluice does not grant one (the key is near its limit, or Sluice is not
+// reachable), Allow asks Sluice for each hit as Check does, and tries a
+// slice again a TTL later.
+//
+// The key never allows more than its limit in any window, whatever the
+// holders do, crash included: on a sliding log, a slice's hits are
+// recorded at its expiry (so they count in every window the holder may
+// spend them in, and for a window after it), and the holder spends
+// nothing once TTL × 10/11 has passed since it asked, by its own clock.
+// The price is room: a slice's hits, and the key's other hits while a
+// slice is open, count until a window after the slice's expiry, and a
+// slice's unspent hits are held until it is settled. Keep the TTL short
+// against the window. A token bucket takes a slice's tokens at once. A
+// sliding window takes no leases (Allow then fails with
+// INVALID_ARGUMENT).
+//
+// A Lease is safe for concurrent use. Close settles the open slice.
+type Lease struct {
+	c     *Client
+	check Check
+	slice int64
+	ttl   time.Duration
+
+	mu       sync.Mutex
+	cur      *slice
+	renewing chan struct{} // closed when the slice being asked for arrives
+	retryAt  time.Time     // no slice is asked for before it
+	room     int64         // the key's room as Sluice last reported it; -1 unknown
+	closed   bool
+	settling sync.WaitGroup
+
+	local, direct, slices, denied atomic.Uint64
+}
+
+// slice is a granted lease.
+type slice struct {
+	r       *Reservation
+	n, used int64
+	until   time.Time // the holder spends nothing from then on
+}
+
+// Lease returns a holder of quota leases on ch's key (ch.Cost, Peek,
+// Refund and Usage are ignored: each Allow spends one hit). The key
+// needs its limit and window in ch; an unset algorithm takes the
+// server's.
+func (c *Client) Lease(ch Check, cfg LeaseConfig) (*Lease, error) {
+	switch {
+	case ch.Key == "":
+		return nil, errors.New("client: lease: the key is empty")
+	case ch.Limit <= 0 || ch.Window <= 0:
+		return nil, fmt.Errorf("client: lease %s: a lease needs the key's limit and window (got %d per %v)", quoteKey(ch.Key), ch.Limit, ch.Window)
+	case ch.Algorithm == SlidingWindow:
+		return nil, fmt.Errorf("client: lease %s: sliding_window takes no leases (its count is an estimate); use sliding_log or token_bucket", quoteKey(ch.Key))
+	case cfg.Slice < 0 || cfg.TTL < 0:
+		return nil, fmt.Errorf("client: lease %s: slice %d and TTL %v must not be negative", quoteKey(ch.Key), cfg.Slice, cfg.TTL)
+	}
+	l := &Lease{c: c, check: ch, slice: cfg.Slice, ttl: cfg.TTL, room: -1}
+	l.check.Cost, l.check.Peek, l.check.Refund, l.check.Usage, l.check.Penalty = 1, false, false, false, false
+	if l.slice == 0 {
+		l.slice = max(1, ch.Limit/DefaultLeaseSliceFraction)
+	}
+	if l.ttl == 0 {
+		l.ttl = min(max(ch.Window/DefaultLeaseTTLFraction, MinLeaseTTL), MaxLeaseTTL)
+	}
+	return l, nil
+}
+
+// Allow spends one hit of the key: from the slice held when there is one
+// (Decision.Source SourceLease, no call), else from a new slice, else by
+// asking Sluice as Check does. Its error is Check's, or the one of the
+// call that asked for a slice.
+func (l *Lease) Allow(ctx context.Context, opts ...Option) (Decision, error) {
+	for {
+		l.mu.Lock()
+		if l.closed {
+			l.mu.Unlock()
+			return l.c.failed(&l.check, PolicyDefault, ErrClosed), fmt.Errorf("client: lease %s: %w", quoteKey(l.check.Key), ErrClosed)
+		}
+		now := time.Now()
+		if s := l.cur; s != nil {
+			if s.used < s.n && now.Before(s.until) {
+				s.used++
+				left := s.n - s.used
+				l.mu.Unlock()
+				l.local.Add(1)
+				return Decision{Allowed: true, Limit: l.check.Limit, Remaining: left, Source: SourceLease}, nil
+			}
+			l.cur = nil
+			l.settle(s)
+		}
+		if now.Before(l.retryAt) {
+			l.mu.Unlock()
+			return l.directly(ctx, opts)
+		}
+		if w := l.renewing; w != nil {
+			l.mu.Unlock()
+			select {
+			case <-w:
+				continue
+			case <-ctx.Done():
+				return l.c.failed(&l.check, PolicyDefault, ctx.Err()), fmt.Errorf("client: lease %s: %w", quoteKey(l.check.Key), ctx.Err())
+			}
+		}
+		want := l.slice
+		if l.room >= 0 {
+			want = max(1, min(want, l.room/2))
+		}
+		w := make(chan struct{})
+		l.renewing = w
+		l.mu.Unlock()
+
+		s, d, err := l.take(ctx, want, opts)
+
+		l.mu.Lock()
+		l.renewing = nil
+		close(w)
+		if d.Known() {
+			l.room = d.Remaining
+		}
+		switch {
+		case s != nil && l.closed:
+			l.settle(s)
+			l.mu.Unlock()
+			return l.c.failed(&l.check, PolicyDefault, ErrClosed), fmt.Errorf("client: lease %s: %w", quoteKey(l.check.Key), ErrClosed)
+		case s != nil && time.Now().Before(s.until):
+			l.cur = s
+			l.mu.Unlock()
+			continue
+		case s != nil:
+			// It came back too late to spend: calls take longer than
+			// the TTL allows, so ask for each hit for a while.
+			l.settle(s)
+		}
+		l.retryAt = time.Now().Add(l.ttl)
+		l.mu.Unlock()
+		if err != nil {
+			// Sluice did not decide: the failure policy decides this hit.
+			return d, err
+		}
+		return l.directly(ctx, opts)
+	}
+}
+
+// take asks Sluice for a slice of want hits. It returns the slice if
+// granted, and the decision.
+func (l *Lease) take(ctx context.Context, want int64, opts []Option) (*slice, Decision, error) {
+	ch := l.check
+	ch.Cost = want
+	sent := time.Now()
+	r, err := l.c.reserve(ctx, l.ttl, []Check{ch}, true, opts)
+	d := r.Decisions[0]
+	if err != nil || !r.Held() {
+		if err == nil {
+			l.denied.Add(1)
+		}
+		return nil, d, err
+	}
+	l.slices.Add(1)
+	return &slice{r: r, n: want, until: sent.Add(l.ttl * (leaseClockMargin - 1) / leaseClockMargin)}, d, nil
+}
+
+// directly asks Sluice for one hit.
+func (l *Lease) directly(ctx context.Context, opts []Option) (Decision, error) {
+	l.direct.Add(1)
+	d, err := l.c.Check(ctx, l.check, opts...)
+	if d.Known() {
+		l.mu.Lock()
+		l.room = d.Remaining
+		l.mu.Unlock()
+	}
+	return d, err
+}
+
+// settle settles s in the background, at what was used, unless it was
+// spent whole (nothing would go back). l.mu is held.
+func (l *Lease) settle(s *slice) {
+	if s.used == s.n {
+		return
+	}
+	l.settling.Add(1)
+	go func() {
+		defer l.settling.Done()
+		l.c.Settle(context.Background(), s.r, s.used) //nolint:errcheck // a slice not settled expires at its estimate
+	}()
+}
+
+// Close settles the open slice and waits, within ctx, for the settles
+// under way. Allow fails with ErrClosed afterwards. The Client stays
+// open.
+func (l *Lease) Close(ctx context.Context) error {
+	l.mu.Lock()
+	if !l.closed {
+		l.closed = true
+		if s := l.cur; s != nil {
+			l.cur = nil
+			l.settle(s)
+		}
+	}
+	l.mu.Unlock()
+	done := make(chan struct{})
+	go func() { l.settling.Wait(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("client: lease %s: settling: %w", quoteKey(l.check.Key), ctx.Err())
+	}
+}
+
+// LeaseStats counts what a Lease did.
+type LeaseStats struct {
+	// Local is the hits allowed from a slice, without a call.
+	Local uint64
+	// Direct is the hits asked of Sluice one by one, while no slice was
+	// held.
+	Direct uint64
+	// Slices is the slices granted; Denied those Sluice did not grant.
+	Slices, Denied uint64
+}
+
+// Stats returns what l did so far.
+func (l *Lease) Stats() LeaseStats {
+	return LeaseStats{Local: l.local.Load(), Direct: l.direct.Load(), Slices: l.slices.Load(), Denied: l.denied.Load()}
+}

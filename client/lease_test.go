@@ -1,0 +1,216 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sluice-io/sluice/client"
+	"github.com/sluice-io/sluice/cmd/sluice/node/nodetest"
+)
+
+// TestLeaseLedger is the claim of quota leases, tried where it breaks: two
+// holders, each spent by two goroutines as fast as they can, and a caller
+// checking the key directly, for a few windows on one node. Every allowed
+// hit is in a ledger with the moments its decision certainly lies
+// between; no window may certainly hold more than the limit. A lease
+// whose hits the node dated at the grant rather than at the expiry fails
+// it (hits spent at a slice's end outlive their count).
+func TestLeaseLedger(t *testing.T) {
+	n := nodetest.Start(t, "n1", nil)
+	c := newClient(t, n.Addr, nil)
+	const limit, window = 200, time.Second
+	hot := client.Check{Key: "lease|hot", Limit: limit, Window: window}
+	type hit struct{ from, to time.Time }
+	var (
+		mu     sync.Mutex
+		ledger []hit
+	)
+	record := func(from time.Time, d client.Decision) {
+		if d.Allowed {
+			mu.Lock()
+			ledger = append(ledger, hit{from, time.Now()})
+			mu.Unlock()
+		}
+	}
+	var leases []*client.Lease
+	for range 2 {
+		l, err := c.Lease(hot, client.LeaseConfig{Slice: 20, TTL: 100 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leases = append(leases, l)
+	}
+	ctx := context.Background()
+	end := time.Now().Add(3 * window)
+	var wg sync.WaitGroup
+	for i := range 4 {
+		l := leases[i%2]
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				from := time.Now()
+				d, err := l.Allow(ctx)
+				if err != nil {
+					t.Errorf("Allow: %v", err)
+					return
+				}
+				record(from, d)
+			}
+		})
+	}
+	wg.Go(func() {
+		for time.Now().Before(end) {
+			from := time.Now()
+			d, err := c.Check(ctx, hot)
+			if err != nil {
+				t.Errorf("Check: %v", err)
+				return
+			}
+			record(from, d)
+		}
+	})
+	wg.Wait()
+	for _, l := range leases {
+		if err := l.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// The most hits certainly within one window: those decided after the
+	// first's start and answered before a window after it.
+	slices.SortFunc(ledger, func(a, b hit) int { return a.from.Compare(b.from) })
+	peak := 0
+	for i := range ledger {
+		in := 0
+		for j := i; j < len(ledger); j++ {
+			if ledger[j].to.Before(ledger[i].from.Add(window)) {
+				in++
+			}
+		}
+		peak = max(peak, in)
+	}
+	var st client.LeaseStats
+	for _, l := range leases {
+		s := l.Stats()
+		st.Local, st.Direct, st.Slices, st.Denied = st.Local+s.Local, st.Direct+s.Direct, st.Slices+s.Slices, st.Denied+s.Denied
+	}
+	t.Logf("%d hits allowed in %v, at most %d certainly within one window (limit %d); leases: %+v", len(ledger), 3*window, peak, limit, st)
+	if peak > limit {
+		t.Fatalf("%d hits certainly within one window; want at most the limit %d", peak, limit)
+	}
+	if st.Local == 0 || st.Slices == 0 {
+		t.Fatalf("leases %+v: want hits allowed from slices", st)
+	}
+	if len(ledger) < limit {
+		t.Fatalf("%d hits allowed in three windows of a limit of %d: the holders starved", len(ledger), limit)
+	}
+}
+
+// TestLeaseNearTheLimit: a slice larger than the key's room is not
+// granted; the hit goes to Sluice, which decides it, and a TTL later the
+// next slice asks for half the room left. Close gives back what a slice
+// did not spend.
+func TestLeaseNearTheLimit(t *testing.T) {
+	n := nodetest.Start(t, "n1", nil)
+	c := newClient(t, n.Addr, nil)
+	ctx := context.Background()
+	key := client.Check{Key: "lease|near", Limit: 10, Window: time.Hour}
+	peek := client.Check{Key: key.Key, Limit: 10, Window: time.Hour, Peek: true}
+	for range 7 {
+		if d, err := c.Check(ctx, key); err != nil || !d.Allowed {
+			t.Fatalf("Check = %+v, %v", d, err)
+		}
+	}
+	const ttl = 20 * time.Millisecond
+	l, err := c.Lease(key, client.LeaseConfig{Slice: 5, TTL: ttl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := l.Allow(ctx)
+	if err != nil || !d.Allowed || d.Source == client.SourceLease {
+		t.Fatalf("Allow with 3 left and slices of 5 = %+v, %v; want allowed by Sluice", d, err)
+	}
+	if st := l.Stats(); st.Denied != 1 || st.Direct != 1 || st.Slices != 0 {
+		t.Fatalf("stats %+v; want one slice denied, one hit asked directly", st)
+	}
+	time.Sleep(ttl + 5*time.Millisecond) // not a poll: the holder asks for no slice for one TTL after a denial
+	d, err = l.Allow(ctx)
+	if err != nil || !d.Allowed || d.Source != client.SourceLease || d.Remaining != 0 {
+		t.Fatalf("Allow with 2 left = %+v, %v; want allowed from a slice of 1 (half the room), nothing left of it", d, err)
+	}
+	if d, err := c.Check(ctx, peek); err != nil || d.Remaining != 1 {
+		t.Fatalf("peek = %+v, %v; want 1 left", d, err)
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Allow(ctx); err == nil {
+		t.Fatal("Allow after Close succeeded")
+	}
+
+	// A slice partly spent gives the rest back on Close.
+	key.Key, peek.Key = "lease|giveback", "lease|giveback"
+	l, err = c.Lease(key, client.LeaseConfig{Slice: 5, TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.Allow(ctx); err != nil || d.Source != client.SourceLease || d.Remaining != 4 {
+		t.Fatalf("Allow = %+v, %v; want allowed from a slice of 5, 4 left of it", d, err)
+	}
+	if d, err := c.Check(ctx, peek); err != nil || d.Remaining != 5 {
+		t.Fatalf("peek with a slice of 5 open = %+v, %v; want 5 left", d, err)
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := c.Check(ctx, peek); err != nil || d.Remaining != 9 {
+		t.Fatalf("peek after Close = %+v, %v; want 9 left (the slice settled at the 1 it spent)", d, err)
+	}
+}
+
+// TestLeaseRefusesSlidingWindow: a holder on a sliding window is refused
+// at once, with a message that names the algorithms that lease.
+func TestLeaseRefusesSlidingWindow(t *testing.T) {
+	c, err := client.New(client.Config{Addr: "127.0.0.1:1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Lease(client.Check{Key: "k", Limit: 10, Window: time.Second, Algorithm: client.SlidingWindow}, client.LeaseConfig{}); err == nil {
+		t.Fatal("a lease on a sliding window was accepted")
+	}
+}
+
+// TestLeaseForwarded: a slice asked of a node that does not own the key
+// is forwarded as a lease, so the owner dates its hits at the expiry (its
+// reset comes a window after the slice's end, not a window after now).
+func TestLeaseForwarded(t *testing.T) {
+	t.Parallel() // on a cluster of its own, waiting more than computing
+	tc := nodetest.StartCluster(t, 3, nil)
+	ctx := context.Background()
+	key := client.Check{Key: "lease|forwarded", Limit: 100, Window: time.Minute}
+	var via *nodetest.Node
+	var name string
+	for i, n := range tc.Nodes {
+		if name = fmt.Sprintf("node-%d", i); name != owner(tc, key.Key) {
+			via = n
+			break
+		}
+	}
+	c := newClient(t, via.Addr, func(cfg *client.Config) { cfg.Routing = client.RoutingOff })
+	l, err := c.Lease(key, client.LeaseConfig{Slice: 10, TTL: 30 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, err := l.Allow(ctx); err != nil || d.Source != client.SourceLease {
+		t.Fatalf("Allow = %+v, %v; want allowed from a slice", d, err)
+	}
+	d, err := c.Check(ctx, client.Check{Key: key.Key, Limit: 100, Window: time.Minute, Peek: true})
+	if err != nil || d.Source != client.SourceForwarded || d.Remaining != 90 || d.ResetAfter <= 80*time.Second {
+		t.Fatalf("peek through %s = %+v, %v; want forwarded, 90 left, reset after about 90 s (the slice's 30 s and a window)", name, d, err)
+	}
+	l.Close(ctx)
+}
