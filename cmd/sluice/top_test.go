@@ -132,6 +132,11 @@ func TestTopCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A node decides while another is still joining: wait until every
+	// node lists all three alive, as the header below asserts.
+	for _, n := range nodes {
+		waitMembers(t, n.grpcAddr, 3)
+	}
 	for i, n := range nodes {
 		sendChecks(t, n.grpcAddr, "shared", 100, 5*(i+1)) // 30 in all
 	}
