@@ -169,6 +169,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 
 	checks := make([]actor.Check, 0, n)
 	checkDesc := make([]int, 0, n) // descriptor of each check
+	var leased []bool              // checks of lease rules, when any
 	for i := range descs {
 		d := &descs[i]
 		d.key = envoyKey(req.Domain, counted[i])
@@ -217,6 +218,12 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			c.Cost = int64(d.cost)
 		}
 		d.check = len(checks)
+		if d.rule != nil && d.rule.Lease {
+			if leased == nil {
+				leased = make([]bool, n)
+			}
+			leased[len(checks)] = true
+		}
 		checks = append(checks, c)
 		checkDesc = append(checkDesc, i)
 	}
@@ -231,7 +238,13 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 	}
 	out := make([]actor.Decision, len(checks))
 	if len(checks) > 0 {
-		if err := s.decide(ctx, checks, out, nil, false); err != nil {
+		decide := s.decide
+		if leased != nil {
+			decide = func(ctx context.Context, checks []actor.Check, out []actor.Decision, nodes []string, _ bool) error {
+				return s.decideLeased(ctx, checks, out, nodes, leased)
+			}
+		}
+		if err := decide(ctx, checks, out, nil, false); err != nil {
 			var ice *actor.InvalidCheckError
 			if errors.As(err, &ice) && ice.Index < len(checkDesc) {
 				i := checkDesc[ice.Index]

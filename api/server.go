@@ -218,6 +218,8 @@ type Server struct {
 	// usageDomains is cfg.UsageDomains as a set; usageAll is "*" in it.
 	usageDomains map[string]bool
 	usageAll     bool
+	// leases are the quota lease slices this node holds (lease.go).
+	leases *nodeLeases
 }
 
 // New builds the services.
@@ -262,6 +264,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		decider: d.Decider, cluster: d.Cluster, peers: d.Peers, overrides: d.Overrides, grpcAddr: d.GRPCAddr,
 		metrics: newMetrics(d.Registry), started: d.Clock.Now(), headerNames: cfg.HeaderNames.withDefaults(),
 	}
+	s.leases = newNodeLeases(s, d.Registry)
 	var err error
 	if s.traffic, err = traffic.New(cfg.Traffic); err != nil {
 		return nil, err

@@ -48,6 +48,11 @@ type Rule struct {
 	// request of 0 hits is over the limit while the key is at or above it
 	// (see actor.Check.Usage and docs/envoy.md).
 	Usage bool
+	// Lease is the descriptor's lease (a Sluice extension): nodes that do
+	// not own the key decide its hits from quota leases, slices of its
+	// room that they hold, rather than forwarding each hit to its owner
+	// (see docs/envoy.md, "Hot keys: quota leases").
+	Lease bool
 	// QuotaMode is the descriptor's quota_mode (an envoyproxy/ratelimit
 	// extension): when the rule is over its limit it fails the request only
 	// if every quota-mode rule of the request is over its limit.

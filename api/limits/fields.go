@@ -31,7 +31,7 @@ var (
 	descriptorLevel = level{"a descriptor", []string{
 		"key", "value", "rate_limit", "descriptors", "shadow_mode", "quota_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "metadata",
-		"usage",
+		"usage", "lease",
 	}}
 
 	rateLimitLevel = level{"rate_limit", []string{"unit", "requests_per_unit", "unlimited", "name", "replaces"}}

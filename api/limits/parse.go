@@ -472,9 +472,17 @@ func (p *parser) descriptors(list *yaml.Node, parent *node, d *domain, prefix st
 		if f, ok := fields.get("usage"); ok && rule == nil && flag("usage") {
 			p.errorf(f.key, "usage applies to the descriptor's own rate_limit, and this descriptor has none; put usage: true next to the rate_limit of the descriptors whose hits are reported after the fact")
 		}
+		if f, ok := fields.get("lease"); ok && rule == nil && flag("lease") {
+			p.errorf(f.key, "lease applies to the descriptor's own rate_limit, and this descriptor has none; put lease: true next to the rate_limit of a hot key")
+		}
 		if rule != nil {
 			rule.ShadowMode, rule.QuotaMode, rule.DetailedMetric = shadow, quota, detailed
 			rule.Usage = flag("usage")
+			rule.Lease = flag("lease")
+			if rule.Lease && rule.Usage {
+				f, _ := fields.get("lease")
+				p.errorf(f.key, "lease and usage do not go together: usage is reported after the fact, a lease is spent before it; drop one")
+			}
 			rule.Metadata = meta
 			rule.Domain, rule.Path, rule.File, rule.Line = d.name, here, p.file, item.Line
 			rule.StatKey, rule.statLevels = staticStatKey(stat), ruleStatLevels(stat, detailed)

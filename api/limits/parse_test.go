@@ -54,7 +54,7 @@ func TestParseErrors(t *testing.T) {
 		{"misspelled requests_per_unit", "domain: d\ndescriptors:\n  - key: key1\n    rate_limit:\n      unit: day\n      requestsperunit: 5\n",
 			`limits: f.yaml:6: unknown field "requestsperunit" in rate_limit; did you mean "requests_per_unit"?`},
 		{"unknown field", "domain: d\ndescriptors:\n  - key: a\n    colour: blue\n",
-			`limits: f.yaml:4: unknown field "colour" in a descriptor; a descriptor takes only key, value, rate_limit, descriptors, shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold, metadata, usage`},
+			`limits: f.yaml:4: unknown field "colour" in a descriptor; a descriptor takes only key, value, rate_limit, descriptors, shadow_mode, quota_mode, detailed_metric, value_to_metric, share_threshold, metadata, usage, lease`},
 		{"shadow_mode inside rate_limit", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: day\n      requests_per_unit: 5\n      shadow_mode: true\n",
 			`limits: f.yaml:7: unknown field "shadow_mode" in rate_limit; shadow_mode belongs on the descriptor, next to rate_limit, not inside it`},
 		{"unit beside rate_limit", "domain: d\ndescriptors:\n  - key: a\n    unit: day\n",
@@ -302,5 +302,34 @@ descriptors:
 `))
 	if err == nil || !strings.Contains(err.Error(), "f.yaml:5: usage applies to the descriptor's own rate_limit, and this descriptor has none") {
 		t.Errorf("Parse(usage without rate_limit) = %v; want an error that says usage needs the descriptor's rate_limit", err)
+	}
+}
+
+// TestParseLease checks the lease field (a Sluice extension): it marks its
+// descriptor's rule, needs one, and does not go with usage.
+func TestParseLease(t *testing.T) {
+	c := mustParse(t, `
+domain: api
+descriptors:
+  - key: tenant
+    lease: true
+    rate_limit: {unit: second, requests_per_unit: 10000}
+    descriptors:
+      - key: user
+        rate_limit: {unit: second, requests_per_unit: 50}
+`)
+	if r, ok := c.Lookup("api", d("tenant=acme")); !ok || !r.Lease {
+		t.Errorf("Lookup(tenant) = %+v, %v; want a rule with Lease", r, ok)
+	}
+	if r, ok := c.Lookup("api", d("tenant=acme", "user=u1")); !ok || r.Lease {
+		t.Errorf("Lookup(tenant, user) = %+v, %v; want a rule without Lease (not inherited)", r, ok)
+	}
+	for _, tc := range []struct{ name, yaml, want string }{
+		{"without rate_limit", "domain: api\ndescriptors:\n  - key: tenant\n    lease: true\n", "f.yaml:4: lease applies to the descriptor's own rate_limit"},
+		{"with usage", "domain: api\ndescriptors:\n  - key: tenant\n    lease: true\n    usage: true\n    rate_limit: {unit: second, requests_per_unit: 5}\n", "f.yaml:4: lease and usage do not go together"},
+	} {
+		if _, err := Parse("f.yaml", []byte(tc.yaml)); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Parse(lease %s) = %v; want an error with %q", tc.name, err, tc.want)
+		}
 	}
 }

@@ -143,7 +143,7 @@ var mutants = []mutant{
 				"\ts.logAdd(expires, c.Cost, maxRuns)",
 				"\ts.logAdd(now, c.Cost, maxRuns)"},
 		},
-		checks: []check{{"./actor/", "TestLeaseLedger"}},
+		checks: []check{{"./actor/", "TestLeaseLedger"}, {"./cmd/sluice/node/", "TestLeaseRuleLedger"}},
 	},
 	{
 		name: "no-tombstone",

@@ -645,6 +645,9 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		n.ready.Store(false)
 		ctx, cancel := context.WithTimeout(ctx, n.cfg.ShutdownTimeout)
 		defer cancel()
+		if n.api != nil {
+			n.api.CloseLeases(ctx, true) // what the slices held did not spend goes back
+		}
 		if n.membership.Load() != nil {
 			n.leaveCluster(ctx)
 		}
@@ -690,6 +693,11 @@ func (n *Node) Crash() {
 		n.ready.Store(false)
 		n.stopGRPC()
 		n.closeHTTP()
+		if n.api != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			n.api.CloseLeases(ctx, false) // the slices held expire at their estimate
+			cancel()
+		}
 		if m := n.membership.Load(); m != nil {
 			n.stopCluster(m, n.control.Load(), n.router)
 		}

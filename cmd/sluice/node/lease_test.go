@@ -1,0 +1,87 @@
+package node
+
+import (
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+)
+
+// TestLeaseRuleLedger: a hot key of a lease rule, asked through all three
+// nodes of a cluster far beyond its limit, one fake millisecond after the
+// other for four windows. The nodes that do not own it decide its hits
+// from quota lease slices (their metrics say so); every window of the
+// fake clock still allows at most the limit, and the key is used: the
+// slices do not starve it.
+func TestLeaseRuleLedger(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "limits.yaml")
+	const limit = 100
+	if err := os.WriteFile(path, []byte(`domain: hot
+descriptors:
+  - key: tenant
+    lease: true
+    rate_limit: {unit: second, requests_per_unit: 100}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tc := newTestClusterWith(t, 3, func(c *Config) { c.LimitsFile = path })
+	req := &rlsv3.RateLimitRequest{Domain: "hot", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "tenant", Value: "acme"}},
+	}}}
+	ctx := budgetCtx(t)
+	var allowed []time.Time // the fake clock's time of each allowed hit
+	for step := 0; step < 4000; step++ {
+		tc.clk.Advance(time.Millisecond)
+		ts := tc.nodes[step%len(tc.nodes)]
+		resp, err := shouldRateLimit(ctx, rlsv3.NewRateLimitServiceClient(ts.conn), req)
+		if err != nil {
+			t.Fatalf("step %d: %v", step, err)
+		}
+		if resp.OverallCode == rlsv3.RateLimitResponse_OK {
+			allowed = append(allowed, tc.clk.Now())
+		}
+	}
+	most := 0
+	for i := range allowed {
+		n := 0
+		for j := i; j < len(allowed) && allowed[j].Before(allowed[i].Add(time.Second)); j++ {
+			n++
+		}
+		most = max(most, n)
+	}
+	local := 0.0
+	for _, ts := range tc.nodes {
+		local += metric(t, ts, "sluice_lease_local_decisions_total")
+	}
+	t.Logf("%d of 4000 hits allowed over 4 s, at most %d within one second (limit %d); %.0f decided from slices", len(allowed), most, limit, local)
+	if most > limit {
+		t.Fatalf("%d hits allowed within one second; want at most the limit %d", most, limit)
+	}
+	if local == 0 {
+		t.Fatal("no hit was decided from a slice")
+	}
+	if len(allowed) < 2*limit {
+		t.Fatalf("%d hits allowed in four windows of %d: the slices starved the key", len(allowed), limit)
+	}
+}
+
+// metric returns the value of the counter name on ts's /metrics.
+func metric(t *testing.T, ts *testServer, name string) float64 {
+	t.Helper()
+	_, body := httpGet(t, "http://"+ts.srv.HTTPAddr()+"/metrics")
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` (\S+)$`).FindStringSubmatch(body)
+	if m == nil {
+		return 0
+	}
+	v, err := strconv.ParseFloat(m[1], 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
