@@ -17,8 +17,19 @@ import (
 // other for four windows. The nodes that do not own it decide its hits
 // from quota lease slices (their metrics say so); every window of the
 // fake clock still allows at most the limit, and the key is used: the
-// slices do not starve it.
+// slices do not starve it. With ownerCrash, the owner is killed halfway,
+// its slices out: its standby goes on from its copy, which counts them.
 func TestLeaseRuleLedger(t *testing.T) {
+	t.Run("steady", func(t *testing.T) { leaseRuleLedger(t, false) })
+	t.Run("owner-crash", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("waits for failure detection")
+		}
+		leaseRuleLedger(t, true)
+	})
+}
+
+func leaseRuleLedger(t *testing.T, ownerCrash bool) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "limits.yaml")
 	const limit = 100
@@ -30,15 +41,33 @@ descriptors:
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	tc := newTestClusterWith(t, 3, func(c *Config) { c.LimitsFile = path })
+	tc := newTestClusterWith(t, 3, func(c *Config) { c.LimitsFile, c.Router.Replicas = path, 2 })
 	req := &rlsv3.RateLimitRequest{Domain: "hot", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
 		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "tenant", Value: "acme"}},
 	}}}
+	owner, _ := tc.nodes[0].srv.Router().Owner("hot|tenant=acme")
 	ctx := budgetCtx(t)
+	live := tc.nodes
 	var allowed []time.Time // the fake clock's time of each allowed hit
+	local := 0.0
 	for step := 0; step < 4000; step++ {
+		if ownerCrash && step == 2000 {
+			for _, ts := range tc.nodes {
+				local += metric(t, ts, "sluice_lease_local_decisions_total")
+			}
+			var rest []*testServer
+			for _, ts := range tc.nodes {
+				if ts.cfg.NodeName == owner {
+					ts.crash()
+				} else {
+					rest = append(rest, ts)
+				}
+			}
+			live = rest
+			tc.waitMembers(2)
+		}
 		tc.clk.Advance(time.Millisecond)
-		ts := tc.nodes[step%len(tc.nodes)]
+		ts := live[step%len(live)]
 		resp, err := shouldRateLimit(ctx, rlsv3.NewRateLimitServiceClient(ts.conn), req)
 		if err != nil {
 			t.Fatalf("step %d: %v", step, err)
@@ -55,11 +84,10 @@ descriptors:
 		}
 		most = max(most, n)
 	}
-	local := 0.0
-	for _, ts := range tc.nodes {
+	for _, ts := range live {
 		local += metric(t, ts, "sluice_lease_local_decisions_total")
 	}
-	t.Logf("%d of 4000 hits allowed over 4 s, at most %d within one second (limit %d); %.0f decided from slices", len(allowed), most, limit, local)
+	t.Logf("%d of 4000 hits allowed over 4 s, at most %d within one second (limit %d); %.0f decided from slices (owner %s)", len(allowed), most, limit, local, owner)
 	if most > limit {
 		t.Fatalf("%d hits allowed within one second; want at most the limit %d", most, limit)
 	}
