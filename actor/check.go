@@ -130,7 +130,9 @@ type Reservation struct {
 	// (Hits recorded while a lease is open join its run, and count until
 	// a window after its expiry too.) A token bucket takes the tokens at
 	// once, which its bound allows whenever they are spent. The sliding
-	// window, approximate, takes no leases. Ignored by a settle.
+	// window, approximate, takes no leases. Leasing again with the ID of
+	// an open lease on a sliding log extends it: its hits move to the
+	// new expiry, if later (the cost is ignored). Ignored by a settle.
 	Lease bool
 }
 

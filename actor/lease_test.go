@@ -126,6 +126,12 @@ func TestLeaseLedger(t *testing.T) {
 						if d := decide(now, Check{Cost: want, Reservation: &Reservation{ID: h.id, TTL: ttl, Lease: true}}); d.Allowed {
 							*h = holder{id: h.id, n: want, expires: now + int64(ttl), open: true}
 						}
+					case rng.IntN(12) == 0 && algo == SlidingLog:
+						// Extend it: spend until the new expiry.
+						if d := decide(now, Check{Cost: h.n, Reservation: &Reservation{ID: h.id, TTL: ttl, Lease: true}}); !d.Allowed {
+							t.Fatalf("seed %d: extending an open lease was refused: %+v", seed, d)
+						}
+						h.expires = max(h.expires, now+int64(ttl))
 					case rng.IntN(8) == 0 && h.used < h.n:
 						// Spend what is left at the last moment of the lease.
 						last := h.expires - 1
@@ -161,5 +167,37 @@ func TestLeaseLedger(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestLeaseExtend: leasing again with the ID of an open lease moves its
+// hits to the later expiry, so they count a window after it; an earlier
+// one changes nothing; a settle after it gives back as before.
+func TestLeaseExtend(t *testing.T) {
+	var s state
+	at := func(d time.Duration) int64 { return leaseT0 + int64(d) }
+	decide := func(d time.Duration, c Check) Decision {
+		t.Helper()
+		c.Key, c.Limit, c.Window, c.Algorithm = "k", 10, stSec, SlidingLog
+		var dec Decision
+		s.decide(at(d), &c, stMaxRuns, &dec)
+		checkStateWellFormed(t, &s)
+		return dec
+	}
+	lease := func(ttl time.Duration) Check {
+		return Check{Cost: 6, Reservation: &Reservation{ID: ReservationID{7}, TTL: ttl, Lease: true}}
+	}
+	decide(0, lease(stSec))
+	if d := decide(500*stMs, lease(2*stSec)); !d.Allowed || d.ResetAfter != 3*stSec {
+		t.Fatalf("extend at 0.5 s to 2 s = %+v; want allowed, reset after 3 s (a window after the new expiry, 2.5 s)", d)
+	}
+	if got := s.usedAt(at(3499 * stMs)); got != 6 {
+		t.Fatalf("used at 3.499 s = %d; want the lease's 6", got)
+	}
+	if d := decide(stSec, lease(100*stMs)); !d.Allowed || s.usedAt(at(3499*stMs)) != 6 {
+		t.Fatalf("an extension to an earlier expiry = %+v; want allowed, nothing moved", d)
+	}
+	if d := decide(stSec, Check{Cost: 1, Reservation: &Reservation{ID: ReservationID{7}, Settle: true}}); !d.Allowed || s.usedAt(at(3499*stMs)) != 1 {
+		t.Fatalf("settle at 1 after the extension = %+v, %d used; want settled, 1 used until a window after the new expiry", d, s.usedAt(at(3499*stMs)))
 	}
 }

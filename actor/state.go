@@ -179,6 +179,8 @@ func (s *state) decide(now int64, c *Check, maxRuns int, d *Decision) (changed b
 	}
 	if r := c.Reservation; r == nil {
 		recorded = s.algoDecide(now, c, maxRuns, d)
+	} else if r.Lease && s.algo == SlidingLog && s.holdsReservation(r.ID) {
+		recorded = s.leaseExtend(now, satAdd(now, int64(r.TTL)), c, maxRuns, d)
 	} else if s.holdsReservation(r.ID) || s.res != nil && len(s.res.list) >= MaxReservations {
 		s.reserveHeld(now, c, maxRuns, d)
 	} else if r.Lease && s.algo == SlidingLog {
@@ -480,6 +482,27 @@ func (s *state) leaseDecide(now, expires int64, c *Check, maxRuns int, d *Decisi
 	}
 	s.logAdd(expires, c.Cost, maxRuns)
 	d.Allowed, d.RetryAfter = true, 0
+	d.Remaining = max(0, s.limit-s.cur)
+	d.ResetAfter = time.Duration(s.runAt(len(s.buf)-1).at + s.window - now)
+	return true
+}
+
+// leaseExtend extends the open lease c.Reservation.ID to expires: its
+// hits move to that later time, so they count a window after it (moving
+// hits later never lets a window hold more). An earlier expiry changes
+// nothing. Allowed either way; it reports whether it changed s.
+func (s *state) leaseExtend(now, expires int64, c *Check, maxRuns int, d *Decision) bool {
+	peek := Check{Key: c.Key, Limit: c.Limit, Window: c.Window, Algorithm: c.Algorithm}
+	s.logDecide(now, &peek, maxRuns, d)
+	d.Allowed, d.RetryAfter = true, 0
+	r := &s.res.list[s.res.find(c.Reservation.ID)]
+	if expires <= r.expires {
+		return false
+	}
+	s.release(r.mark, r.n)
+	s.logAdd(expires, r.n, maxRuns)
+	r.mark, r.expires = s.mark(), expires
+	s.rewrite = true
 	d.Remaining = max(0, s.limit-s.cur)
 	d.ResetAfter = time.Duration(s.runAt(len(s.buf)-1).at + s.window - now)
 	return true
