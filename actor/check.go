@@ -132,7 +132,9 @@ type Reservation struct {
 	// once, which its bound allows whenever they are spent. The sliding
 	// window, approximate, takes no leases. Leasing again with the ID of
 	// an open lease on a sliding log extends it: its hits move to the
-	// new expiry, if later (the cost is ignored). Ignored by a settle.
+	// new expiry, if later; a larger cost grows it, if the hits it adds
+	// fit (denied otherwise, unchanged), and a smaller one shrinks it (the
+	// rest goes back, as with a settle). Ignored by a settle.
 	Lease bool
 }
 

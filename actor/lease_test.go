@@ -127,11 +127,17 @@ func TestLeaseLedger(t *testing.T) {
 							*h = holder{id: h.id, n: want, expires: now + int64(ttl), open: true}
 						}
 					case rng.IntN(12) == 0 && algo == SlidingLog:
-						// Extend it: spend until the new expiry.
-						if d := decide(now, Check{Cost: h.n, Reservation: &Reservation{ID: h.id, TTL: ttl, Lease: true}}); !d.Allowed {
+						// Extend it, perhaps grown: spend until the new
+						// expiry, the new size.
+						want := h.n + rng.Int64N(3)
+						d := decide(now, Check{Cost: want, Reservation: &Reservation{ID: h.id, TTL: ttl, Lease: true}})
+						switch {
+						case d.Allowed:
+							h.n = want
+							h.expires = max(h.expires, now+int64(ttl))
+						case want == h.n:
 							t.Fatalf("seed %d: extending an open lease was refused: %+v", seed, d)
 						}
-						h.expires = max(h.expires, now+int64(ttl))
 					case rng.IntN(8) == 0 && h.used < h.n:
 						// Spend what is left at the last moment of the lease.
 						last := h.expires - 1
@@ -196,6 +202,18 @@ func TestLeaseExtend(t *testing.T) {
 	}
 	if d := decide(stSec, lease(100*stMs)); !d.Allowed || s.usedAt(at(3499*stMs)) != 6 {
 		t.Fatalf("an extension to an earlier expiry = %+v; want allowed, nothing moved", d)
+	}
+	grow := func(n int64) Check {
+		return Check{Cost: n, Reservation: &Reservation{ID: ReservationID{7}, TTL: 100 * stMs, Lease: true}}
+	}
+	if d := decide(stSec, grow(11)); d.Allowed || s.usedAt(at(3499*stMs)) != 6 {
+		t.Fatalf("growing the lease of 6 to 11 with 4 left = %+v; want denied, nothing changed", d)
+	}
+	if d := decide(stSec, grow(9)); !d.Allowed || s.usedAt(at(3499*stMs)) != 9 || d.ResetAfter != 2500*stMs {
+		t.Fatalf("growing it to 9 = %+v, %d used; want allowed, 9 used, still until a window after 2.5 s", d, s.usedAt(at(3499*stMs)))
+	}
+	if d := decide(stSec, grow(8)); !d.Allowed || s.usedAt(at(3499*stMs)) != 8 || d.Remaining != 2 {
+		t.Fatalf("shrinking it to 8 = %+v, %d used; want allowed, 8 used, 2 left", d, s.usedAt(at(3499*stMs)))
 	}
 	if d := decide(stSec, Check{Cost: 1, Reservation: &Reservation{ID: ReservationID{7}, Settle: true}}); !d.Allowed || s.usedAt(at(3499*stMs)) != 1 {
 		t.Fatalf("settle at 1 after the extension = %+v, %d used; want settled, 1 used until a window after the new expiry", d, s.usedAt(at(3499*stMs)))

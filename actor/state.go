@@ -489,23 +489,44 @@ func (s *state) leaseDecide(now, expires int64, c *Check, maxRuns int, d *Decisi
 
 // leaseExtend extends the open lease c.Reservation.ID to expires: its
 // hits move to that later time, so they count a window after it (moving
-// hits later never lets a window hold more). An earlier expiry changes
-// nothing. Allowed either way; it reports whether it changed s.
+// hits later never lets a window hold more). An earlier expiry keeps the
+// later one. A cost above the lease's grows it, if the hits it adds fit
+// now (denied otherwise, and nothing changes); a smaller one (at least
+// 1) shrinks it, giving the difference back as a settle would: its
+// holder's word that it will spend no more. It reports whether it
+// changed s.
 func (s *state) leaseExtend(now, expires int64, c *Check, maxRuns int, d *Decision) bool {
 	peek := Check{Key: c.Key, Limit: c.Limit, Window: c.Window, Algorithm: c.Algorithm}
 	s.logDecide(now, &peek, maxRuns, d)
 	d.Allowed, d.RetryAfter = true, 0
 	r := &s.res.list[s.res.find(c.Reservation.ID)]
-	if expires <= r.expires {
-		return false
+	n, changed := r.n, false
+	switch {
+	case c.Cost > n:
+		// Grown: the hits it adds must fit now, as a new lease's would.
+		if grow := c.Cost - n; grow > s.limit || s.cur > s.limit-grow {
+			d.Allowed, d.RetryAfter = false, s.logWait(now, grow)
+			return false
+		}
+		n = c.Cost
+	case c.Cost < n:
+		// Shrunk: its holder says it will spend no more than that, as a
+		// settle does.
+		s.release(r.mark, n-c.Cost)
+		r.n, n, changed = c.Cost, c.Cost, true
 	}
-	s.release(r.mark, r.n)
-	s.logAdd(expires, r.n, maxRuns)
-	r.mark, r.expires = s.mark(), expires
-	s.rewrite = true
-	d.Remaining = max(0, s.limit-s.cur)
-	d.ResetAfter = time.Duration(s.runAt(len(s.buf)-1).at + s.window - now)
-	return true
+	if n != r.n || expires > r.expires {
+		expires = max(expires, r.expires)
+		s.release(r.mark, r.n)
+		s.logAdd(expires, n, maxRuns)
+		r.mark, r.expires, r.n, changed = s.mark(), expires, n, true
+	}
+	if changed {
+		s.rewrite = true
+		d.Remaining = max(0, s.limit-s.cur)
+		d.ResetAfter = time.Duration(s.runAt(len(s.buf)-1).at + s.window - now)
+	}
+	return changed
 }
 
 // logWait returns how long from now until cost fits, with nothing else

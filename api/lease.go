@@ -216,7 +216,11 @@ func (l *nodeLeases) settle(h *leaseHolder, s *nodeSlice) {
 // settle (a graceful shutdown: their unspent hits go back; otherwise they
 // expire at their estimate), and waits, within ctx, for the calls in the
 // background.
-func (s *Server) CloseLeases(ctx context.Context, settle bool) { s.leases.close(ctx, settle) }
+// It also ends the RLQS streams, each bucket sent a zero TTL first.
+func (s *Server) CloseLeases(ctx context.Context, settle bool) {
+	s.rlqs.close()
+	s.leases.close(ctx, settle)
+}
 
 func (l *nodeLeases) close(ctx context.Context, settle bool) {
 	l.mu.Lock()

@@ -8,6 +8,7 @@ import (
 	"math"
 	"time"
 
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -220,6 +221,8 @@ type Server struct {
 	usageAll     bool
 	// leases are the quota lease slices this node holds (lease.go).
 	leases *nodeLeases
+	// rlqs serves Envoy's Rate Limit Quota Service (rlqs.go).
+	rlqs *rlqsService
 }
 
 // New builds the services.
@@ -264,7 +267,7 @@ func New(cfg Config, d Deps) (*Server, error) {
 		decider: d.Decider, cluster: d.Cluster, peers: d.Peers, overrides: d.Overrides, grpcAddr: d.GRPCAddr,
 		metrics: newMetrics(d.Registry), started: d.Clock.Now(), headerNames: cfg.HeaderNames.withDefaults(),
 	}
-	s.leases = newNodeLeases(s, d.Registry)
+	s.leases, s.rlqs = newNodeLeases(s, d.Registry), newRLQSService(s, d.Registry)
 	var err error
 	if s.traffic, err = traffic.New(cfg.Traffic); err != nil {
 		return nil, err
@@ -309,6 +312,7 @@ func (s *Server) Register(g *grpc.Server) {
 func (s *Server) RegisterDecisions(g *grpc.Server) {
 	g.RegisterService(s.budget.wrap(&sluicepb.RateLimitService_ServiceDesc), &nativeService{s: s})
 	g.RegisterService(s.budget.wrap(&rlsv3.RateLimitService_ServiceDesc), &envoyService{s: s})
+	rlqsv3.RegisterRateLimitQuotaServiceServer(g, s.rlqs)
 }
 
 // RegisterAdmin registers the admin and traffic services on g, built with

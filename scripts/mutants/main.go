@@ -146,6 +146,16 @@ var mutants = []mutant{
 		checks: []check{{"./actor/", "TestLeaseLedger"}, {"./cmd/sluice/node/", "TestLeaseRuleLedger"}},
 	},
 	{
+		name: "rlqs-no-lease",
+		what: "an RLQS assignment sent whether or not the key's owner granted its lease",
+		edits: []edit{
+			{"api/rlqs.go",
+				"\treturn out[0].Allowed, out[0].Remaining",
+				"\treturn true, out[0].Remaining"},
+		},
+		checks: []check{{"./cmd/sluice/node/", "TestRLQSAcrossNodes"}},
+	},
+	{
 		name: "no-tombstone",
 		what: "a forgotten member's keys are decided from nothing",
 		edits: []edit{

@@ -1,0 +1,298 @@
+package node
+
+import (
+	"context"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+// simEnvoy behaves as Envoy's rate limit quota filter does for one bucket:
+// a token bucket per assignment (whole-second fills), kept when the same
+// assignment comes again (only its TTL moves), replaced by a full one when
+// it changes; no assignment, or an expired one, denies (the configuration
+// docs/envoy.md gives for exactness); a usage report every second.
+type simEnvoy struct {
+	stream rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasClient
+	id     *rlqsv3.BucketId
+	demand float64 // requests a second
+
+	strategy *typev3.RateLimitStrategy
+	expires  time.Time
+	tokens   float64
+	filled   time.Time // the bucket's last fill
+	owed     float64   // requests not yet sent (fractions)
+
+	allowed, denied uint64 // since the last report
+	admitted        []time.Time
+	rate            int64 // the rate assigned last
+}
+
+// tick offers the requests of dt at now.
+func (e *simEnvoy) tick(now time.Time, dt time.Duration) {
+	e.owed += e.demand * dt.Seconds()
+	for ; e.owed >= 1; e.owed-- {
+		tb := e.strategy.GetTokenBucket()
+		_, blanket := e.strategy.GetStrategy().(*typev3.RateLimitStrategy_BlanketRule_)
+		switch {
+		case e.strategy == nil || !now.Before(e.expires):
+			e.denied++
+			continue
+		case blanket && e.strategy.GetBlanketRule() == typev3.RateLimitStrategy_ALLOW_ALL:
+			e.allowed++
+			e.admitted = append(e.admitted, now)
+			continue
+		case tb == nil:
+			e.denied++
+			continue
+		}
+		fill := tb.GetFillInterval().AsDuration()
+		for !now.Before(e.filled.Add(fill)) {
+			e.filled = e.filled.Add(fill)
+			e.tokens = min(float64(tb.GetMaxTokens()), e.tokens+float64(tb.GetTokensPerFill().GetValue()))
+		}
+		if e.tokens >= 1 {
+			e.tokens--
+			e.allowed++
+			e.admitted = append(e.admitted, now)
+		} else {
+			e.denied++
+		}
+	}
+}
+
+// report sends the usage of the last elapsed and applies the answer.
+func (e *simEnvoy) report(t *testing.T, now time.Time, first bool, elapsed time.Duration) {
+	t.Helper()
+	m := &rlqsv3.RateLimitQuotaUsageReports{BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
+		BucketId: e.id, TimeElapsed: durationpb.New(elapsed), NumRequestsAllowed: e.allowed, NumRequestsDenied: e.denied,
+	}}}
+	if first {
+		m.Domain = "quota"
+	}
+	e.allowed, e.denied = 0, 0
+	if err := e.stream.Send(m); err != nil {
+		t.Fatalf("send a usage report: %v", err)
+	}
+	resp, err := e.stream.Recv()
+	if err != nil {
+		t.Fatalf("receive the assignment: %v", err)
+	}
+	for _, a := range resp.BucketAction {
+		q := a.GetQuotaAssignmentAction()
+		if q == nil {
+			continue
+		}
+		if !proto.Equal(q.RateLimitStrategy, e.strategy) {
+			e.strategy = q.RateLimitStrategy
+			e.tokens, e.filled = float64(q.RateLimitStrategy.GetTokenBucket().GetMaxTokens()), now
+			e.rate = int64(q.RateLimitStrategy.GetTokenBucket().GetTokensPerFill().GetValue())
+		}
+		e.expires = now.Add(q.AssignmentTimeToLive.AsDuration())
+	}
+}
+
+// TestRLQSFairAndExact: three simulated Envoys on one node of a cluster,
+// demands of 1000, 700 and 100 requests a second on one bucket whose rule
+// allows 61,000 a minute. The Σ rule leaves 1,000 a second to divide
+// (each assignment counts its burst and a window of its rate); max-min
+// fair is 450, 450 and 100. After two report periods each Envoy's rate is within
+// 10% of it; every minute of the fake clock admits at most the limit
+// across the three; an Envoy that goes silent gives its share back to the
+// others once its assignment's lease has run out (a window after it).
+func TestRLQSFairAndExact(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "limits.yaml")
+	const limit, window = 61000, time.Minute
+	if err := os.WriteFile(path, []byte(`domain: quota
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 61000}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tc := newTestClusterWith(t, 3, func(c *Config) { c.LimitsFile, c.Router.Replicas = path, 2 })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var envoys []*simEnvoy
+	for _, demand := range []float64{1000, 700, 100} {
+		stream, err := rlqsv3.NewRateLimitQuotaServiceClient(tc.nodes[0].conn).StreamRateLimitQuotas(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		envoys = append(envoys, &simEnvoy{stream: stream, demand: demand,
+			id: &rlqsv3.BucketId{Bucket: map[string]string{"tenant": "acme"}}})
+	}
+	const step = 10 * time.Millisecond
+	start := tc.clk.Now()
+	for i := 0; i < 16000; i++ { // 160 s
+		now := tc.clk.Now()
+		if i%100 == 0 {
+			for j, e := range envoys {
+				if j == 0 && i >= 8000 {
+					continue // the largest goes silent at 80 s
+				}
+				e.report(t, now, i == 0, time.Second)
+			}
+			if i%1000 == 0 {
+				t.Logf("%v: rates %d, %d, %d", now.Sub(start), envoys[0].rate, envoys[1].rate, envoys[2].rate)
+			}
+			if i == 300 {
+				want := []int64{450, 450, 100}
+				for j, e := range envoys {
+					if math.Abs(float64(e.rate-want[j])) > 0.1*float64(want[j]) {
+						t.Errorf("after two report periods, envoy %d (demand %.0f) holds %d a second; want %d ± 10%% (max-min fair)", j, e.demand, e.rate, want[j])
+					}
+				}
+			}
+		}
+		for j, e := range envoys {
+			if j == 0 && i >= 8000 {
+				continue
+			}
+			e.tick(now, step)
+		}
+		tc.clk.Advance(step)
+	}
+	most := mostInWindow(envoys, window)
+	t.Logf("over %v: admitted %d, %d, %d; at most %d within one window (limit %d); rates at the end %d, %d, %d",
+		tc.clk.Now().Sub(start), len(envoys[0].admitted), len(envoys[1].admitted), len(envoys[2].admitted), most, limit, envoys[0].rate, envoys[1].rate, envoys[2].rate)
+	if most > limit {
+		t.Fatalf("%d requests admitted within one window across the Envoys; want at most the limit %d", most, limit)
+	}
+	if envoys[1].rate < 630 || envoys[2].rate < 90 {
+		t.Errorf("at the end the second and third hold %d and %d a second; want their whole demand (700, 100) within 10%% once the first went silent", envoys[1].rate, envoys[2].rate)
+	}
+}
+
+// TestRLQSAcrossNodes: two simulated Envoys on two nodes, each asking for
+// the whole rate of one bucket. Each node alone would give its Envoy all
+// of it; the leases on the key hold the two together to the limit in
+// every window.
+func TestRLQSAcrossNodes(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "limits.yaml")
+	const limit, window = 61000, time.Minute
+	if err := os.WriteFile(path, []byte(`domain: quota
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 61000}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tc := newTestClusterWith(t, 3, func(c *Config) { c.LimitsFile, c.Router.Replicas = path, 2 })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var envoys []*simEnvoy
+	for i := range 2 {
+		stream, err := rlqsv3.NewRateLimitQuotaServiceClient(tc.nodes[i].conn).StreamRateLimitQuotas(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		envoys = append(envoys, &simEnvoy{stream: stream, demand: 1500, id: &rlqsv3.BucketId{Bucket: map[string]string{"tenant": "acme"}}})
+	}
+	const step = 10 * time.Millisecond
+	for i := 0; i < 15000; i++ { // 150 s
+		now := tc.clk.Now()
+		if i%100 == 0 {
+			for _, e := range envoys {
+				e.report(t, now, i == 0, time.Second)
+			}
+		}
+		for _, e := range envoys {
+			e.tick(now, step)
+		}
+		tc.clk.Advance(step)
+	}
+	most := mostInWindow(envoys, window)
+	t.Logf("admitted %d and %d; at most %d within one window (limit %d); rates at the end %d and %d", len(envoys[0].admitted), len(envoys[1].admitted), most, limit, envoys[0].rate, envoys[1].rate)
+	if most > limit {
+		t.Fatalf("%d requests admitted within one window across the Envoys; want at most the limit %d", most, limit)
+	}
+	if envoys[0].rate+envoys[1].rate < 500 {
+		t.Errorf("rates %d and %d: want the key's rate (1,000 a second) mostly used", envoys[0].rate, envoys[1].rate)
+	}
+}
+
+// mostInWindow returns the most requests the Envoys admitted within one
+// window.
+func mostInWindow(envoys []*simEnvoy, window time.Duration) int {
+	var all []time.Time
+	for _, e := range envoys {
+		all = append(all, e.admitted...)
+	}
+	slices.SortFunc(all, func(a, b time.Time) int { return a.Compare(b) })
+	most := 0
+	for i, j := 0, 0; i < len(all); i++ {
+		for !all[j].After(all[i].Add(-window)) {
+			j++
+		}
+		most = max(most, i-j+1)
+	}
+	return most
+}
+
+// TestRLQSBadInputAndShutdown: a stream whose first report names no
+// domain, or a bucket without an id, ends with INVALID_ARGUMENT; a node
+// that stops sends its streams a zero TTL for each bucket, then ends them.
+func TestRLQSBadInputAndShutdown(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "limits.yaml")
+	if err := os.WriteFile(path, []byte("domain: quota\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 600}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ts := newTestServer(t, func(c *Config) { c.LimitsFile = path })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	bucket := &rlqsv3.BucketId{Bucket: map[string]string{"tenant": "acme"}}
+	for _, tc := range []struct {
+		name string
+		m    *rlqsv3.RateLimitQuotaUsageReports
+	}{
+		{"no domain", &rlqsv3.RateLimitQuotaUsageReports{BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{BucketId: bucket}}}},
+		{"no bucket id", &rlqsv3.RateLimitQuotaUsageReports{Domain: "quota", BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{}}}},
+	} {
+		stream, err := rlqsv3.NewRateLimitQuotaServiceClient(ts.conn).StreamRateLimitQuotas(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := stream.Send(tc.m); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.Recv(); status.Code(err) != codes.InvalidArgument {
+			t.Errorf("%s: Recv = %v; want InvalidArgument", tc.name, err)
+		}
+	}
+
+	stream, err := rlqsv3.NewRateLimitQuotaServiceClient(ts.conn).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &simEnvoy{stream: stream, id: bucket, demand: 5}
+	e.report(t, ts.clk.Now(), true, time.Second)
+	e.allowed = 5
+	e.report(t, ts.clk.Now(), false, time.Second)
+	if e.rate != 5 {
+		t.Fatalf("assigned %d a second for a demand of 5; want 5", e.rate)
+	}
+	stopped := make(chan struct{})
+	go func() { defer close(stopped); ts.srv.Shutdown(context.Background()) }()
+	resp, err := stream.Recv()
+	if err != nil || len(resp.BucketAction) != 1 || resp.BucketAction[0].GetQuotaAssignmentAction().GetAssignmentTimeToLive().AsDuration() != 0 {
+		t.Fatalf("on shutdown the stream got %v, %v; want a zero TTL for its bucket", resp, err)
+	}
+	if _, err := stream.Recv(); status.Code(err) != codes.Unavailable {
+		t.Errorf("after the zero TTL, Recv = %v; want Unavailable (the node stops)", err)
+	}
+	<-stopped
+}
