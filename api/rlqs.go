@@ -229,6 +229,8 @@ func (r *rlqsService) report(ctx context.Context, domain string, m *rlqsv3.RateL
 				r.mu.Unlock()
 			}
 		}
+		// Other streams read these (share), under r.mu.
+		r.mu.Lock()
 		if el := u.GetTimeElapsed().AsDuration(); el > 0 {
 			// The latest rate, not an average: a share that moves takes a
 			// new lease while the old one still counts, so it should move
@@ -238,12 +240,15 @@ func (r *rlqsService) report(ctx context.Context, domain string, m *rlqsv3.RateL
 			ttl = max(ttl, 2*el)
 		}
 		b.lastReport = now
+		r.mu.Unlock()
 		reported = append(reported, b)
 	}
 	ttl = min(ttl, rlqsMaxTTL)
+	r.mu.Lock()
 	for _, b := range reported {
 		b.ttl = ttl
 	}
+	r.mu.Unlock()
 	for _, b := range reported {
 		resp.BucketAction = append(resp.BucketAction, r.assign(ctx, b, ttl))
 	}
@@ -315,6 +320,7 @@ func (r *rlqsService) share(b *rlqsBucket) (float64, int) {
 	capacity := float64(b.limit) / (b.window + rlqsFill).Seconds()
 	now := r.s.clock.Now()
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	var demands []float64
 	for o := range r.keys[b.key] {
 		if o != b && now.Sub(o.lastReport) > o.ttl {
@@ -326,7 +332,6 @@ func (r *rlqsService) share(b *rlqsBucket) (float64, int) {
 		}
 		demands = append(demands, d)
 	}
-	r.mu.Unlock()
 	want := capacity
 	if b.demandKnown {
 		want = b.demand

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -295,4 +296,44 @@ func TestRLQSBadInputAndShutdown(t *testing.T) {
 		t.Errorf("after the zero TTL, Recv = %v; want Unavailable (the node stops)", err)
 	}
 	<-stopped
+}
+
+// TestRLQSConcurrentStreams: streams of one node reporting on one bucket
+// at once (for the race detector: they share the bucket's fair share).
+func TestRLQSConcurrentStreams(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "limits.yaml")
+	if err := os.WriteFile(path, []byte("domain: quota\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 6100}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ts := newTestServer(t, func(c *Config) { c.LimitsFile = path })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var wg sync.WaitGroup
+	for i := range 4 {
+		stream, err := rlqsv3.NewRateLimitQuotaServiceClient(ts.conn).StreamRateLimitQuotas(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := &rlqsv3.BucketId{Bucket: map[string]string{"tenant": "acme"}}
+		wg.Go(func() {
+			for j := range 20 {
+				m := &rlqsv3.RateLimitQuotaUsageReports{BucketQuotaUsages: []*rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{{
+					BucketId: id, TimeElapsed: durationpb.New(time.Second), NumRequestsAllowed: uint64(10 * (i + 1)),
+				}}}
+				if j == 0 {
+					m.Domain = "quota"
+				}
+				if err := stream.Send(m); err != nil {
+					t.Errorf("stream %d: send: %v", i, err)
+					return
+				}
+				if resp, err := stream.Recv(); err != nil || len(resp.BucketAction) != 1 {
+					t.Errorf("stream %d: receive: %v, %v; want one action", i, resp, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
