@@ -17,19 +17,25 @@ import (
 // other for four windows. The nodes that do not own it decide its hits
 // from quota lease slices (their metrics say so); every window of the
 // fake clock still allows at most the limit, and the key is used: the
-// slices do not starve it. With ownerCrash, the owner is killed halfway,
-// its slices out: its standby goes on from its copy, which counts them.
+// slices do not starve it. In owner-crash, the owner is killed halfway,
+// the others' slices out: its standby goes on from its copy, which counts
+// them; in holder-crash, a node holding a slice is, and its slice counts
+// whole until a window after its expiry.
 func TestLeaseRuleLedger(t *testing.T) {
-	t.Run("steady", func(t *testing.T) { leaseRuleLedger(t, false) })
-	t.Run("owner-crash", func(t *testing.T) {
-		if testing.Short() {
-			t.Skip("waits for failure detection")
-		}
-		leaseRuleLedger(t, true)
-	})
+	t.Run("steady", func(t *testing.T) { leaseRuleLedger(t, "") })
+	for _, victim := range []string{"owner", "holder"} {
+		t.Run(victim+"-crash", func(t *testing.T) {
+			if testing.Short() {
+				t.Skip("waits for failure detection")
+			}
+			leaseRuleLedger(t, victim)
+		})
+	}
 }
 
-func leaseRuleLedger(t *testing.T, ownerCrash bool) {
+// leaseRuleLedger runs TestLeaseRuleLedger, with the key's owner or one
+// of the nodes holding its slices killed halfway if crash says which.
+func leaseRuleLedger(t *testing.T, crash string) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "limits.yaml")
 	const limit = 100
@@ -51,14 +57,16 @@ descriptors:
 	var allowed []time.Time // the fake clock's time of each allowed hit
 	local := 0.0
 	for step := 0; step < 4000; step++ {
-		if ownerCrash && step == 2000 {
+		if crash != "" && step == 2000 {
 			for _, ts := range tc.nodes {
 				local += metric(t, ts, "sluice_lease_local_decisions_total")
 			}
 			var rest []*testServer
+			killed := false
 			for _, ts := range tc.nodes {
-				if ts.cfg.NodeName == owner {
+				if !killed && (ts.cfg.NodeName == owner) == (crash == "owner") {
 					ts.crash()
+					killed = true
 				} else {
 					rest = append(rest, ts)
 				}
