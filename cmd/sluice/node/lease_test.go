@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -13,8 +14,8 @@ import (
 )
 
 // TestLeaseRuleLedger: a hot key of a lease rule, asked through all three
-// nodes of a cluster far beyond its limit, one fake millisecond after the
-// other for four windows. The nodes that do not own it decide its hits
+// nodes of a cluster five times beyond its limit, two fake milliseconds
+// apart for four windows. The nodes that do not own it decide its hits
 // from quota lease slices (their metrics say so); every window of the
 // fake clock still allows at most the limit, and the key is used: the
 // slices do not starve it. In owner-crash, the owner is killed halfway,
@@ -52,12 +53,15 @@ descriptors:
 		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "tenant", Value: "acme"}},
 	}}}
 	owner, _ := tc.nodes[0].srv.Router().Owner("hot|tenant=acme")
-	ctx := budgetCtx(t)
+	// A bound on the whole run (failover included) on a loaded machine,
+	// not a timing of it.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
 	live := tc.nodes
 	var allowed []time.Time // the fake clock's time of each allowed hit
 	local := 0.0
-	for step := 0; step < 4000; step++ {
-		if crash != "" && step == 2000 {
+	for step := 0; step < 2000; step++ {
+		if crash != "" && step == 1000 {
 			for _, ts := range tc.nodes {
 				local += metric(t, ts, "sluice_lease_local_decisions_total")
 			}
@@ -74,7 +78,7 @@ descriptors:
 			live = rest
 			tc.waitMembers(2)
 		}
-		tc.clk.Advance(time.Millisecond)
+		tc.clk.Advance(2 * time.Millisecond)
 		ts := live[step%len(live)]
 		resp, err := shouldRateLimit(ctx, rlsv3.NewRateLimitServiceClient(ts.conn), req)
 		if err != nil {
@@ -95,7 +99,7 @@ descriptors:
 	for _, ts := range live {
 		local += metric(t, ts, "sluice_lease_local_decisions_total")
 	}
-	t.Logf("%d of 4000 hits allowed over 4 s, at most %d within one second (limit %d); %.0f decided from slices (owner %s)", len(allowed), most, limit, local, owner)
+	t.Logf("%d of 2000 hits allowed over 4 s, at most %d within one second (limit %d); %.0f decided from slices (owner %s)", len(allowed), most, limit, local, owner)
 	if most > limit {
 		t.Fatalf("%d hits allowed within one second; want at most the limit %d", most, limit)
 	}
