@@ -59,8 +59,9 @@ type LeaseConfig struct {
 // slice is open, count until a window after the slice's expiry, and a
 // slice's unspent hits are held until it is settled. Keep the TTL short
 // against the window. A token bucket takes a slice's tokens at once. A
-// sliding window takes no leases (Allow then fails with
-// INVALID_ARGUMENT).
+// sliding window takes no leases: Lease refuses one, and a key an
+// override makes one answers the slice request INVALID_ARGUMENT (Allow
+// returns that error once, and asks for each hit for a TTL).
 //
 // A Lease is safe for concurrent use. Close settles the open slice.
 type Lease struct {
