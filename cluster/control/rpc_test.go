@@ -28,9 +28,12 @@ func (f *fakeLeader) Propose(ctx context.Context, req *sluicepb.ProposeRequest) 
 	if f.frozen {
 		select {
 		case <-f.thaw:
+			return nil, status.Error(codes.Unavailable, "thawed")
 		case <-ctx.Done():
+			// As a real server's handler: the caller's deadline (whichever
+			// side notices it first, the caller sees DEADLINE_EXCEEDED).
+			return nil, status.FromContextError(ctx.Err()).Err()
 		}
-		return nil, status.Error(codes.Unavailable, "thawed")
 	}
 	b, _ := json.Marshal(Result{Epoch: 7, Version: 42})
 	return &sluicepb.ProposeResponse{Result: b}, nil
