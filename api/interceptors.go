@@ -73,8 +73,29 @@ func (s *Server) checkToken(ctx context.Context, method string) error {
 // erases counted hits, so when an admin or refund token is set it needs
 // one of them (see Config.RefundToken). Nothing is recorded when it fails.
 func (s *Server) mayRefund(ctx context.Context) error {
-	if s.cfg.AdminToken == "" && s.cfg.RefundToken == "" {
+	if s.holdsGiveBackToken(ctx) {
 		return nil
+	}
+	return status.Error(codes.Unauthenticated, "refunds give counted hits back, so they need a credential: send \"authorization: Bearer <token>\" with the refund token (--refund-token) or the admin token; nothing was recorded")
+}
+
+// mayLease reports whether the caller may hold quota leases (a native
+// check with lease, an RLQS stream): a holder decides on its own and
+// reports what it spent, the unspent rest going back to the key, so it
+// is trusted as a refund is and needs the same credential. what names
+// the request in the error.
+func (s *Server) mayLease(ctx context.Context, what string) error {
+	if s.holdsGiveBackToken(ctx) {
+		return nil
+	}
+	return status.Errorf(codes.Unauthenticated, "%s: a lease holder decides on its own and reports what it spent, so it needs a credential: send \"authorization: Bearer <token>\" with the refund token (--refund-token) or the admin token (Envoy: the grpc_service's initial_metadata); nothing was granted", what)
+}
+
+// holdsGiveBackToken reports whether ctx carries the refund or admin
+// token, or no such token is set.
+func (s *Server) holdsGiveBackToken(ctx context.Context) bool {
+	if s.cfg.AdminToken == "" && s.cfg.RefundToken == "" {
+		return true
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
 	for _, v := range md.Get("authorization") {
@@ -84,11 +105,11 @@ func (s *Server) mayRefund(ctx context.Context) error {
 		}
 		for _, want := range []string{s.cfg.RefundToken, s.cfg.AdminToken} {
 			if want != "" && subtle.ConstantTimeCompare([]byte(token), []byte(want)) == 1 {
-				return nil
+				return true
 			}
 		}
 	}
-	return status.Error(codes.Unauthenticated, "refunds give counted hits back, so they need a credential: send \"authorization: Bearer <token>\" with the refund token (--refund-token) or the admin token; nothing was recorded")
+	return false
 }
 
 // tokenCredentials sends the admin token on a node's calls to its peers.

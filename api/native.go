@@ -44,18 +44,24 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest, t
 	now := s.clock.Now()
 	t.now = now
 	checks := make([]actor.Check, len(req.Checks))
-	refunds := false
+	refunds, leases := false, false
 	for i, pc := range req.Checks {
 		if err := s.nativeCheck(i, pc, now, &checks[i]); err != nil {
 			return nil, err
 		}
 		refunds = refunds || checks[i].Refund && checks[i].Cost > 0
+		leases = leases || pc.Lease
 		if req.AllOrNothing && checks[i].Usage && checks[i].Cost > 0 {
 			return nil, badFields([]string{"checks[" + strconv.Itoa(i) + "].usage"}, "check %d: a usage report is recorded whatever the other checks say, so it cannot be part of an all_or_nothing batch; send it in a call of its own", i)
 		}
 	}
 	if refunds {
 		if err := s.mayRefund(ctx); err != nil {
+			return nil, err
+		}
+	}
+	if leases {
+		if err := s.mayLease(ctx, "lease"); err != nil {
 			return nil, err
 		}
 	}

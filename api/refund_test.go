@@ -5,6 +5,7 @@ import (
 	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc/codes"
@@ -78,5 +79,44 @@ func TestRefundNeedsACredential(t *testing.T) {
 				t.Errorf("a hit after the Envoy refund: %v, remaining %d; want %v, %d", st.Code, st.LimitRemaining, wantCode, wantLeft)
 			}
 		})
+	}
+}
+
+// TestLeaseNeedsACredential: with a refund or admin token set, a lease
+// (native check with lease) or an RLQS stream without one of them is
+// refused with Unauthenticated and grants nothing: the key keeps all its
+// room. With the refund token the slice is granted.
+func TestLeaseNeedsACredential(t *testing.T) {
+	ts := newTestServer(t, func(c *testConfig) { c.AdminToken, c.RefundToken = "adm1n", "r3fund" })
+	rl := sluicepb.NewRateLimitServiceClient(ts.conn)
+	lease := &sluicepb.Check{Key: []byte("hot"), Limit: 100, Window: durationpb.New(time.Minute), Cost: proto.Int64(40),
+		ReserveFor: durationpb.New(time.Second), Lease: true}
+	for _, send := range []string{"", "guess"} {
+		ctx := ts.ctx()
+		if send != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+send)
+		}
+		if _, err := rl.Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{lease}}); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("a lease with token %q: %v; want Unauthenticated", send, err)
+		}
+		stream, err := rlqsv3.NewRateLimitQuotaServiceClient(ts.conn).StreamRateLimitQuotas(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := stream.Recv(); status.Code(err) != codes.Unauthenticated {
+			t.Fatalf("an RLQS stream with token %q: %v; want Unauthenticated", send, err)
+		}
+	}
+	peek := &sluicepb.Check{Key: []byte("hot"), Limit: 100, Window: durationpb.New(time.Minute), Cost: proto.Int64(0)}
+	if d := ts.hit(peek); d.Remaining != 100 {
+		t.Fatalf("after the refused leases: remaining %d; want 100 (nothing granted)", d.Remaining)
+	}
+	ctx := metadata.AppendToOutgoingContext(ts.ctx(), "authorization", "Bearer r3fund")
+	resp, err := rl.Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{lease}})
+	if err != nil || !resp.Decisions[0].Allowed {
+		t.Fatalf("a lease with the refund token: %v, %v; want a granted slice", resp, err)
+	}
+	if d := ts.hit(peek); d.Remaining != 60 {
+		t.Errorf("with a slice of 40 open: remaining %d; want 60", d.Remaining)
 	}
 }

@@ -135,6 +135,9 @@ const (
 // StreamRateLimitQuotas answers each usage report with an action for each
 // bucket it reports.
 func (r *rlqsService) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+	if err := r.s.mayLease(stream.Context(), "rlqs"); err != nil {
+		return err
+	}
 	r.streams.Inc()
 	defer r.streams.Dec()
 	type recv struct {

@@ -82,7 +82,8 @@ type Config struct {
 	RoutesRefresh time.Duration
 	// Token, if set, is sent with every call as "authorization: Bearer
 	// <token>": the refund token (or admin token) a node with one requires
-	// for refunds. Without TLS it travels in clear. Default: none.
+	// for refunds and quota leases. Without TLS it travels in clear.
+	// Default: none.
 	Token string
 	// Timeout is the deadline of one decision, counted from the moment
 	// Check (or CheckAll) is called, queueing and the retry included; a
