@@ -274,6 +274,10 @@ type Decision struct {
 	// Policy is the failure policy that made a SourceFailure decision
 	// (FailOpen or FailClosed); PolicyDefault otherwise.
 	Policy Policy
+
+	// lease is the slice a SourceLease decision spent its hit from (see
+	// Lease.GiveBack).
+	lease *slice
 }
 
 // Known reports whether the decision carries Sluice's counts (Limit,

@@ -78,7 +78,7 @@ type Lease struct {
 	closed   bool
 	settling sync.WaitGroup
 
-	local, direct, slices, denied atomic.Uint64
+	local, direct, slices, denied, givenBack atomic.Uint64
 }
 
 // slice is a granted lease.
@@ -132,7 +132,7 @@ func (l *Lease) Allow(ctx context.Context, opts ...Option) (Decision, error) {
 				left := s.n - s.used
 				l.mu.Unlock()
 				l.local.Add(1)
-				return Decision{Allowed: true, Limit: l.check.Limit, Remaining: left, Source: SourceLease}, nil
+				return Decision{Allowed: true, Limit: l.check.Limit, Remaining: left, Source: SourceLease, lease: s}, nil
 			}
 			l.cur = nil
 			l.settle(s)
@@ -188,6 +188,27 @@ func (l *Lease) Allow(ctx context.Context, opts ...Option) (Decision, error) {
 		}
 		return l.directly(ctx, opts)
 	}
+}
+
+// GiveBack returns the hit of d, a decision of l's Allow, to the slice it
+// was spent from, if l still holds that slice: the hit is then as if never
+// spent. It is for a request that another check denied after this one
+// allowed it. It reports whether it gave the hit back; a hit decided by
+// Sluice, or spent from a slice already settled, stays spent (counted,
+// never over the limit).
+func (l *Lease) GiveBack(d Decision) bool {
+	if d.lease == nil {
+		return false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s := l.cur; s != d.lease || s.used == 0 {
+		return false
+	}
+	d.lease.used--
+	l.local.Add(^uint64(0))
+	l.givenBack.Add(1)
+	return true
 }
 
 // take asks Sluice for a slice of want hits. It returns the slice if
@@ -265,9 +286,12 @@ type LeaseStats struct {
 	Direct uint64
 	// Slices is the slices granted; Denied those Sluice did not grant.
 	Slices, Denied uint64
+	// GivenBack is the hits given back to their slice (GiveBack), no
+	// longer counted in Local.
+	GivenBack uint64
 }
 
 // Stats returns what l did so far.
 func (l *Lease) Stats() LeaseStats {
-	return LeaseStats{Local: l.local.Load(), Direct: l.direct.Load(), Slices: l.slices.Load(), Denied: l.denied.Load()}
+	return LeaseStats{Local: l.local.Load(), Direct: l.direct.Load(), Slices: l.slices.Load(), Denied: l.denied.Load(), GivenBack: l.givenBack.Load()}
 }

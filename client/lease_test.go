@@ -171,6 +171,44 @@ func TestLeaseNearTheLimit(t *testing.T) {
 	}
 }
 
+// TestLeaseGiveBack: a hit given back to the slice it came from is spent
+// again without a call; one whose slice was settled since, or one Sluice
+// decided, is not given back (it was counted).
+func TestLeaseGiveBack(t *testing.T) {
+	n := nodetest.Start(t, "n1", nil)
+	c := newClient(t, n.Addr, nil)
+	ctx := context.Background()
+	key := client.Check{Key: "lease|back", Limit: 4, Window: time.Hour}
+	l, err := c.Lease(key, client.LeaseConfig{Slice: 2, TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d1, _ := l.Allow(ctx)
+	d2, _ := l.Allow(ctx)
+	if !l.GiveBack(d2) || l.GiveBack(client.Decision{Allowed: true, Source: client.SourceSluice}) {
+		t.Fatal("GiveBack of a hit of the slice held refused, or of a decision of Sluice accepted")
+	}
+	d3, err := l.Allow(ctx)
+	if err != nil || d3.Source != client.SourceLease || d3.Remaining != 0 {
+		t.Fatalf("Allow after a hit given back = %+v, %v; want it spent from the same slice, none left", d3, err)
+	}
+	if d, err := l.Allow(ctx); err != nil || d.Source != client.SourceLease { // the first slice is settled: a second one
+		t.Fatalf("Allow = %+v, %v; want a second slice", d, err)
+	}
+	if l.GiveBack(d1) {
+		t.Fatal("GiveBack of a hit of a settled slice accepted: the settle counted it")
+	}
+	if st := l.Stats(); st.GivenBack != 1 || st.Local != 3 || st.Slices != 2 {
+		t.Fatalf("stats %+v; want 1 given back, 3 local, 2 slices", st)
+	}
+	if err := l.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := c.Check(ctx, client.Check{Key: key.Key, Limit: 4, Window: time.Hour, Peek: true}); err != nil || d.Remaining != 1 {
+		t.Fatalf("peek after Close = %+v, %v; want 1 left (3 hits spent)", d, err)
+	}
+}
+
 // TestLeaseRefusesSlidingWindow: a holder on a sliding window is refused
 // at once, with a message that names the algorithms that lease.
 func TestLeaseRefusesSlidingWindow(t *testing.T) {

@@ -98,4 +98,13 @@
 // the budget is below its limit, and once the handler returned, Wrap (and
 // ServeNext, or Report for callers of Decide) records the cost the
 // response carried, even over the limit. Config.ObserveUsage sees each.
+//
+// # Hot keys: leases
+//
+// A rule with Lease set (a service-wide limit every request checks) is
+// decided from quota leases this process holds (client.Lease), without a
+// call per request, and exactly: Sluice counts each slice as spent. Such
+// rules are decided first; a request another rule denies gives its hit
+// back to the slice. Call Limiter.Close when the server stops, to settle
+// the open slices.
 package httplimit

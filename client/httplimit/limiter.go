@@ -58,6 +58,15 @@ type Rule struct {
 	// never denies them, adds no header and spends nothing of the enforced
 	// rules: for rolling a rule out.
 	Shadow bool
+	// Lease, if set, decides the rule's keys from quota leases that this
+	// process holds (client.Lease): slices of each key's room, spent here
+	// one request at a time without a call. For a hot key that every
+	// request checks (a Const or a Route key: a service-wide or tenant-
+	// wide limit), not for keys with a value per client. Needs a Client
+	// that leases (*client.Client), a cost of 0 or 1, no ResponseCost, not
+	// Shadow, and not client.SlidingWindow. See docs/edge.md "Quota
+	// leases".
+	Lease *client.LeaseConfig
 }
 
 // Config configures a Limiter. It is not modified after New.
@@ -112,6 +121,16 @@ type Config struct {
 	// Rand returns a uniform float64 in [0, 1) for the jitter; nil uses
 	// math/rand/v2.
 	Rand func() float64
+	// MaxLeases bounds the keys of Lease rules held at once; the next
+	// keys are checked with a call each, as without a lease. Default
+	// 1024.
+	MaxLeases int
+}
+
+// Leaser holds quota leases: a *client.Client. Config.Client must be one
+// when a rule has a Lease.
+type Leaser interface {
+	Lease(ch client.Check, cfg client.LeaseConfig) (*client.Lease, error)
 }
 
 // Result is the decision on one request.
@@ -152,6 +171,9 @@ type Limiter struct {
 	logs     []logLimiter // one per rule
 	// usage: a rule has a ResponseCost.
 	usage bool
+
+	leaseMu sync.Mutex
+	leases  map[string]*client.Lease // by Sluice key; nil once closed
 }
 
 // New returns a Limiter of cfg, or an error naming every bad field.
@@ -173,11 +195,14 @@ func New(cfg Config) (*Limiter, error) {
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = 64 << 10
 	}
+	if cfg.MaxLeases == 0 {
+		cfg.MaxLeases = 1024
+	}
 	cfg.Rules = append([]Rule(nil), cfg.Rules...)
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	l := &Limiter{cfg: cfg, log: cfg.Logger, rand: cfg.Rand, logs: make([]logLimiter, len(cfg.Rules))}
+	l := &Limiter{cfg: cfg, log: cfg.Logger, rand: cfg.Rand, logs: make([]logLimiter, len(cfg.Rules)), leases: map[string]*client.Lease{}}
 	if l.log == nil {
 		l.log = slog.New(slog.DiscardHandler)
 	}
@@ -210,11 +235,17 @@ func (c *Config) validate() error {
 	if c.OnFailure > client.FailClosed {
 		errs = append(errs, fmt.Errorf("httplimit: config: OnFailure %v: want FailOpen or FailClosed", c.OnFailure))
 	}
+	if c.MaxLeases < 0 {
+		errs = append(errs, fmt.Errorf("httplimit: config: MaxLeases %d is negative", c.MaxLeases))
+	}
 	seen := map[string]bool{}
 	for i := range c.Rules {
 		r := &c.Rules[i]
 		if err := r.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("httplimit: rule %d: %w", i, err))
+		}
+		if _, ok := c.Client.(Leaser); r.Lease != nil && c.Client != nil && !ok {
+			errs = append(errs, fmt.Errorf("httplimit: rule %d: a lease needs a Client that leases (a *client.Client); %T does not", i, c.Client))
 		}
 		if seen[r.Name] {
 			errs = append(errs, fmt.Errorf("httplimit: rule %d: name %q is used twice", i, r.Name))
@@ -253,6 +284,20 @@ func (r *Rule) Validate() error {
 	}
 	if r.OnFailure > client.FailClosed {
 		errs = append(errs, fmt.Sprintf("on failure %v: want open or closed", r.OnFailure))
+	}
+	if r.Lease != nil {
+		switch {
+		case r.Cost > 1:
+			errs = append(errs, fmt.Sprintf("cost %d with a lease: a leased request spends one hit", r.Cost))
+		case !r.ResponseCost.IsZero():
+			errs = append(errs, "a lease with a response cost: leases spend a hit per request, known in advance")
+		case r.Shadow:
+			errs = append(errs, "a shadow rule takes no lease: lease it once it is enforced")
+		case r.Algorithm == client.SlidingWindow:
+			errs = append(errs, "sliding_window takes no leases (its count is an estimate); use sliding_log or token_bucket")
+		case r.Lease.Slice < 0 || r.Lease.TTL < 0:
+			errs = append(errs, fmt.Sprintf("lease slice %d and TTL %v must not be negative", r.Lease.Slice, r.Lease.TTL))
+		}
 	}
 	if len(errs) > 0 {
 		return errors.New(strings.Join(errs, "; "))
@@ -302,20 +347,35 @@ func (l *Limiter) respond(w http.ResponseWriter, r *http.Request, res *Result) b
 // Decide asks Sluice about r under every rule that applies and returns the
 // decision, without writing anything. Enforced rules go in one call (all
 // or nothing when there are several); shadow rules go at the same time,
-// each in a coalesced call of its own.
+// each in a coalesced call of its own. Rules with a Lease are decided
+// first, from their slices; when one of them denies, the others are not
+// asked, and when another rule denies, their hits go back to their
+// slices, so that a denied request spends nothing.
 func (l *Limiter) Decide(r *http.Request) Result {
 	start := time.Now()
 	x := extract{l: l}
 	res := Result{Allowed: true}
 	var checks [4]client.Check
 	enforced := checks[:0]
+	var plainAt [4]int
+	plain := plainAt[:0] // where in res.Rules the checks of enforced are
+	var leased []leasedRule
 	var results [4]RuleResult
 	res.Rules = results[:0]
 	for _, i := range l.enforced {
 		rule := &l.cfg.Rules[i]
 		if key, ok := rule.Key.fn(r, &x); ok {
-			enforced = append(enforced, l.check(rule, key))
-			res.Rules = append(res.Rules, RuleResult{Rule: rule, Key: enforced[len(enforced)-1].Key})
+			ch := l.check(rule, key)
+			if rule.Lease != nil {
+				if ls := l.lease(rule, ch); ls != nil {
+					leased = append(leased, leasedRule{len(res.Rules), ls})
+					res.Rules = append(res.Rules, RuleResult{Rule: rule, Key: ch.Key})
+					continue
+				}
+			}
+			plain = append(plain, len(res.Rules))
+			enforced = append(enforced, ch)
+			res.Rules = append(res.Rules, RuleResult{Rule: rule, Key: ch.Key})
 		}
 	}
 	nEnforced := len(res.Rules)
@@ -343,16 +403,41 @@ func (l *Limiter) Decide(r *http.Request) Result {
 		}()
 	}
 	var err error
-	switch len(enforced) {
-	case 0:
-	case 1:
-		res.Rules[0].Decision, err = l.cfg.Client.Check(ctx, enforced[0])
-	default:
-		var ds []client.Decision
-		ds, err = l.cfg.Client.CheckAll(ctx, enforced)
-		for i := range ds {
-			res.Rules[i].Decision = ds[i]
+	denied := false
+	for _, lr := range leased {
+		d := &res.Rules[lr.at].Decision
+		var e error
+		*d, e = lr.lease.Allow(ctx)
+		err = errors.Join(err, e)
+		if !d.Allowed {
+			denied = true
+			break
 		}
+	}
+	if denied {
+		// The rules not asked: no decision, and nothing spent.
+		for _, lr := range leased {
+			if d := &res.Rules[lr.at].Decision; d.Source == 0 {
+				*d = client.Decision{Remaining: -1}
+			}
+		}
+		for _, at := range plain {
+			res.Rules[at].Decision = client.Decision{Remaining: -1}
+		}
+	} else {
+		var e error
+		switch len(enforced) {
+		case 0:
+		case 1:
+			res.Rules[plain[0]].Decision, e = l.cfg.Client.Check(ctx, enforced[0])
+		default:
+			var ds []client.Decision
+			ds, e = l.cfg.Client.CheckAll(ctx, enforced)
+			for i := range ds {
+				res.Rules[plain[i]].Decision = ds[i]
+			}
+		}
+		err = errors.Join(err, e)
 	}
 	wg.Wait()
 	res.Err = errors.Join(err, shadowErr)
@@ -369,6 +454,9 @@ func (l *Limiter) Decide(r *http.Request) Result {
 	}
 	if !res.Allowed {
 		res.RetryAfter = l.retryAfter(retry)
+		for _, lr := range leased {
+			lr.lease.GiveBack(res.Rules[lr.at].Decision)
+		}
 	}
 	for i := range res.Rules[nEnforced:] {
 		rr := &res.Rules[nEnforced+i]
@@ -379,6 +467,46 @@ func (l *Limiter) Decide(r *http.Request) Result {
 	res.Took = time.Since(start)
 	l.observe(r, &res)
 	return res
+}
+
+// leasedRule is an enforced rule of a request decided from a lease: its
+// place in Result.Rules and its lease.
+type leasedRule struct {
+	at    int
+	lease *client.Lease
+}
+
+// lease returns the lease of ch's key, taken on first use, or nil when
+// MaxLeases are held or the limiter is closed (the key is then checked
+// with a call).
+func (l *Limiter) lease(rule *Rule, ch client.Check) *client.Lease {
+	l.leaseMu.Lock()
+	defer l.leaseMu.Unlock()
+	if ls, ok := l.leases[ch.Key]; ok || l.leases == nil || len(l.leases) >= l.cfg.MaxLeases {
+		return ls
+	}
+	ls, err := l.cfg.Client.(Leaser).Lease(ch, *rule.Lease)
+	if err != nil {
+		return nil // what Lease refuses, New refused first
+	}
+	l.leases[ch.Key] = ls
+	return ls
+}
+
+// Close settles the leases of the Lease rules' keys, within ctx; their
+// keys are checked with a call each from then on. Call it when the
+// server stops: a slice not settled keeps its unspent hits counted until
+// it expires (never over the limit, but room lost).
+func (l *Limiter) Close(ctx context.Context) error {
+	l.leaseMu.Lock()
+	leases := l.leases
+	l.leases = nil
+	l.leaseMu.Unlock()
+	var errs []error
+	for _, ls := range leases {
+		errs = append(errs, ls.Close(ctx))
+	}
+	return errors.Join(errs...)
 }
 
 // decideShadow decides shadow checks, each on its own (a shadow rule that
