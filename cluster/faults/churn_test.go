@@ -32,6 +32,7 @@ import (
 // plays the same steps again (their timing is the machine's).
 func TestChurn(t *testing.T) {
 	requireNetns(t)
+	t.Parallel() // beside the suites of rows, in one of their slots
 	seed := churnSeed(t)
 	d := churnDuration(t)
 	replay := fmt.Sprintf("SLUICE_CHURN_SEED=%d SLUICE_CHURN_DURATION=%v go test -race -run TestChurn ./cluster/faults -v", seed, d)

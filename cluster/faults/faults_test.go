@@ -284,7 +284,10 @@ func TestFaults(t *testing.T) {
 
 // runScenarios runs scs as parallel subtests, at most parallelism(t) at
 // once in the whole test binary, and logs their table once all are done.
+// t runs in parallel with the other suites of rows and with TestChurn, so
+// that no slot idles while another suite's last row or the soak runs.
 func runScenarios(t *testing.T, scs []scenario, title string) {
+	t.Parallel()
 	bin := sluiceBinary(t)
 	tm := suiteTiming(t)
 	slots.once.Do(func() { slots.ch = make(chan struct{}, parallelism(t)) })

@@ -23,9 +23,14 @@ import (
 // them; in holder-crash, a node holding a slice is, and its slice counts
 // whole until a window after its expiry.
 func TestLeaseRuleLedger(t *testing.T) {
-	t.Run("steady", func(t *testing.T) { leaseRuleLedger(t, "") })
+	t.Parallel()
+	t.Run("steady", func(t *testing.T) {
+		t.Parallel()
+		leaseRuleLedger(t, "")
+	})
 	for _, victim := range []string{"owner", "holder"} {
 		t.Run(victim+"-crash", func(t *testing.T) {
+			t.Parallel()
 			if testing.Short() {
 				t.Skip("waits for failure detection")
 			}

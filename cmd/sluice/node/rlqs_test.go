@@ -112,6 +112,7 @@ func (e *simEnvoy) report(t *testing.T, now time.Time, first bool, elapsed time.
 // across the three; an Envoy that goes silent gives its share back to the
 // others once its assignment's lease has run out (a window after it).
 func TestRLQSFairAndExact(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "limits.yaml")
 	const limit, window = 61000, time.Minute
@@ -181,6 +182,7 @@ descriptors:
 // of it; the leases on the key hold the two together to the limit in
 // every window.
 func TestRLQSAcrossNodes(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	path := filepath.Join(dir, "limits.yaml")
 	const limit, window = 61000, time.Minute
