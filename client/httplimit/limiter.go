@@ -368,7 +368,7 @@ func (l *Limiter) Decide(r *http.Request) Result {
 			ch := l.check(rule, key)
 			if rule.Lease != nil {
 				if ls := l.lease(rule, ch); ls != nil {
-					leased = append(leased, leasedRule{len(res.Rules), ls})
+					leased = append(leased, leasedRule{len(res.Rules), ls, ch})
 					res.Rules = append(res.Rules, RuleResult{Rule: rule, Key: ch.Key})
 					continue
 				}
@@ -408,6 +408,11 @@ func (l *Limiter) Decide(r *http.Request) Result {
 		d := &res.Rules[lr.at].Decision
 		var e error
 		*d, e = lr.lease.Allow(ctx)
+		if errors.Is(e, client.ErrClosed) {
+			// Closed under this request (Close, a reload of sluice
+			// edge's rules): asked with a call instead.
+			*d, e = l.cfg.Client.Check(ctx, lr.check)
+		}
 		err = errors.Join(err, e)
 		if !d.Allowed {
 			denied = true
@@ -470,10 +475,11 @@ func (l *Limiter) Decide(r *http.Request) Result {
 }
 
 // leasedRule is an enforced rule of a request decided from a lease: its
-// place in Result.Rules and its lease.
+// place in Result.Rules, its lease and its check.
 type leasedRule struct {
 	at    int
 	lease *client.Lease
+	check client.Check
 }
 
 // lease returns the lease of ch's key, taken on first use, or nil when

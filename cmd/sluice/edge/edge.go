@@ -363,6 +363,11 @@ func (e *Edge) Shutdown(ctx context.Context) error {
 			}
 		}
 		e.wg.Wait()
+		if t := e.rules.Load(); t != nil {
+			if err := t.close(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("edge: settling quota leases: %w", err))
+			}
+		}
 		if err := e.client.Close(); err != nil {
 			errs = append(errs, err)
 		}
@@ -425,8 +430,17 @@ func (e *Edge) loadRules() error {
 		e.metrics.reloads.WithLabelValues("error").Inc()
 		return fmt.Errorf("%s: %w", e.cfg.RulesFile, err)
 	}
-	first := e.rules.Load() == nil
-	e.rules.Store(t)
+	old := e.rules.Swap(t)
+	first := old == nil
+	if !first {
+		// The old rules' slices go back to their keys; a request still
+		// deciding under them is checked with a call.
+		ctx, cancel := context.WithTimeout(context.Background(), e.cfg.ShutdownTimeout)
+		defer cancel()
+		if err := old.close(ctx); err != nil {
+			e.log.Warn("the replaced rules' quota leases were not all settled; their slices count until they expire", "err", err)
+		}
+	}
 	e.rulesSum = sum
 	e.metrics.reloads.WithLabelValues("ok").Inc()
 	if !first {

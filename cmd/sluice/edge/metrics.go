@@ -29,7 +29,7 @@ type metrics struct {
 // sluice_edge_decisions_total.
 var (
 	decisionResults = [...]string{"allowed", "denied", "shadow_denied", "shadow_allowed"}
-	decisionSources = [...]string{"", "owner", "forwarded", "sluice", "cache", "failure"}
+	decisionSources = [...]string{"", "owner", "forwarded", "sluice", "cache", "failure", "lease"}
 )
 
 func newMetrics(reg prometheus.Registerer, c *client.Client) *metrics {
@@ -40,7 +40,7 @@ func newMetrics(reg prometheus.Registerer, c *client.Client) *metrics {
 		}, []string{"route", "result"}),
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_edge_decisions_total",
-			Help: "Decisions of each rule: result allowed, denied, shadow_denied or shadow_allowed (shadow rules); source owner, forwarded or sluice (Sluice decided), cache (the local denial cache denied without a call), failure (Sluice did not decide: the failure policy did).",
+			Help: "Decisions of each rule: result allowed, denied, shadow_denied or shadow_allowed (shadow rules); source owner, forwarded or sluice (Sluice decided), cache (the local denial cache denied without a call), failure (Sluice did not decide: the failure policy did), lease (from a quota lease slice the edge holds, without a call), empty (a rule not asked: a leased rule denied first).",
 		}, []string{"route", "rule", "result", "source"}),
 		failures: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "sluice_edge_failures_total",

@@ -2,6 +2,7 @@ package edge
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -100,6 +101,21 @@ type RuleSpec struct {
 	// Shadow counts and logs the requests the rule would deny, without
 	// denying them.
 	Shadow bool `yaml:"shadow"`
+	// Lease, if set, decides the rule from quota leases the edge holds on
+	// each of its keys (httplimit.Rule.Lease): for a key every request
+	// checks, such as a service-wide limit.
+	Lease *LeaseSpec `yaml:"lease"`
+}
+
+// LeaseSpec sizes a rule's quota lease slices; `lease: {}` takes the
+// defaults.
+type LeaseSpec struct {
+	// Slice is how many requests a slice holds; default a tenth of the
+	// limit.
+	Slice int64 `yaml:"slice"`
+	// TTL is how long a slice lasts, a Go duration; default a tenth of
+	// the window, from 10ms to 5s.
+	TTL string `yaml:"ttl"`
 }
 
 // ParseRules parses and checks a rules file, reporting every problem at
@@ -203,6 +219,14 @@ func (s *RuleSpec) rule(route string, routePolicy client.Policy) (httplimit.Rule
 	}
 	if r.OnFailure == client.PolicyDefault {
 		r.OnFailure = routePolicy
+	}
+	if s.Lease != nil {
+		r.Lease = &client.LeaseConfig{Slice: s.Lease.Slice}
+		if s.Lease.TTL != "" {
+			if r.Lease.TTL, err = time.ParseDuration(s.Lease.TTL); err != nil || r.Lease.TTL <= 0 {
+				errs = append(errs, fmt.Sprintf("lease ttl %q: want a positive Go duration such as 100ms", s.Lease.TTL))
+			}
+		}
 	}
 	if len(errs) == 0 {
 		if err := r.Validate(); err != nil {
@@ -309,6 +333,16 @@ type route struct {
 // table is a compiled rules file: its routes, longest prefix first.
 type table struct {
 	routes []*route
+}
+
+// close settles the slices the table's limiters hold (leased rules), when
+// the table is replaced or the edge stops.
+func (t *table) close(ctx context.Context) error {
+	var errs []error
+	for _, rt := range t.routes {
+		errs = append(errs, rt.limiter.Close(ctx))
+	}
+	return errors.Join(errs...)
 }
 
 // match returns the route of r, nil if none.
