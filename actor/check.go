@@ -136,7 +136,15 @@ type Reservation struct {
 	// fit (denied otherwise, unchanged), and a smaller one shrinks it (the
 	// rest goes back, as with a settle). Ignored by a settle.
 	Lease bool
+	// Holder names who holds the reservation (a node, a client, an RLQS
+	// stream), for KeyState.Holders; at most MaxHolderLen bytes. It is
+	// kept in memory only: a key read from disk, or a standby's copy,
+	// knows its reservations without their holders. Ignored by a settle.
+	Holder string
 }
+
+// MaxHolderLen is the longest Reservation.Holder.
+const MaxHolderLen = 128
 
 // MaxReservations is the most reservations one key holds at once. A
 // reserving check past it is denied (RetryAfter: until the first of them
@@ -272,6 +280,8 @@ func (c *Check) validate(i int, l Limits) error {
 			return bad("reservation", "lasts %v; it must last from %v to %v", r.TTL, l.MinWindow, l.MaxWindow)
 		case r.Lease && c.Algorithm == SlidingWindow:
 			return bad("algorithm", "sliding_window takes no leases: its count is an estimate, so a slice of it is not exact; use sliding_log or token_bucket")
+		case len(r.Holder) > MaxHolderLen:
+			return bad("holder", "%d bytes long; at most %d", len(r.Holder), MaxHolderLen)
 		}
 	}
 	return nil

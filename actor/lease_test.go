@@ -219,3 +219,48 @@ func TestLeaseExtend(t *testing.T) {
 		t.Fatalf("settle at 1 after the extension = %+v, %d used; want settled, 1 used until a window after the new expiry", d, s.usedAt(at(3499*stMs)))
 	}
 }
+
+// TestHoldersView: a key's view groups its open reservations by holder
+// (leases counted apart) and counts the checks denied while a lease was
+// open; a state read back from its encoding knows the reservations but not
+// their holders.
+func TestHoldersView(t *testing.T) {
+	var s state
+	decide := func(c Check) Decision {
+		t.Helper()
+		c.Key, c.Limit, c.Window, c.Algorithm = "k", 10, stSec, SlidingLog
+		var dec Decision
+		s.decide(leaseT0, &c, stMaxRuns, &dec)
+		return dec
+	}
+	res := func(id byte, n int64, holder string, lease bool) Check {
+		return Check{Cost: n, Reservation: &Reservation{ID: ReservationID{id}, TTL: stSec, Lease: lease, Holder: holder}}
+	}
+	for _, c := range []Check{res(1, 3, "node-2", true), res(2, 2, "node-3", true), res(3, 1, "node-2", true), res(4, 1, "", false)} {
+		if d := decide(c); !d.Allowed {
+			t.Fatalf("%+v denied", c.Reservation)
+		}
+	}
+	decide(Check{Cost: 5}) // 3 left: denied
+	decide(Check{Cost: 1})
+	decide(Check{Cost: 9}) // denied
+	var v KeyState
+	s.view(leaseT0, stMaxRuns, &v)
+	want := []HolderView{
+		{Holder: "node-2", Leases: 2, Reservations: 2, Hits: 4, Expires: time.Unix(0, leaseT0+int64(stSec))},
+		{Holder: "node-3", Leases: 1, Reservations: 1, Hits: 2, Expires: time.Unix(0, leaseT0+int64(stSec))},
+		{Holder: "", Reservations: 1, Hits: 1, Expires: time.Unix(0, leaseT0+int64(stSec))},
+	}
+	if !slices.EqualFunc(v.Holders, want, func(a, b HolderView) bool { return a == b }) || v.LeaseDenials != 2 {
+		t.Fatalf("holders %+v, lease denials %d; want %+v, 2", v.Holders, v.LeaseDenials, want)
+	}
+	var u state
+	if err := u.decode(s.appendBinary(nil)); err != nil {
+		t.Fatal(err)
+	}
+	var w KeyState
+	u.view(leaseT0, stMaxRuns, &w)
+	if len(w.Holders) != 1 || w.Holders[0].Holder != "" || w.Holders[0].Reservations != 4 || w.Holders[0].Hits != 7 || w.Holders[0].Leases != 0 {
+		t.Fatalf("read back: holders %+v; want the 4 reservations (7 hits) under no holder", w.Holders)
+	}
+}

@@ -31,6 +31,11 @@ type reservation struct {
 	n int64
 	// expires is when it is settled at its estimate, unix ns.
 	expires int64
+	// holder is Reservation.Holder, in memory only ("" once read from
+	// disk or a copy).
+	holder string
+	// lease: a quota lease (in memory only, as holder).
+	lease bool
 }
 
 // openReservations are a key's open reservations, in the order they were
@@ -38,6 +43,9 @@ type reservation struct {
 // without reservations pays one nil pointer.
 type openReservations struct {
 	list []reservation
+	// denied counts the checks denied while the key held an open lease
+	// (in memory only): the price of exactness KeyState shows.
+	denied int64
 }
 
 // find returns the index of the reservation id, or -1.
@@ -87,12 +95,26 @@ func (s *state) holdsReservation(id ReservationID) bool {
 	return s.res != nil && s.res.find(id) >= 0
 }
 
-// addReservation records a reservation of n hits put at mark.
-func (s *state) addReservation(id ReservationID, mark, n, expires int64) {
+// leaseOpen reports whether s holds an open quota lease (as far as this
+// node knows: see reservation.lease).
+func (s *state) leaseOpen() bool {
+	if s.res == nil {
+		return false
+	}
+	for i := range s.res.list {
+		if s.res.list[i].lease {
+			return true
+		}
+	}
+	return false
+}
+
+// addReservation records reservation r of n hits put at mark.
+func (s *state) addReservation(r *Reservation, mark, n, expires int64) {
 	if s.res == nil {
 		s.res = &openReservations{}
 	}
-	s.res.list = append(s.res.list, reservation{id: id, mark: mark, n: n, expires: expires})
+	s.res.list = append(s.res.list, reservation{id: r.ID, mark: mark, n: n, expires: expires, holder: r.Holder, lease: r.Lease})
 	s.rewrite = true // a tail carries hits only
 }
 

@@ -186,10 +186,13 @@ func (s *state) decide(now int64, c *Check, maxRuns int, d *Decision) (changed b
 	} else if r.Lease && s.algo == SlidingLog {
 		expires := satAdd(now, int64(r.TTL))
 		if recorded = s.leaseDecide(now, expires, c, maxRuns, d); recorded {
-			s.addReservation(r.ID, s.mark(), c.Cost, expires)
+			s.addReservation(r, s.mark(), c.Cost, expires)
 		}
 	} else if recorded = s.algoDecide(now, c, maxRuns, d); recorded && d.Allowed {
-		s.addReservation(r.ID, s.mark(), c.Cost, satAdd(now, int64(r.TTL)))
+		s.addReservation(r, s.mark(), c.Cost, satAdd(now, int64(r.TTL)))
+	}
+	if !d.Allowed && c.Reservation == nil && c.Cost > 0 && s.leaseOpen() {
+		s.res.denied++
 	}
 	changed = changed || recorded
 	if changed && s.lineage == 0 {

@@ -39,6 +39,26 @@ type KeyState struct {
 	// and Reserved the hits they reserved.
 	Reservations int
 	Reserved     int64
+	// Holders groups the open reservations by holder (Reservation.Holder;
+	// "" for those without one, or whose holder this node does not know:
+	// read from disk or a copy), in the order of their first reservation.
+	Holders []HolderView
+	// LeaseDenials counts the checks denied while the key held an open
+	// quota lease, since the oldest reservation still open was made (as
+	// far as this node knows): denials a lease's held room may have
+	// caused, the price of exactness.
+	LeaseDenials int64
+}
+
+// HolderView is what one holder holds of a key.
+type HolderView struct {
+	Holder string
+	// Leases is how many of its reservations are quota leases (known to
+	// this node); Reservations all of them, and Hits their hits.
+	Leases, Reservations int
+	Hits                 int64
+	// Expires is when the last of them expires.
+	Expires time.Time
 }
 
 // Run is a number of hits recorded at the same time.
@@ -63,7 +83,7 @@ func (s *state) clone() state {
 		copy(c.buf[:cap(c.buf)], s.buf[:cap(s.buf)])
 	}
 	if s.res != nil {
-		c.res = &openReservations{list: slices.Clone(s.res.list)}
+		c.res = &openReservations{list: slices.Clone(s.res.list), denied: s.res.denied}
 	}
 	return c
 }
@@ -97,8 +117,23 @@ func (s *state) view(now int64, maxRuns int, v *KeyState) {
 	}
 	if peek.res != nil {
 		v.Reservations = len(peek.res.list)
+		v.LeaseDenials = peek.res.denied
 		for _, r := range peek.res.list {
 			v.Reserved = satAdd(v.Reserved, r.n)
+			i := slices.IndexFunc(v.Holders, func(h HolderView) bool { return h.Holder == r.holder })
+			if i < 0 {
+				i = len(v.Holders)
+				v.Holders = append(v.Holders, HolderView{Holder: r.holder})
+			}
+			h := &v.Holders[i]
+			h.Reservations++
+			if r.lease {
+				h.Leases++
+			}
+			h.Hits = satAdd(h.Hits, r.n)
+			if e := time.Unix(0, r.expires); e.After(h.Expires) {
+				h.Expires = e
+			}
 		}
 	}
 }

@@ -106,6 +106,11 @@ func (s *Server) keyState(v *actor.KeyState) *sluicepb.KeyState {
 	ks.RetryAfter, ks.ResetAfter = durationpb.New(v.RetryAfter), durationpb.New(v.ResetAfter)
 	ks.InMemory = v.InMemory
 	ks.Reservations, ks.Reserved = int64(v.Reservations), v.Reserved
+	ks.LeaseDenials = v.LeaseDenials
+	for _, h := range v.Holders {
+		ks.Holders = append(ks.Holders, &sluicepb.ReservationHolder{Holder: h.Holder, Reservations: int64(h.Reservations),
+			Leases: int64(h.Leases), Hits: h.Hits, ExpiresAt: timestamppb.New(h.Expires)})
+	}
 	if !v.ExpiresAt.IsZero() {
 		ks.ExpiresAt = timestamppb.New(v.ExpiresAt)
 	}

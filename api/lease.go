@@ -159,7 +159,7 @@ func (l *nodeLeases) holder(c *actor.Check) *leaseHolder {
 func (l *nodeLeases) take(h *leaseHolder, want int64) {
 	defer l.wg.Done()
 	c := actor.Check{Key: h.key, Limit: h.limit, Window: h.window, Algorithm: h.algo, Cost: want,
-		Reservation: &actor.Reservation{TTL: h.ttl, Lease: true}}
+		Reservation: &actor.Reservation{TTL: h.ttl, Lease: true, Holder: l.s.cfg.NodeName}}
 	rand.Read(c.Reservation.ID[:])
 	ctx, cancel := context.WithTimeout(context.Background(), leaseCallTimeout)
 	defer cancel()

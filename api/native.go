@@ -168,9 +168,11 @@ func (s *Server) nativeCheck(i int, pc *sluicepb.Check, now time.Time, c *actor.
 		if c.Usage || c.Refund || c.Penalty {
 			return badFields([]string{field + "reserve_for"}, "check %d: a reservation cannot also be a usage report, a refund or a penalty", i)
 		}
-		c.Reservation = &actor.Reservation{ID: newReservationID(), TTL: pc.ReserveFor.AsDuration(), Lease: pc.Lease}
+		c.Reservation = &actor.Reservation{ID: newReservationID(), TTL: pc.ReserveFor.AsDuration(), Lease: pc.Lease, Holder: pc.Holder}
 	case pc.Lease:
 		return badFields([]string{field + "lease"}, "check %d: lease needs reserve_for: how long the caller may spend the slice before it expires", i)
+	case pc.Holder != "":
+		return badFields([]string{field + "holder"}, "check %d: holder names who holds a reservation: it needs reserve_for", i)
 	}
 	if c.Limit < 0 {
 		return badInput("check %d: limit: %d; it must be a positive count, or 0 to take it from an override or the limits file", i, c.Limit)

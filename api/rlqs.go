@@ -17,6 +17,7 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -94,8 +95,9 @@ func newRLQSService(s *Server, reg prometheus.Registerer) *rlqsService {
 
 // rlqsBucket is one bucket of one stream.
 type rlqsBucket struct {
-	id   *rlqsv3.BucketId
-	name string // its entries, for logs and map keys
+	id     *rlqsv3.BucketId
+	name   string // its entries, for logs and map keys
+	holder string // its leases' holder: rlqsHolder
 
 	// What the limits file says of it.
 	kind   rlqsKind
@@ -199,6 +201,16 @@ func (r *rlqsService) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_
 	}
 }
 
+// rlqsHolder names the holder of a stream's leases in a key's state: the
+// node and the stream's peer, "node-1 rlqs 10.0.0.7:41532".
+func rlqsHolder(ctx context.Context, node string) string {
+	h := node + " rlqs"
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		h += " " + p.Addr.String()
+	}
+	return h[:min(len(h), actor.MaxHolderLen)]
+}
+
 // report handles one usage report of a stream of domain whose buckets are
 // buckets, and returns the actions to send.
 func (r *rlqsService) report(ctx context.Context, domain string, m *rlqsv3.RateLimitQuotaUsageReports, buckets map[string]*rlqsBucket) (*rlqsv3.RateLimitQuotaResponse, error) {
@@ -220,7 +232,7 @@ func (r *rlqsService) report(ctx context.Context, domain string, m *rlqsv3.RateL
 			if len(buckets) >= rlqsMaxBuckets {
 				return nil, status.Errorf(codes.ResourceExhausted, "rlqs: more than %d buckets on one stream: make the bucket ids of Envoy's bucket matchers coarser", rlqsMaxBuckets)
 			}
-			b = &rlqsBucket{id: u.GetBucketId(), name: name}
+			b = &rlqsBucket{id: u.GetBucketId(), name: name, holder: rlqsHolder(ctx, r.s.cfg.NodeName)}
 			r.classify(cfg, domain, entries, b)
 			buckets[name] = b
 			if b.kind == rlqsLimited {
@@ -449,7 +461,7 @@ func (r *rlqsService) assign(ctx context.Context, b *rlqsBucket, ttl time.Durati
 // granted it, and the key's room if it did not (0 when undecided).
 func (r *rlqsService) lease(ctx context.Context, b *rlqsBucket, id actor.ReservationID, n int64, ttl time.Duration) (bool, int64) {
 	c := actor.Check{Key: b.key, Limit: b.limit, Window: b.window, Algorithm: actor.SlidingLog, Cost: n,
-		Reservation: &actor.Reservation{ID: id, TTL: ttl, Lease: true}}
+		Reservation: &actor.Reservation{ID: id, TTL: ttl, Lease: true, Holder: b.holder}}
 	out := make([]actor.Decision, 1)
 	ctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
 	defer cancel()

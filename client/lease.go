@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -40,6 +41,10 @@ type LeaseConfig struct {
 	// TTL is how long a slice lasts. 0: a tenth of the window, from
 	// MinLeaseTTL to MaxLeaseTTL. Sluice bounds it by the window's range.
 	TTL time.Duration
+	// Holder names this holder among the key's holders (sluice key get),
+	// at most 128 bytes. Default: the host's name and the process ID,
+	// "web-7f9c/4121".
+	Holder string
 }
 
 // Lease holds quota leases on one hot key: slices of its room that Sluice
@@ -65,10 +70,11 @@ type LeaseConfig struct {
 //
 // A Lease is safe for concurrent use. Close settles the open slice.
 type Lease struct {
-	c     *Client
-	check Check
-	slice int64
-	ttl   time.Duration
+	c      *Client
+	check  Check
+	slice  int64
+	ttl    time.Duration
+	holder string
 
 	mu       sync.Mutex
 	cur      *slice
@@ -88,6 +94,16 @@ type slice struct {
 	until   time.Time // the holder spends nothing from then on
 }
 
+// maxHolderLen is the longest LeaseConfig.Holder a node takes.
+const maxHolderLen = 128
+
+// defaultHolder is the default LeaseConfig.Holder: host/pid.
+func defaultHolder() string {
+	host, _ := os.Hostname()
+	h := fmt.Sprintf("%s/%d", host, os.Getpid())
+	return h[max(0, len(h)-maxHolderLen):]
+}
+
 // Lease returns a holder of quota leases on ch's key (ch.Cost, Peek,
 // Refund and Usage are ignored: each Allow spends one hit). The key
 // needs its limit and window in ch; an unset algorithm takes the
@@ -102,8 +118,13 @@ func (c *Client) Lease(ch Check, cfg LeaseConfig) (*Lease, error) {
 		return nil, fmt.Errorf("client: lease %s: sliding_window takes no leases (its count is an estimate); use sliding_log or token_bucket", quoteKey(ch.Key))
 	case cfg.Slice < 0 || cfg.TTL < 0:
 		return nil, fmt.Errorf("client: lease %s: slice %d and TTL %v must not be negative", quoteKey(ch.Key), cfg.Slice, cfg.TTL)
+	case len(cfg.Holder) > maxHolderLen:
+		return nil, fmt.Errorf("client: lease %s: holder %q is %d bytes long; at most %d", quoteKey(ch.Key), cfg.Holder[:32]+"...", len(cfg.Holder), maxHolderLen)
 	}
-	l := &Lease{c: c, check: ch, slice: cfg.Slice, ttl: cfg.TTL, room: -1}
+	l := &Lease{c: c, check: ch, slice: cfg.Slice, ttl: cfg.TTL, holder: cfg.Holder, room: -1}
+	if l.holder == "" {
+		l.holder = defaultHolder()
+	}
 	l.check.Cost, l.check.Peek, l.check.Refund, l.check.Usage, l.check.Penalty = 1, false, false, false, false
 	if l.slice == 0 {
 		l.slice = max(1, ch.Limit/DefaultLeaseSliceFraction)
@@ -217,7 +238,7 @@ func (l *Lease) take(ctx context.Context, want int64, opts []Option) (*slice, De
 	ch := l.check
 	ch.Cost = want
 	sent := time.Now()
-	r, err := l.c.reserve(ctx, l.ttl, []Check{ch}, true, opts)
+	r, err := l.c.reserve(ctx, l.ttl, []Check{ch}, true, l.holder, opts)
 	d := r.Decisions[0]
 	if err != nil || !r.Held() {
 		if err == nil {

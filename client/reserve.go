@@ -84,11 +84,12 @@ type Settlement struct {
 // failure policy does (Allowed), err says why, and Settle sends the
 // actual cost as a usage report instead.
 func (c *Client) Reserve(ctx context.Context, ttl time.Duration, checks []Check, opts ...Option) (*Reservation, error) {
-	return c.reserve(ctx, ttl, checks, false, opts)
+	return c.reserve(ctx, ttl, checks, false, "", opts)
 }
 
-// reserve is Reserve; with lease, of quota leases (see Lease).
-func (c *Client) reserve(ctx context.Context, ttl time.Duration, checks []Check, lease bool, opts []Option) (*Reservation, error) {
+// reserve is Reserve; with lease, of quota leases (see Lease) held by
+// holder.
+func (c *Client) reserve(ctx context.Context, ttl time.Duration, checks []Check, lease bool, holder string, opts []Option) (*Reservation, error) {
 	c.stats.checks.Add(uint64(len(checks)))
 	r := &Reservation{checks: append([]Check(nil), checks...), Decisions: make([]Decision, len(checks))}
 	if len(checks) == 0 {
@@ -101,7 +102,7 @@ func (c *Client) reserve(ctx context.Context, ttl time.Duration, checks []Check,
 	for i := range checks {
 		req.Checks[i] = toProto(&checks[i], &pcs[i])
 		req.Checks[i].ReserveFor = durationpb.New(ttl)
-		req.Checks[i].Lease = lease
+		req.Checks[i].Lease, req.Checks[i].Holder = lease, holder
 	}
 	rl := c.wholeCall(checks)
 	resp, info, err := send(c, ctx, s.deadline, func(ctx context.Context, o []grpc.CallOption) (*sluicepb.CheckResponse, error) {

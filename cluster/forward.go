@@ -435,7 +435,7 @@ func ToProtoCheck(c *actor.Check) *sluicepb.Check {
 		Usage:     c.Usage,
 	}
 	if r := c.Reservation; r != nil {
-		pc.ReservationId, pc.Settle, pc.Lease = r.ID[:], r.Settle, r.Lease
+		pc.ReservationId, pc.Settle, pc.Lease, pc.Holder = r.ID[:], r.Settle, r.Lease, r.Holder
 		if !r.Settle {
 			pc.ReserveFor = durationpb.New(r.TTL)
 		}

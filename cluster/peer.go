@@ -204,7 +204,7 @@ func FromProtoChecks(in []*sluicepb.Check) ([]actor.Check, error) {
 			Cost: pc.GetCost(), Refund: pc.Refund, Penalty: pc.Penalty, Usage: pc.Usage,
 		}
 		if len(pc.ReservationId) > 0 {
-			r := &actor.Reservation{TTL: pc.ReserveFor.AsDuration(), Settle: pc.Settle, Lease: pc.Lease}
+			r := &actor.Reservation{TTL: pc.ReserveFor.AsDuration(), Settle: pc.Settle, Lease: pc.Lease, Holder: pc.Holder}
 			if copy(r.ID[:], pc.ReservationId) != len(pc.ReservationId) {
 				return nil, &actor.InvalidCheckError{Index: i, Field: "reservation", Reason: "the reservation ID is longer than 16 bytes"}
 			}

@@ -272,6 +272,18 @@ type keyView struct {
 	SlidingWindow *slidingWindow `json:"slidingWindow,omitempty"`
 	TokenBucket   *tokenBucket   `json:"tokenBucket,omitempty"`
 	Override      *overrideView  `json:"override"`
+	// Holders are the open reservations by holder; LeaseDenials the checks
+	// denied while a quota lease was open.
+	Holders      []holderView `json:"holders,omitempty"`
+	LeaseDenials int64        `json:"leaseDenials"`
+}
+
+type holderView struct {
+	Holder       string `json:"holder"`
+	Reservations int64  `json:"reservations"`
+	Leases       int64  `json:"leases"`
+	Hits         int64  `json:"hits"`
+	ExpiresAt    string `json:"expiresAt"`
 }
 
 type run struct {
@@ -333,6 +345,10 @@ func (h *Handler) key(r *http.Request) (any, error) {
 	}
 	v.Algorithm = algorithmName(s.Algorithm)
 	v.RetryAfterMs, v.ResetAfterMs = msp(s.RetryAfter), msp(s.ResetAfter)
+	v.LeaseDenials = s.LeaseDenials
+	for _, h := range s.Holders {
+		v.Holders = append(v.Holders, holderView{Holder: h.Holder, Reservations: h.Reservations, Leases: h.Leases, Hits: h.Hits, ExpiresAt: fmtTime(h.ExpiresAt.AsTime())})
+	}
 	if s.ExpiresAt != nil {
 		v.ExpiresAt = fmtTime(s.ExpiresAt.AsTime())
 	}

@@ -76,6 +76,10 @@ func printKeyState(w io.Writer, s *sluicepb.KeyState) error {
 		row("reset after", "%s", fmtDuration(s.ResetAfter))
 		row("expires at", "%s", fmtTime(s.ExpiresAt))
 		row("in memory", "%s", fmtBool(s.InMemory))
+		if s.Reservations > 0 {
+			row("reservations", "%d, %d hits", s.Reservations, s.Reserved)
+			row("lease denials", "%d", s.LeaseDenials)
+		}
 		switch ctr := s.Counters.(type) {
 		case *sluicepb.KeyState_SlidingWindow:
 			row("bucket start", "%s", fmtTime(ctr.SlidingWindow.BucketStart))
@@ -90,6 +94,21 @@ func printKeyState(w io.Writer, s *sluicepb.KeyState) error {
 	row("read at", "%s", fmtTime(s.ReadAt))
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	if len(s.Holders) > 0 {
+		fmt.Fprintln(w)
+		tw = newTable(w)
+		fmt.Fprintln(tw, "HOLDER	RESERVATIONS	LEASES	HITS	LAST EXPIRES")
+		for _, h := range s.Holders {
+			name := h.Holder
+			if name == "" {
+				name = "-"
+			}
+			fmt.Fprintf(tw, "%s	%d	%d	%d	%s\n", name, h.Reservations, h.Leases, h.Hits, fmtTime(h.ExpiresAt))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
 	if log := s.GetSlidingLog(); s.Found && log != nil {
 		fmt.Fprintln(w)

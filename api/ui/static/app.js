@@ -298,6 +298,16 @@ async function renderKey() {
   }
   document.getElementById("key-figures").replaceChildren(...figs);
 
+  const holders = document.getElementById("key-holders");
+  holders.hidden = !(k.found && k.holders && k.holders.length);
+  if (!holders.hidden) {
+    document.getElementById("key-holders-rows").replaceChildren(...k.holders.map((h) => el("tr", {},
+      el("td", {}, h.holder || "– (unnamed, or read from disk or a copy)"), el("td", { class: "num" }, fmtInt(h.reservations)),
+      el("td", { class: "num" }, fmtInt(h.leases)), el("td", { class: "num" }, fmtInt(h.hits)), el("td", {}, fmtTime(h.expiresAt)))));
+    document.getElementById("key-lease-denials").textContent = fmtInt(k.leaseDenials) +
+      " checks denied while a quota lease was open (since the oldest reservation still open): what the room held by leases may have cost.";
+  }
+
   const log = document.getElementById("key-log");
   log.hidden = !(k.found && k.runs);
   if (!log.hidden) drawTimeline(document.getElementById("timeline"), k);

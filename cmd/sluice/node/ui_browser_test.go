@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -105,6 +106,14 @@ func demoTraffic(t *testing.T, tc *testCluster, seconds int) {
 				cancel()
 			}
 		}
+	}
+	// A quota lease held by a web server, open at the end.
+	lease := check("tenant:leased", 100)
+	lease.Cost, lease.ReserveFor, lease.Lease, lease.Holder = proto.Int64(30), durationpb.New(30*time.Second), true, "web-7"
+	ctx, cancel := call()
+	defer cancel()
+	if _, err := sluicepb.NewRateLimitServiceClient(tc.nodes[0].conn).Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{lease}}); err != nil {
+		t.Fatalf("a lease on tenant:leased: %v", err)
 	}
 }
 
@@ -309,6 +318,14 @@ func TestUIPages(t *testing.T) {
 			t.Errorf("Envoy lookup of edge remote_address=10.0.0.3 = %q; want edge|remote_address=10.0.0.3", envoyKey)
 		}
 		screenshot(t, "key")
+
+		open(t, "key.html?key="+url.QueryEscape("tenant:leased"))
+		var holders [][]string
+		eval(t, `document.getElementById("key-holders").hidden ? [] :
+			[...document.querySelectorAll("#key-holders-rows tr")].map((r) => [...r.cells].map((c) => c.textContent))`, &holders)
+		if len(holders) != 1 || holders[0][0] != "web-7" || holders[0][2] != "1" || holders[0][3] != "30" {
+			t.Errorf("tenant:leased holders table = %q; want web-7 holding one lease of 30 hits", holders)
+		}
 
 		open(t, "key.html?key="+url.QueryEscape("tenant:globex"))
 		var override string

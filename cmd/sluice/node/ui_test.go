@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
@@ -107,6 +108,14 @@ type (
 			ExpiresInMs float64 `json:"expiresInMs"`
 			Note        string  `json:"note"`
 		} `json:"override"`
+		Holders []struct {
+			Holder       string `json:"holder"`
+			Reservations int64  `json:"reservations"`
+			Leases       int64  `json:"leases"`
+			Hits         int64  `json:"hits"`
+			ExpiresAt    string `json:"expiresAt"`
+		} `json:"holders"`
+		LeaseDenials int64 `json:"leaseDenials"`
 	}
 )
 
@@ -192,6 +201,24 @@ func TestUISingleNode(t *testing.T) {
 	}
 	if ov := k.Override; ov == nil || ov.Key != "tenant:" || !ov.Prefix || ov.Limit != 12 || ov.Note != "INC-7" || ov.ExpiresInMs != 3600000-3500 {
 		t.Errorf("key tenant:hot override = %+v; want the prefix override tenant: (limit 12, INC-7, expiring in 1h less 3.5 s)", ov)
+	}
+	if len(k.Holders) != 0 {
+		t.Errorf("key tenant:hot holders = %+v; want none", k.Holders)
+	}
+
+	// A quota lease with a holder, and a check it makes a denial.
+	lease := nativeCheck("api:leased", 10, time.Minute, 7)
+	lease.ReserveFor, lease.Lease, lease.Holder = durationpb.New(time.Minute), true, "web-1"
+	if _, err := sluicepb.NewRateLimitServiceClient(ts.conn).Check(ts.ctx(), &sluicepb.CheckRequest{Checks: []*sluicepb.Check{lease}}); err != nil {
+		t.Fatal(err)
+	}
+	ts.check(t, "api:leased", 10, 4) // 3 allowed, 1 denied
+	var lk uiKey
+	if code, body := uiGet(t, addr, "api/key?key="+url.QueryEscape("api:leased"), "", &lk); code != 200 {
+		t.Fatalf("GET key = %d %s", code, body)
+	}
+	if len(lk.Holders) != 1 || lk.Holders[0].Holder != "web-1" || lk.Holders[0].Leases != 1 || lk.Holders[0].Hits != 7 || lk.Holders[0].ExpiresAt == "" || lk.LeaseDenials != 1 {
+		t.Errorf("key api:leased holders %+v, lease denials %d; want web-1 holding one lease of 7, 1 denial", lk.Holders, lk.LeaseDenials)
 	}
 	if code, body := uiGet(t, addr, "api/key?key="+url.QueryEscape(`nobody\x00`), "", &k); code != 200 || k.Found || k.Key != `nobody\x00` {
 		t.Errorf(`GET key nobody\x00 = %d %s; want found false, the key shown as it was asked`, code, body)

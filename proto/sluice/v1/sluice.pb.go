@@ -259,7 +259,11 @@ type Check struct {
 	// while a lease is open count that long too. A token_bucket key takes
 	// the tokens at once. sliding_window takes no leases
 	// (INVALID_ARGUMENT). The Go client's Lease does all of this.
-	Lease         bool `protobuf:"varint,13,opt,name=lease,proto3" json:"lease,omitempty"`
+	Lease bool `protobuf:"varint,13,opt,name=lease,proto3" json:"lease,omitempty"`
+	// With reserve_for: who holds the reservation (a host, a service, a
+	// process), at most 128 bytes, shown by AdminService.GetKey among the
+	// key's holders. Optional.
+	Holder        string `protobuf:"bytes,14,opt,name=holder,proto3" json:"holder,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -383,6 +387,13 @@ func (x *Check) GetLease() bool {
 		return x.Lease
 	}
 	return false
+}
+
+func (x *Check) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
 }
 
 // CheckResponse holds the answer to each check of a CheckRequest.
@@ -1578,7 +1589,16 @@ type KeyState struct {
 	// they reserved.
 	Reservations int64 `protobuf:"varint,18,opt,name=reservations,proto3" json:"reservations,omitempty"`
 	// The hits the open reservations reserved.
-	Reserved      int64 `protobuf:"varint,19,opt,name=reserved,proto3" json:"reserved,omitempty"`
+	Reserved int64 `protobuf:"varint,19,opt,name=reserved,proto3" json:"reserved,omitempty"`
+	// The open reservations by holder (Check.holder), in the order of each
+	// holder's first. Holders are kept in the owner's memory only: after a
+	// restart or a failover, the reservations it read from disk or a copy
+	// are listed under an empty holder.
+	Holders []*ReservationHolder `protobuf:"bytes,20,rep,name=holders,proto3" json:"holders,omitempty"`
+	// The checks denied while the key held an open quota lease, since the
+	// oldest reservation still open was made, as far as the owner knows:
+	// denials that the room held by leases may have caused.
+	LeaseDenials  int64 `protobuf:"varint,21,opt,name=lease_denials,json=leaseDenials,proto3" json:"lease_denials,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1759,6 +1779,20 @@ func (x *KeyState) GetReserved() int64 {
 	return 0
 }
 
+func (x *KeyState) GetHolders() []*ReservationHolder {
+	if x != nil {
+		return x.Holders
+	}
+	return nil
+}
+
+func (x *KeyState) GetLeaseDenials() int64 {
+	if x != nil {
+		return x.LeaseDenials
+	}
+	return 0
+}
+
 type isKeyState_Counters interface {
 	isKeyState_Counters()
 }
@@ -1784,6 +1818,88 @@ func (*KeyState_SlidingWindow) isKeyState_Counters() {}
 
 func (*KeyState_TokenBucket) isKeyState_Counters() {}
 
+// ReservationHolder is what one holder holds of a key.
+type ReservationHolder struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Check.holder; empty when none was given or the owner does not know it.
+	Holder string `protobuf:"bytes,1,opt,name=holder,proto3" json:"holder,omitempty"`
+	// The holder's open reservations.
+	Reservations int64 `protobuf:"varint,2,opt,name=reservations,proto3" json:"reservations,omitempty"`
+	// How many of them are quota leases.
+	Leases int64 `protobuf:"varint,3,opt,name=leases,proto3" json:"leases,omitempty"`
+	// The hits they reserved.
+	Hits int64 `protobuf:"varint,4,opt,name=hits,proto3" json:"hits,omitempty"`
+	// When the last of them expires.
+	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReservationHolder) Reset() {
+	*x = ReservationHolder{}
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReservationHolder) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReservationHolder) ProtoMessage() {}
+
+func (x *ReservationHolder) ProtoReflect() protoreflect.Message {
+	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReservationHolder.ProtoReflect.Descriptor instead.
+func (*ReservationHolder) Descriptor() ([]byte, []int) {
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *ReservationHolder) GetHolder() string {
+	if x != nil {
+		return x.Holder
+	}
+	return ""
+}
+
+func (x *ReservationHolder) GetReservations() int64 {
+	if x != nil {
+		return x.Reservations
+	}
+	return 0
+}
+
+func (x *ReservationHolder) GetLeases() int64 {
+	if x != nil {
+		return x.Leases
+	}
+	return 0
+}
+
+func (x *ReservationHolder) GetHits() int64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
+func (x *ReservationHolder) GetExpiresAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpiresAt
+	}
+	return nil
+}
+
 // SlidingLogState holds the recorded hits of a sliding-log key.
 type SlidingLogState struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1796,7 +1912,7 @@ type SlidingLogState struct {
 
 func (x *SlidingLogState) Reset() {
 	*x = SlidingLogState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1808,7 +1924,7 @@ func (x *SlidingLogState) String() string {
 func (*SlidingLogState) ProtoMessage() {}
 
 func (x *SlidingLogState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[19]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1821,7 +1937,7 @@ func (x *SlidingLogState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlidingLogState.ProtoReflect.Descriptor instead.
 func (*SlidingLogState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{19}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *SlidingLogState) GetRuns() []*LogRun {
@@ -1844,7 +1960,7 @@ type LogRun struct {
 
 func (x *LogRun) Reset() {
 	*x = LogRun{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1856,7 +1972,7 @@ func (x *LogRun) String() string {
 func (*LogRun) ProtoMessage() {}
 
 func (x *LogRun) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[20]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1869,7 +1985,7 @@ func (x *LogRun) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogRun.ProtoReflect.Descriptor instead.
 func (*LogRun) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{20}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *LogRun) GetTime() *timestamppb.Timestamp {
@@ -1903,7 +2019,7 @@ type SlidingWindowState struct {
 
 func (x *SlidingWindowState) Reset() {
 	*x = SlidingWindowState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1915,7 +2031,7 @@ func (x *SlidingWindowState) String() string {
 func (*SlidingWindowState) ProtoMessage() {}
 
 func (x *SlidingWindowState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[21]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1928,7 +2044,7 @@ func (x *SlidingWindowState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SlidingWindowState.ProtoReflect.Descriptor instead.
 func (*SlidingWindowState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{21}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *SlidingWindowState) GetBucketStart() *timestamppb.Timestamp {
@@ -1966,7 +2082,7 @@ type TokenBucketState struct {
 
 func (x *TokenBucketState) Reset() {
 	*x = TokenBucketState{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1978,7 +2094,7 @@ func (x *TokenBucketState) String() string {
 func (*TokenBucketState) ProtoMessage() {}
 
 func (x *TokenBucketState) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[22]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1991,7 +2107,7 @@ func (x *TokenBucketState) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenBucketState.ProtoReflect.Descriptor instead.
 func (*TokenBucketState) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{22}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *TokenBucketState) GetTokens() float64 {
@@ -2027,7 +2143,7 @@ type ListKeysRequest struct {
 
 func (x *ListKeysRequest) Reset() {
 	*x = ListKeysRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2039,7 +2155,7 @@ func (x *ListKeysRequest) String() string {
 func (*ListKeysRequest) ProtoMessage() {}
 
 func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[23]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2052,7 +2168,7 @@ func (x *ListKeysRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysRequest.ProtoReflect.Descriptor instead.
 func (*ListKeysRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{23}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListKeysRequest) GetPrefix() []byte {
@@ -2089,7 +2205,7 @@ type ListKeysResponse struct {
 
 func (x *ListKeysResponse) Reset() {
 	*x = ListKeysResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2101,7 +2217,7 @@ func (x *ListKeysResponse) String() string {
 func (*ListKeysResponse) ProtoMessage() {}
 
 func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[24]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2114,7 +2230,7 @@ func (x *ListKeysResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListKeysResponse.ProtoReflect.Descriptor instead.
 func (*ListKeysResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{24}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListKeysResponse) GetKeys() []*KeySummary {
@@ -2152,7 +2268,7 @@ type KeySummary struct {
 
 func (x *KeySummary) Reset() {
 	*x = KeySummary{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2164,7 +2280,7 @@ func (x *KeySummary) String() string {
 func (*KeySummary) ProtoMessage() {}
 
 func (x *KeySummary) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[25]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2177,7 +2293,7 @@ func (x *KeySummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeySummary.ProtoReflect.Descriptor instead.
 func (*KeySummary) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{25}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *KeySummary) GetKey() []byte {
@@ -2226,7 +2342,7 @@ type ResetKeyRequest struct {
 
 func (x *ResetKeyRequest) Reset() {
 	*x = ResetKeyRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2238,7 +2354,7 @@ func (x *ResetKeyRequest) String() string {
 func (*ResetKeyRequest) ProtoMessage() {}
 
 func (x *ResetKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[26]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2251,7 +2367,7 @@ func (x *ResetKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetKeyRequest.ProtoReflect.Descriptor instead.
 func (*ResetKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{26}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ResetKeyRequest) GetKey() []byte {
@@ -2272,7 +2388,7 @@ type ResetKeyResponse struct {
 
 func (x *ResetKeyResponse) Reset() {
 	*x = ResetKeyResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2284,7 +2400,7 @@ func (x *ResetKeyResponse) String() string {
 func (*ResetKeyResponse) ProtoMessage() {}
 
 func (x *ResetKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[27]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2297,7 +2413,7 @@ func (x *ResetKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ResetKeyResponse.ProtoReflect.Descriptor instead.
 func (*ResetKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{27}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ResetKeyResponse) GetExisted() bool {
@@ -2347,7 +2463,7 @@ type Override struct {
 
 func (x *Override) Reset() {
 	*x = Override{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2359,7 +2475,7 @@ func (x *Override) String() string {
 func (*Override) ProtoMessage() {}
 
 func (x *Override) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[28]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2372,7 +2488,7 @@ func (x *Override) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Override.ProtoReflect.Descriptor instead.
 func (*Override) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{28}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *Override) GetKey() []byte {
@@ -2442,7 +2558,7 @@ type SetOverrideRequest struct {
 
 func (x *SetOverrideRequest) Reset() {
 	*x = SetOverrideRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2454,7 +2570,7 @@ func (x *SetOverrideRequest) String() string {
 func (*SetOverrideRequest) ProtoMessage() {}
 
 func (x *SetOverrideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[29]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2467,7 +2583,7 @@ func (x *SetOverrideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetOverrideRequest.ProtoReflect.Descriptor instead.
 func (*SetOverrideRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{29}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *SetOverrideRequest) GetOverride() *Override {
@@ -2488,7 +2604,7 @@ type SetOverrideResponse struct {
 
 func (x *SetOverrideResponse) Reset() {
 	*x = SetOverrideResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2500,7 +2616,7 @@ func (x *SetOverrideResponse) String() string {
 func (*SetOverrideResponse) ProtoMessage() {}
 
 func (x *SetOverrideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[30]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2513,7 +2629,7 @@ func (x *SetOverrideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetOverrideResponse.ProtoReflect.Descriptor instead.
 func (*SetOverrideResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{30}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SetOverrideResponse) GetOverride() *Override {
@@ -2541,7 +2657,7 @@ type ListOverridesRequest struct {
 
 func (x *ListOverridesRequest) Reset() {
 	*x = ListOverridesRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2553,7 +2669,7 @@ func (x *ListOverridesRequest) String() string {
 func (*ListOverridesRequest) ProtoMessage() {}
 
 func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[31]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2566,7 +2682,7 @@ func (x *ListOverridesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesRequest.ProtoReflect.Descriptor instead.
 func (*ListOverridesRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{31}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ListOverridesRequest) GetPrefix() []byte {
@@ -2604,7 +2720,7 @@ type ListOverridesResponse struct {
 
 func (x *ListOverridesResponse) Reset() {
 	*x = ListOverridesResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2616,7 +2732,7 @@ func (x *ListOverridesResponse) String() string {
 func (*ListOverridesResponse) ProtoMessage() {}
 
 func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[32]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2629,7 +2745,7 @@ func (x *ListOverridesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListOverridesResponse.ProtoReflect.Descriptor instead.
 func (*ListOverridesResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{32}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ListOverridesResponse) GetOverrides() []*Override {
@@ -2660,7 +2776,7 @@ type DeleteOverrideRequest struct {
 
 func (x *DeleteOverrideRequest) Reset() {
 	*x = DeleteOverrideRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2672,7 +2788,7 @@ func (x *DeleteOverrideRequest) String() string {
 func (*DeleteOverrideRequest) ProtoMessage() {}
 
 func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[33]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2685,7 +2801,7 @@ func (x *DeleteOverrideRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOverrideRequest.ProtoReflect.Descriptor instead.
 func (*DeleteOverrideRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{33}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *DeleteOverrideRequest) GetKey() []byte {
@@ -2713,7 +2829,7 @@ type DeleteOverrideResponse struct {
 
 func (x *DeleteOverrideResponse) Reset() {
 	*x = DeleteOverrideResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2725,7 +2841,7 @@ func (x *DeleteOverrideResponse) String() string {
 func (*DeleteOverrideResponse) ProtoMessage() {}
 
 func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[34]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2738,7 +2854,7 @@ func (x *DeleteOverrideResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DeleteOverrideResponse.ProtoReflect.Descriptor instead.
 func (*DeleteOverrideResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{34}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *DeleteOverrideResponse) GetExisted() bool {
@@ -2762,7 +2878,7 @@ type EnvoyKeyRequest struct {
 
 func (x *EnvoyKeyRequest) Reset() {
 	*x = EnvoyKeyRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2774,7 +2890,7 @@ func (x *EnvoyKeyRequest) String() string {
 func (*EnvoyKeyRequest) ProtoMessage() {}
 
 func (x *EnvoyKeyRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[35]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2787,7 +2903,7 @@ func (x *EnvoyKeyRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvoyKeyRequest.ProtoReflect.Descriptor instead.
 func (*EnvoyKeyRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{35}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *EnvoyKeyRequest) GetDomain() string {
@@ -2817,7 +2933,7 @@ type DescriptorEntry struct {
 
 func (x *DescriptorEntry) Reset() {
 	*x = DescriptorEntry{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2829,7 +2945,7 @@ func (x *DescriptorEntry) String() string {
 func (*DescriptorEntry) ProtoMessage() {}
 
 func (x *DescriptorEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[36]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2842,7 +2958,7 @@ func (x *DescriptorEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DescriptorEntry.ProtoReflect.Descriptor instead.
 func (*DescriptorEntry) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{36}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *DescriptorEntry) GetKey() string {
@@ -2874,7 +2990,7 @@ type EnvoyKeyResponse struct {
 
 func (x *EnvoyKeyResponse) Reset() {
 	*x = EnvoyKeyResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2886,7 +3002,7 @@ func (x *EnvoyKeyResponse) String() string {
 func (*EnvoyKeyResponse) ProtoMessage() {}
 
 func (x *EnvoyKeyResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[37]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2899,7 +3015,7 @@ func (x *EnvoyKeyResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EnvoyKeyResponse.ProtoReflect.Descriptor instead.
 func (*EnvoyKeyResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{37}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *EnvoyKeyResponse) GetKey() []byte {
@@ -2946,7 +3062,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2958,7 +3074,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[38]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2971,7 +3087,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{38}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *ReplicateRequest) GetFromNode() string {
@@ -3047,7 +3163,7 @@ type StoreRecord struct {
 
 func (x *StoreRecord) Reset() {
 	*x = StoreRecord{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3059,7 +3175,7 @@ func (x *StoreRecord) String() string {
 func (*StoreRecord) ProtoMessage() {}
 
 func (x *StoreRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[39]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3072,7 +3188,7 @@ func (x *StoreRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoreRecord.ProtoReflect.Descriptor instead.
 func (*StoreRecord) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{39}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{40}
 }
 
 func (x *StoreRecord) GetKey() []byte {
@@ -3123,7 +3239,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3135,7 +3251,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[40]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3148,7 +3264,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{40}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *ReplicateResponse) GetMissing() [][]byte {
@@ -3198,7 +3314,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3210,7 +3326,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[41]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3223,7 +3339,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{41}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{42}
 }
 
 func (x *ForwardRequest) GetChecks() []*Check {
@@ -3267,7 +3383,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3279,7 +3395,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[42]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3292,7 +3408,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{42}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{43}
 }
 
 func (x *ForwardResponse) GetDecisions() []*Decision {
@@ -3323,7 +3439,7 @@ type ReleaseRequest struct {
 
 func (x *ReleaseRequest) Reset() {
 	*x = ReleaseRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3335,7 +3451,7 @@ func (x *ReleaseRequest) String() string {
 func (*ReleaseRequest) ProtoMessage() {}
 
 func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[43]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3348,7 +3464,7 @@ func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{43}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *ReleaseRequest) GetChecks() []*Check {
@@ -3374,7 +3490,7 @@ type ReleaseResponse struct {
 
 func (x *ReleaseResponse) Reset() {
 	*x = ReleaseResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3386,7 +3502,7 @@ func (x *ReleaseResponse) String() string {
 func (*ReleaseResponse) ProtoMessage() {}
 
 func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[44]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3399,7 +3515,7 @@ func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{44}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{45}
 }
 
 // HandoffRequest is one part of a handoff from one node to another.
@@ -3435,7 +3551,7 @@ type HandoffRequest struct {
 
 func (x *HandoffRequest) Reset() {
 	*x = HandoffRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[45]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3447,7 +3563,7 @@ func (x *HandoffRequest) String() string {
 func (*HandoffRequest) ProtoMessage() {}
 
 func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[45]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3460,7 +3576,7 @@ func (x *HandoffRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffRequest.ProtoReflect.Descriptor instead.
 func (*HandoffRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{45}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *HandoffRequest) GetKeys() []*KeyRecord {
@@ -3539,7 +3655,7 @@ type KeyRecord struct {
 
 func (x *KeyRecord) Reset() {
 	*x = KeyRecord{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[46]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3551,7 +3667,7 @@ func (x *KeyRecord) String() string {
 func (*KeyRecord) ProtoMessage() {}
 
 func (x *KeyRecord) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[46]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3564,7 +3680,7 @@ func (x *KeyRecord) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use KeyRecord.ProtoReflect.Descriptor instead.
 func (*KeyRecord) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{46}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *KeyRecord) GetKey() []byte {
@@ -3592,7 +3708,7 @@ type HandoffResponse struct {
 
 func (x *HandoffResponse) Reset() {
 	*x = HandoffResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[47]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3604,7 +3720,7 @@ func (x *HandoffResponse) String() string {
 func (*HandoffResponse) ProtoMessage() {}
 
 func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[47]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3617,7 +3733,7 @@ func (x *HandoffResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HandoffResponse.ProtoReflect.Descriptor instead.
 func (*HandoffResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{47}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *HandoffResponse) GetMerged() int64 {
@@ -3640,7 +3756,7 @@ type RenewRequest struct {
 
 func (x *RenewRequest) Reset() {
 	*x = RenewRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[48]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3652,7 +3768,7 @@ func (x *RenewRequest) String() string {
 func (*RenewRequest) ProtoMessage() {}
 
 func (x *RenewRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[48]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3665,7 +3781,7 @@ func (x *RenewRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewRequest.ProtoReflect.Descriptor instead.
 func (*RenewRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{48}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RenewRequest) GetFromNode() string {
@@ -3698,7 +3814,7 @@ type RenewResponse struct {
 
 func (x *RenewResponse) Reset() {
 	*x = RenewResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[49]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3710,7 +3826,7 @@ func (x *RenewResponse) String() string {
 func (*RenewResponse) ProtoMessage() {}
 
 func (x *RenewResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[49]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3723,7 +3839,7 @@ func (x *RenewResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewResponse.ProtoReflect.Descriptor instead.
 func (*RenewResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{49}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RenewResponse) GetGranted() bool {
@@ -3760,7 +3876,7 @@ type ProposeRequest struct {
 
 func (x *ProposeRequest) Reset() {
 	*x = ProposeRequest{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[50]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3772,7 +3888,7 @@ func (x *ProposeRequest) String() string {
 func (*ProposeRequest) ProtoMessage() {}
 
 func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[50]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3785,7 +3901,7 @@ func (x *ProposeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeRequest.ProtoReflect.Descriptor instead.
 func (*ProposeRequest) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{50}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *ProposeRequest) GetFromNode() string {
@@ -3813,7 +3929,7 @@ type ProposeResponse struct {
 
 func (x *ProposeResponse) Reset() {
 	*x = ProposeResponse{}
-	mi := &file_sluice_v1_sluice_proto_msgTypes[51]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3825,7 +3941,7 @@ func (x *ProposeResponse) String() string {
 func (*ProposeResponse) ProtoMessage() {}
 
 func (x *ProposeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sluice_v1_sluice_proto_msgTypes[51]
+	mi := &file_sluice_v1_sluice_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3838,7 +3954,7 @@ func (x *ProposeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProposeResponse.ProtoReflect.Descriptor instead.
 func (*ProposeResponse) Descriptor() ([]byte, []int) {
-	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{51}
+	return file_sluice_v1_sluice_proto_rawDescGZIP(), []int{52}
 }
 
 func (x *ProposeResponse) GetResult() []byte {
@@ -3855,7 +3971,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"^\n" +
 	"\fCheckRequest\x12(\n" +
 	"\x06checks\x18\x01 \x03(\v2\x10.sluice.v1.CheckR\x06checks\x12$\n" +
-	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\"\xac\x03\n" +
+	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\"\xc4\x03\n" +
 	"\x05Check\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x19\n" +
 	"\bkey_text\x18\b \x01(\tR\akeyText\x12\x14\n" +
@@ -3871,7 +3987,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"reserveFor\x12%\n" +
 	"\x0ereservation_id\x18\v \x01(\fR\rreservationId\x12\x16\n" +
 	"\x06settle\x18\f \x01(\bR\x06settle\x12\x14\n" +
-	"\x05lease\x18\r \x01(\bR\x05leaseB\a\n" +
+	"\x05lease\x18\r \x01(\bR\x05lease\x12\x16\n" +
+	"\x06holder\x18\x0e \x01(\tR\x06holderB\a\n" +
 	"\x05_cost\"i\n" +
 	"\rCheckResponse\x121\n" +
 	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\x12%\n" +
@@ -3958,7 +4075,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05local\x18\x02 \x01(\bR\x05local\"j\n" +
 	"\x0eGetKeyResponse\x12)\n" +
 	"\x05state\x18\x01 \x01(\v2\x13.sluice.v1.KeyStateR\x05state\x12-\n" +
-	"\areplica\x18\x02 \x01(\v2\x13.sluice.v1.KeyStateR\areplica\"\xaa\x06\n" +
+	"\areplica\x18\x02 \x01(\v2\x13.sluice.v1.KeyStateR\areplica\"\x87\a\n" +
 	"\bKeyState\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
 	"\x05found\x18\x02 \x01(\bR\x05found\x122\n" +
@@ -3983,9 +4100,18 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\aread_at\x18\x10 \x01(\v2\x1a.google.protobuf.TimestampR\x06readAt\x12\x19\n" +
 	"\bkey_text\x18\x11 \x01(\tR\akeyText\x12\"\n" +
 	"\freservations\x18\x12 \x01(\x03R\freservations\x12\x1a\n" +
-	"\breserved\x18\x13 \x01(\x03R\breservedB\n" +
+	"\breserved\x18\x13 \x01(\x03R\breserved\x126\n" +
+	"\aholders\x18\x14 \x03(\v2\x1c.sluice.v1.ReservationHolderR\aholders\x12#\n" +
+	"\rlease_denials\x18\x15 \x01(\x03R\fleaseDenialsB\n" +
 	"\n" +
-	"\bcounters\"8\n" +
+	"\bcounters\"\xb6\x01\n" +
+	"\x11ReservationHolder\x12\x16\n" +
+	"\x06holder\x18\x01 \x01(\tR\x06holder\x12\"\n" +
+	"\freservations\x18\x02 \x01(\x03R\freservations\x12\x16\n" +
+	"\x06leases\x18\x03 \x01(\x03R\x06leases\x12\x12\n" +
+	"\x04hits\x18\x04 \x01(\x03R\x04hits\x129\n" +
+	"\n" +
+	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"8\n" +
 	"\x0fSlidingLogState\x12%\n" +
 	"\x04runs\x18\x01 \x03(\v2\x11.sluice.v1.LogRunR\x04runs\"N\n" +
 	"\x06LogRun\x12.\n" +
@@ -4157,7 +4283,7 @@ func file_sluice_v1_sluice_proto_rawDescGZIP() []byte {
 }
 
 var file_sluice_v1_sluice_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 52)
+var file_sluice_v1_sluice_proto_msgTypes = make([]protoimpl.MessageInfo, 53)
 var file_sluice_v1_sluice_proto_goTypes = []any{
 	(Algorithm)(0),                 // 0: sluice.v1.Algorithm
 	(*CheckRequest)(nil),           // 1: sluice.v1.CheckRequest
@@ -4179,127 +4305,130 @@ var file_sluice_v1_sluice_proto_goTypes = []any{
 	(*GetKeyRequest)(nil),          // 17: sluice.v1.GetKeyRequest
 	(*GetKeyResponse)(nil),         // 18: sluice.v1.GetKeyResponse
 	(*KeyState)(nil),               // 19: sluice.v1.KeyState
-	(*SlidingLogState)(nil),        // 20: sluice.v1.SlidingLogState
-	(*LogRun)(nil),                 // 21: sluice.v1.LogRun
-	(*SlidingWindowState)(nil),     // 22: sluice.v1.SlidingWindowState
-	(*TokenBucketState)(nil),       // 23: sluice.v1.TokenBucketState
-	(*ListKeysRequest)(nil),        // 24: sluice.v1.ListKeysRequest
-	(*ListKeysResponse)(nil),       // 25: sluice.v1.ListKeysResponse
-	(*KeySummary)(nil),             // 26: sluice.v1.KeySummary
-	(*ResetKeyRequest)(nil),        // 27: sluice.v1.ResetKeyRequest
-	(*ResetKeyResponse)(nil),       // 28: sluice.v1.ResetKeyResponse
-	(*Override)(nil),               // 29: sluice.v1.Override
-	(*SetOverrideRequest)(nil),     // 30: sluice.v1.SetOverrideRequest
-	(*SetOverrideResponse)(nil),    // 31: sluice.v1.SetOverrideResponse
-	(*ListOverridesRequest)(nil),   // 32: sluice.v1.ListOverridesRequest
-	(*ListOverridesResponse)(nil),  // 33: sluice.v1.ListOverridesResponse
-	(*DeleteOverrideRequest)(nil),  // 34: sluice.v1.DeleteOverrideRequest
-	(*DeleteOverrideResponse)(nil), // 35: sluice.v1.DeleteOverrideResponse
-	(*EnvoyKeyRequest)(nil),        // 36: sluice.v1.EnvoyKeyRequest
-	(*DescriptorEntry)(nil),        // 37: sluice.v1.DescriptorEntry
-	(*EnvoyKeyResponse)(nil),       // 38: sluice.v1.EnvoyKeyResponse
-	(*ReplicateRequest)(nil),       // 39: sluice.v1.ReplicateRequest
-	(*StoreRecord)(nil),            // 40: sluice.v1.StoreRecord
-	(*ReplicateResponse)(nil),      // 41: sluice.v1.ReplicateResponse
-	(*ForwardRequest)(nil),         // 42: sluice.v1.ForwardRequest
-	(*ForwardResponse)(nil),        // 43: sluice.v1.ForwardResponse
-	(*ReleaseRequest)(nil),         // 44: sluice.v1.ReleaseRequest
-	(*ReleaseResponse)(nil),        // 45: sluice.v1.ReleaseResponse
-	(*HandoffRequest)(nil),         // 46: sluice.v1.HandoffRequest
-	(*KeyRecord)(nil),              // 47: sluice.v1.KeyRecord
-	(*HandoffResponse)(nil),        // 48: sluice.v1.HandoffResponse
-	(*RenewRequest)(nil),           // 49: sluice.v1.RenewRequest
-	(*RenewResponse)(nil),          // 50: sluice.v1.RenewResponse
-	(*ProposeRequest)(nil),         // 51: sluice.v1.ProposeRequest
-	(*ProposeResponse)(nil),        // 52: sluice.v1.ProposeResponse
-	(*durationpb.Duration)(nil),    // 53: google.protobuf.Duration
-	(*timestamppb.Timestamp)(nil),  // 54: google.protobuf.Timestamp
+	(*ReservationHolder)(nil),      // 20: sluice.v1.ReservationHolder
+	(*SlidingLogState)(nil),        // 21: sluice.v1.SlidingLogState
+	(*LogRun)(nil),                 // 22: sluice.v1.LogRun
+	(*SlidingWindowState)(nil),     // 23: sluice.v1.SlidingWindowState
+	(*TokenBucketState)(nil),       // 24: sluice.v1.TokenBucketState
+	(*ListKeysRequest)(nil),        // 25: sluice.v1.ListKeysRequest
+	(*ListKeysResponse)(nil),       // 26: sluice.v1.ListKeysResponse
+	(*KeySummary)(nil),             // 27: sluice.v1.KeySummary
+	(*ResetKeyRequest)(nil),        // 28: sluice.v1.ResetKeyRequest
+	(*ResetKeyResponse)(nil),       // 29: sluice.v1.ResetKeyResponse
+	(*Override)(nil),               // 30: sluice.v1.Override
+	(*SetOverrideRequest)(nil),     // 31: sluice.v1.SetOverrideRequest
+	(*SetOverrideResponse)(nil),    // 32: sluice.v1.SetOverrideResponse
+	(*ListOverridesRequest)(nil),   // 33: sluice.v1.ListOverridesRequest
+	(*ListOverridesResponse)(nil),  // 34: sluice.v1.ListOverridesResponse
+	(*DeleteOverrideRequest)(nil),  // 35: sluice.v1.DeleteOverrideRequest
+	(*DeleteOverrideResponse)(nil), // 36: sluice.v1.DeleteOverrideResponse
+	(*EnvoyKeyRequest)(nil),        // 37: sluice.v1.EnvoyKeyRequest
+	(*DescriptorEntry)(nil),        // 38: sluice.v1.DescriptorEntry
+	(*EnvoyKeyResponse)(nil),       // 39: sluice.v1.EnvoyKeyResponse
+	(*ReplicateRequest)(nil),       // 40: sluice.v1.ReplicateRequest
+	(*StoreRecord)(nil),            // 41: sluice.v1.StoreRecord
+	(*ReplicateResponse)(nil),      // 42: sluice.v1.ReplicateResponse
+	(*ForwardRequest)(nil),         // 43: sluice.v1.ForwardRequest
+	(*ForwardResponse)(nil),        // 44: sluice.v1.ForwardResponse
+	(*ReleaseRequest)(nil),         // 45: sluice.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),        // 46: sluice.v1.ReleaseResponse
+	(*HandoffRequest)(nil),         // 47: sluice.v1.HandoffRequest
+	(*KeyRecord)(nil),              // 48: sluice.v1.KeyRecord
+	(*HandoffResponse)(nil),        // 49: sluice.v1.HandoffResponse
+	(*RenewRequest)(nil),           // 50: sluice.v1.RenewRequest
+	(*RenewResponse)(nil),          // 51: sluice.v1.RenewResponse
+	(*ProposeRequest)(nil),         // 52: sluice.v1.ProposeRequest
+	(*ProposeResponse)(nil),        // 53: sluice.v1.ProposeResponse
+	(*durationpb.Duration)(nil),    // 54: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),  // 55: google.protobuf.Timestamp
 }
 var file_sluice_v1_sluice_proto_depIdxs = []int32{
 	2,  // 0: sluice.v1.CheckRequest.checks:type_name -> sluice.v1.Check
-	53, // 1: sluice.v1.Check.window:type_name -> google.protobuf.Duration
+	54, // 1: sluice.v1.Check.window:type_name -> google.protobuf.Duration
 	0,  // 2: sluice.v1.Check.algorithm:type_name -> sluice.v1.Algorithm
-	53, // 3: sluice.v1.Check.reserve_for:type_name -> google.protobuf.Duration
+	54, // 3: sluice.v1.Check.reserve_for:type_name -> google.protobuf.Duration
 	4,  // 4: sluice.v1.CheckResponse.decisions:type_name -> sluice.v1.Decision
-	53, // 5: sluice.v1.Decision.retry_after:type_name -> google.protobuf.Duration
-	53, // 6: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
+	54, // 5: sluice.v1.Decision.retry_after:type_name -> google.protobuf.Duration
+	54, // 6: sluice.v1.Decision.reset_after:type_name -> google.protobuf.Duration
 	6,  // 7: sluice.v1.SettleRequest.settlements:type_name -> sluice.v1.Settlement
 	8,  // 8: sluice.v1.SettleResponse.results:type_name -> sluice.v1.SettleResult
-	53, // 9: sluice.v1.SettleResult.retry_after:type_name -> google.protobuf.Duration
-	53, // 10: sluice.v1.SettleResult.reset_after:type_name -> google.protobuf.Duration
+	54, // 9: sluice.v1.SettleResult.retry_after:type_name -> google.protobuf.Duration
+	54, // 10: sluice.v1.SettleResult.reset_after:type_name -> google.protobuf.Duration
 	11, // 11: sluice.v1.RoutesResponse.members:type_name -> sluice.v1.RouteMember
 	16, // 12: sluice.v1.ListMembersResponse.members:type_name -> sluice.v1.ClusterMember
 	19, // 13: sluice.v1.GetKeyResponse.state:type_name -> sluice.v1.KeyState
 	19, // 14: sluice.v1.GetKeyResponse.replica:type_name -> sluice.v1.KeyState
 	0,  // 15: sluice.v1.KeyState.algorithm:type_name -> sluice.v1.Algorithm
-	53, // 16: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
-	20, // 17: sluice.v1.KeyState.sliding_log:type_name -> sluice.v1.SlidingLogState
-	22, // 18: sluice.v1.KeyState.sliding_window:type_name -> sluice.v1.SlidingWindowState
-	23, // 19: sluice.v1.KeyState.token_bucket:type_name -> sluice.v1.TokenBucketState
-	53, // 20: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
-	53, // 21: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
-	54, // 22: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
-	54, // 23: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
-	21, // 24: sluice.v1.SlidingLogState.runs:type_name -> sluice.v1.LogRun
-	54, // 25: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
-	54, // 26: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
-	54, // 27: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
-	26, // 28: sluice.v1.ListKeysResponse.keys:type_name -> sluice.v1.KeySummary
-	54, // 29: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
-	53, // 30: sluice.v1.Override.window:type_name -> google.protobuf.Duration
-	0,  // 31: sluice.v1.Override.algorithm:type_name -> sluice.v1.Algorithm
-	54, // 32: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
-	54, // 33: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
-	29, // 34: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
-	29, // 35: sluice.v1.SetOverrideResponse.override:type_name -> sluice.v1.Override
-	29, // 36: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
-	37, // 37: sluice.v1.EnvoyKeyRequest.entries:type_name -> sluice.v1.DescriptorEntry
-	40, // 38: sluice.v1.ReplicateRequest.records:type_name -> sluice.v1.StoreRecord
-	2,  // 39: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.Check
-	4,  // 40: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
-	2,  // 41: sluice.v1.ReleaseRequest.checks:type_name -> sluice.v1.Check
-	47, // 42: sluice.v1.HandoffRequest.keys:type_name -> sluice.v1.KeyRecord
-	1,  // 43: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
-	5,  // 44: sluice.v1.RateLimitService.Settle:input_type -> sluice.v1.SettleRequest
-	9,  // 45: sluice.v1.RateLimitService.Routes:input_type -> sluice.v1.RoutesRequest
-	17, // 46: sluice.v1.AdminService.GetKey:input_type -> sluice.v1.GetKeyRequest
-	24, // 47: sluice.v1.AdminService.ListKeys:input_type -> sluice.v1.ListKeysRequest
-	27, // 48: sluice.v1.AdminService.ResetKey:input_type -> sluice.v1.ResetKeyRequest
-	30, // 49: sluice.v1.AdminService.SetOverride:input_type -> sluice.v1.SetOverrideRequest
-	32, // 50: sluice.v1.AdminService.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
-	34, // 51: sluice.v1.AdminService.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
-	36, // 52: sluice.v1.AdminService.EnvoyKey:input_type -> sluice.v1.EnvoyKeyRequest
-	14, // 53: sluice.v1.AdminService.ListMembers:input_type -> sluice.v1.ListMembersRequest
-	12, // 54: sluice.v1.AdminService.ForgetMember:input_type -> sluice.v1.ForgetMemberRequest
-	42, // 55: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
-	44, // 56: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
-	46, // 57: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
-	49, // 58: sluice.v1.PeerService.Renew:input_type -> sluice.v1.RenewRequest
-	51, // 59: sluice.v1.PeerService.Propose:input_type -> sluice.v1.ProposeRequest
-	39, // 60: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
-	3,  // 61: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
-	7,  // 62: sluice.v1.RateLimitService.Settle:output_type -> sluice.v1.SettleResponse
-	10, // 63: sluice.v1.RateLimitService.Routes:output_type -> sluice.v1.RoutesResponse
-	18, // 64: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
-	25, // 65: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
-	28, // 66: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
-	31, // 67: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
-	33, // 68: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
-	35, // 69: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
-	38, // 70: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
-	15, // 71: sluice.v1.AdminService.ListMembers:output_type -> sluice.v1.ListMembersResponse
-	13, // 72: sluice.v1.AdminService.ForgetMember:output_type -> sluice.v1.ForgetMemberResponse
-	43, // 73: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
-	45, // 74: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
-	48, // 75: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
-	50, // 76: sluice.v1.PeerService.Renew:output_type -> sluice.v1.RenewResponse
-	52, // 77: sluice.v1.PeerService.Propose:output_type -> sluice.v1.ProposeResponse
-	41, // 78: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
-	61, // [61:79] is the sub-list for method output_type
-	43, // [43:61] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	54, // 16: sluice.v1.KeyState.window:type_name -> google.protobuf.Duration
+	21, // 17: sluice.v1.KeyState.sliding_log:type_name -> sluice.v1.SlidingLogState
+	23, // 18: sluice.v1.KeyState.sliding_window:type_name -> sluice.v1.SlidingWindowState
+	24, // 19: sluice.v1.KeyState.token_bucket:type_name -> sluice.v1.TokenBucketState
+	54, // 20: sluice.v1.KeyState.retry_after:type_name -> google.protobuf.Duration
+	54, // 21: sluice.v1.KeyState.reset_after:type_name -> google.protobuf.Duration
+	55, // 22: sluice.v1.KeyState.expires_at:type_name -> google.protobuf.Timestamp
+	55, // 23: sluice.v1.KeyState.read_at:type_name -> google.protobuf.Timestamp
+	20, // 24: sluice.v1.KeyState.holders:type_name -> sluice.v1.ReservationHolder
+	55, // 25: sluice.v1.ReservationHolder.expires_at:type_name -> google.protobuf.Timestamp
+	22, // 26: sluice.v1.SlidingLogState.runs:type_name -> sluice.v1.LogRun
+	55, // 27: sluice.v1.LogRun.time:type_name -> google.protobuf.Timestamp
+	55, // 28: sluice.v1.SlidingWindowState.bucket_start:type_name -> google.protobuf.Timestamp
+	55, // 29: sluice.v1.TokenBucketState.updated:type_name -> google.protobuf.Timestamp
+	27, // 30: sluice.v1.ListKeysResponse.keys:type_name -> sluice.v1.KeySummary
+	55, // 31: sluice.v1.KeySummary.expires_at:type_name -> google.protobuf.Timestamp
+	54, // 32: sluice.v1.Override.window:type_name -> google.protobuf.Duration
+	0,  // 33: sluice.v1.Override.algorithm:type_name -> sluice.v1.Algorithm
+	55, // 34: sluice.v1.Override.expires_at:type_name -> google.protobuf.Timestamp
+	55, // 35: sluice.v1.Override.set_at:type_name -> google.protobuf.Timestamp
+	30, // 36: sluice.v1.SetOverrideRequest.override:type_name -> sluice.v1.Override
+	30, // 37: sluice.v1.SetOverrideResponse.override:type_name -> sluice.v1.Override
+	30, // 38: sluice.v1.ListOverridesResponse.overrides:type_name -> sluice.v1.Override
+	38, // 39: sluice.v1.EnvoyKeyRequest.entries:type_name -> sluice.v1.DescriptorEntry
+	41, // 40: sluice.v1.ReplicateRequest.records:type_name -> sluice.v1.StoreRecord
+	2,  // 41: sluice.v1.ForwardRequest.checks:type_name -> sluice.v1.Check
+	4,  // 42: sluice.v1.ForwardResponse.decisions:type_name -> sluice.v1.Decision
+	2,  // 43: sluice.v1.ReleaseRequest.checks:type_name -> sluice.v1.Check
+	48, // 44: sluice.v1.HandoffRequest.keys:type_name -> sluice.v1.KeyRecord
+	1,  // 45: sluice.v1.RateLimitService.Check:input_type -> sluice.v1.CheckRequest
+	5,  // 46: sluice.v1.RateLimitService.Settle:input_type -> sluice.v1.SettleRequest
+	9,  // 47: sluice.v1.RateLimitService.Routes:input_type -> sluice.v1.RoutesRequest
+	17, // 48: sluice.v1.AdminService.GetKey:input_type -> sluice.v1.GetKeyRequest
+	25, // 49: sluice.v1.AdminService.ListKeys:input_type -> sluice.v1.ListKeysRequest
+	28, // 50: sluice.v1.AdminService.ResetKey:input_type -> sluice.v1.ResetKeyRequest
+	31, // 51: sluice.v1.AdminService.SetOverride:input_type -> sluice.v1.SetOverrideRequest
+	33, // 52: sluice.v1.AdminService.ListOverrides:input_type -> sluice.v1.ListOverridesRequest
+	35, // 53: sluice.v1.AdminService.DeleteOverride:input_type -> sluice.v1.DeleteOverrideRequest
+	37, // 54: sluice.v1.AdminService.EnvoyKey:input_type -> sluice.v1.EnvoyKeyRequest
+	14, // 55: sluice.v1.AdminService.ListMembers:input_type -> sluice.v1.ListMembersRequest
+	12, // 56: sluice.v1.AdminService.ForgetMember:input_type -> sluice.v1.ForgetMemberRequest
+	43, // 57: sluice.v1.PeerService.Forward:input_type -> sluice.v1.ForwardRequest
+	45, // 58: sluice.v1.PeerService.Release:input_type -> sluice.v1.ReleaseRequest
+	47, // 59: sluice.v1.PeerService.Handoff:input_type -> sluice.v1.HandoffRequest
+	50, // 60: sluice.v1.PeerService.Renew:input_type -> sluice.v1.RenewRequest
+	52, // 61: sluice.v1.PeerService.Propose:input_type -> sluice.v1.ProposeRequest
+	40, // 62: sluice.v1.PeerService.Replicate:input_type -> sluice.v1.ReplicateRequest
+	3,  // 63: sluice.v1.RateLimitService.Check:output_type -> sluice.v1.CheckResponse
+	7,  // 64: sluice.v1.RateLimitService.Settle:output_type -> sluice.v1.SettleResponse
+	10, // 65: sluice.v1.RateLimitService.Routes:output_type -> sluice.v1.RoutesResponse
+	18, // 66: sluice.v1.AdminService.GetKey:output_type -> sluice.v1.GetKeyResponse
+	26, // 67: sluice.v1.AdminService.ListKeys:output_type -> sluice.v1.ListKeysResponse
+	29, // 68: sluice.v1.AdminService.ResetKey:output_type -> sluice.v1.ResetKeyResponse
+	32, // 69: sluice.v1.AdminService.SetOverride:output_type -> sluice.v1.SetOverrideResponse
+	34, // 70: sluice.v1.AdminService.ListOverrides:output_type -> sluice.v1.ListOverridesResponse
+	36, // 71: sluice.v1.AdminService.DeleteOverride:output_type -> sluice.v1.DeleteOverrideResponse
+	39, // 72: sluice.v1.AdminService.EnvoyKey:output_type -> sluice.v1.EnvoyKeyResponse
+	15, // 73: sluice.v1.AdminService.ListMembers:output_type -> sluice.v1.ListMembersResponse
+	13, // 74: sluice.v1.AdminService.ForgetMember:output_type -> sluice.v1.ForgetMemberResponse
+	44, // 75: sluice.v1.PeerService.Forward:output_type -> sluice.v1.ForwardResponse
+	46, // 76: sluice.v1.PeerService.Release:output_type -> sluice.v1.ReleaseResponse
+	49, // 77: sluice.v1.PeerService.Handoff:output_type -> sluice.v1.HandoffResponse
+	51, // 78: sluice.v1.PeerService.Renew:output_type -> sluice.v1.RenewResponse
+	53, // 79: sluice.v1.PeerService.Propose:output_type -> sluice.v1.ProposeResponse
+	42, // 80: sluice.v1.PeerService.Replicate:output_type -> sluice.v1.ReplicateResponse
+	63, // [63:81] is the sub-list for method output_type
+	45, // [45:63] is the sub-list for method input_type
+	45, // [45:45] is the sub-list for extension type_name
+	45, // [45:45] is the sub-list for extension extendee
+	0,  // [0:45] is the sub-list for field type_name
 }
 
 func init() { file_sluice_v1_sluice_proto_init() }
@@ -4319,7 +4448,7 @@ func file_sluice_v1_sluice_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sluice_v1_sluice_proto_rawDesc), len(file_sluice_v1_sluice_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   52,
+			NumMessages:   53,
 			NumExtensions: 0,
 			NumServices:   3,
 		},
