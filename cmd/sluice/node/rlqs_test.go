@@ -339,3 +339,94 @@ func TestRLQSConcurrentStreams(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestRLQSOwnerCrash: two simulated Envoys on one bucket, one of them on
+// the node that owns the bucket's key. That node is killed halfway: its
+// Envoy keeps spending its assignment until the assignment's TTL (as
+// Envoy does while it reconnects) and then reports to another node, which
+// assigns anew. The leases behind the old assignments are part of the
+// key's state, so the standby that takes the key over counts them: no
+// window admits more than the limit across the crash, and the key's rate
+// is assigned again after it (to whichever node asks first: fair share
+// is per node).
+func TestRLQSOwnerCrash(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("waits for failure detection")
+	}
+	dir := t.TempDir()
+	path := filepath.Join(dir, "limits.yaml")
+	const limit, window = 61000, time.Minute
+	if err := os.WriteFile(path, []byte(`domain: quota
+descriptors:
+  - key: tenant
+    rate_limit: {unit: minute, requests_per_unit: 61000}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tc := newTestClusterWith(t, 3, func(c *Config) { c.LimitsFile, c.Router.Replicas = path, 2 })
+	owner, _ := tc.nodes[0].srv.Router().Owner("quota|tenant=acme")
+	var victim, other, spare *testServer
+	for _, ts := range tc.nodes {
+		switch {
+		case ts.cfg.NodeName == owner:
+			victim = ts
+		case other == nil:
+			other = ts
+		default:
+			spare = ts
+		}
+	}
+	if victim == nil {
+		t.Fatalf("no node owns quota|tenant=acme (owner %q)", owner)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	open := func(ts *testServer) rlqsv3.RateLimitQuotaService_StreamRateLimitQuotasClient {
+		t.Helper()
+		stream, err := rlqsv3.NewRateLimitQuotaServiceClient(ts.conn).StreamRateLimitQuotas(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return stream
+	}
+	id := &rlqsv3.BucketId{Bucket: map[string]string{"tenant": "acme"}}
+	onVictim := &simEnvoy{stream: open(victim), demand: 1500, id: id}
+	onOther := &simEnvoy{stream: open(other), demand: 1500, id: id}
+	envoys := []*simEnvoy{onVictim, onOther}
+	const step = 10 * time.Millisecond
+	first := map[*simEnvoy]bool{onVictim: true, onOther: true}
+	var reconnectAt time.Time // when the victim's Envoy reports to the spare node
+	for i := 0; i < 15000; i++ { // 150 s
+		now := tc.clk.Now()
+		if i == 6000 { // 60 s: kill the owner; its Envoy reconnects once its assignment expired
+			victim.crash()
+			tc.waitMembers(2)
+			reconnectAt = onVictim.expires
+			onVictim.stream = nil
+		}
+		if onVictim.stream == nil && !now.Before(reconnectAt) {
+			onVictim.stream, first[onVictim] = open(spare), true
+		}
+		if i%100 == 0 {
+			for _, e := range envoys {
+				if e.stream != nil {
+					e.report(t, now, first[e], time.Second)
+					first[e] = false
+				}
+			}
+		}
+		for _, e := range envoys {
+			e.tick(now, step)
+		}
+		tc.clk.Advance(step)
+	}
+	most := mostInWindow(envoys, window)
+	t.Logf("admitted %d and %d; at most %d within one window (limit %d); rates at the end %d and %d", len(onVictim.admitted), len(onOther.admitted), most, limit, onVictim.rate, onOther.rate)
+	if most > limit {
+		t.Fatalf("%d requests admitted within one window across the Envoys and the owner's crash; want at most the limit %d", most, limit)
+	}
+	if onVictim.rate+onOther.rate < 500 {
+		t.Errorf("rates at the end %d and %d: want the key's rate (1,000 a second) mostly assigned again after the crash", onVictim.rate, onOther.rate)
+	}
+}
