@@ -104,15 +104,33 @@ func (e *simEnvoy) report(t *testing.T, now time.Time, first bool, elapsed time.
 }
 
 // TestRLQSFairAndExact: three simulated Envoys on one node of a cluster,
-// demands of 1000, 700 and 100 requests a second on one bucket whose rule
-// allows 61,000 a minute. The Σ rule leaves 1,000 a second to divide
-// (each assignment counts its burst and a window of its rate); max-min
-// fair is 450, 450 and 100. After two report periods each Envoy's rate is within
-// 10% of it; every minute of the fake clock admits at most the limit
-// across the three; an Envoy that goes silent gives its share back to the
-// others once its assignment's lease has run out (a window after it).
+// demands of 1000, 700 and 100 requests a second (and 10:3:1, 1000, 300
+// and 100) on one bucket whose rule allows 61,000 a minute. The Σ rule
+// leaves 1,000 a second to divide (each assignment counts its burst and a
+// window of its rate); max-min fair is 450, 450 and 100 (600, 300 and
+// 100). After two report periods each Envoy's rate is within 10% of it;
+// every minute of the fake clock admits at most the limit across the
+// three; an Envoy that goes silent gives its share back to the others
+// once its assignment's lease has run out (a window after it).
 func TestRLQSFairAndExact(t *testing.T) {
 	t.Parallel()
+	for _, tc := range []struct {
+		name         string
+		demand, want []int64
+	}{
+		{"1000-700-100", []int64{1000, 700, 100}, []int64{450, 450, 100}},
+		{"10-3-1", []int64{1000, 300, 100}, []int64{600, 300, 100}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			rlqsFairAndExact(t, tc.demand, tc.want)
+		})
+	}
+}
+
+// rlqsFairAndExact runs TestRLQSFairAndExact with three Envoys of demand,
+// whose max-min fair shares are want.
+func rlqsFairAndExact(t *testing.T, demand, want []int64) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "limits.yaml")
 	const limit, window = 61000, time.Minute
@@ -127,12 +145,12 @@ descriptors:
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var envoys []*simEnvoy
-	for _, demand := range []float64{1000, 700, 100} {
+	for _, d := range demand {
 		stream, err := rlqsv3.NewRateLimitQuotaServiceClient(tc.nodes[0].conn).StreamRateLimitQuotas(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		envoys = append(envoys, &simEnvoy{stream: stream, demand: demand,
+		envoys = append(envoys, &simEnvoy{stream: stream, demand: float64(d),
 			id: &rlqsv3.BucketId{Bucket: map[string]string{"tenant": "acme"}}})
 	}
 	const step = 10 * time.Millisecond
@@ -150,7 +168,6 @@ descriptors:
 				t.Logf("%v: rates %d, %d, %d", now.Sub(start), envoys[0].rate, envoys[1].rate, envoys[2].rate)
 			}
 			if i == 300 {
-				want := []int64{450, 450, 100}
 				for j, e := range envoys {
 					if math.Abs(float64(e.rate-want[j])) > 0.1*float64(want[j]) {
 						t.Errorf("after two report periods, envoy %d (demand %.0f) holds %d a second; want %d ± 10%% (max-min fair)", j, e.demand, e.rate, want[j])
@@ -172,8 +189,8 @@ descriptors:
 	if most > limit {
 		t.Fatalf("%d requests admitted within one window across the Envoys; want at most the limit %d", most, limit)
 	}
-	if envoys[1].rate < 630 || envoys[2].rate < 90 {
-		t.Errorf("at the end the second and third hold %d and %d a second; want their whole demand (700, 100) within 10%% once the first went silent", envoys[1].rate, envoys[2].rate)
+	if float64(envoys[1].rate) < 0.9*float64(demand[1]) || float64(envoys[2].rate) < 0.9*float64(demand[2]) {
+		t.Errorf("at the end the second and third hold %d and %d a second; want their whole demand (%d, %d) within 10%% once the first went silent", envoys[1].rate, envoys[2].rate, demand[1], demand[2])
 	}
 }
 
