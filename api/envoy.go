@@ -218,7 +218,7 @@ func (s *Server) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReques
 			c.Cost = int64(d.cost)
 		}
 		d.check = len(checks)
-		if d.rule != nil && d.rule.Lease {
+		if d.rule != nil && d.rule.Lease || s.leaseHot(d.key) {
 			if leased == nil {
 				leased = make([]bool, n)
 			}

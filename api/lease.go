@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -242,6 +243,49 @@ func (l *nodeLeases) close(ctx context.Context, settle bool) {
 	case <-done:
 	case <-ctx.Done():
 	}
+}
+
+// hotKeys are the keys Config.LeaseHotKeys leases: those the node's
+// traffic counts show hot. Read on every Envoy check, refreshed by the
+// first check a second after the last refresh.
+type hotKeys struct {
+	set        atomic.Pointer[hotSet]
+	refreshing atomic.Bool
+}
+
+type hotSet struct {
+	at   time.Time
+	keys map[string]bool
+}
+
+// hotKeysTop is how many of the node's top keys are looked at.
+const hotKeysTop = 64
+
+// leaseHot reports whether key is one of the node's hot keys, when
+// Config.LeaseHotKeys is set.
+func (s *Server) leaseHot(key string) bool {
+	if s.cfg.LeaseHotKeys <= 0 || s.traffic == nil {
+		return false
+	}
+	now := s.clock.Now()
+	hs := s.hot.set.Load()
+	if (hs == nil || now.Sub(hs.at) >= time.Second || now.Before(hs.at)) && s.hot.refreshing.CompareAndSwap(false, true) {
+		snap := s.traffic.Snapshot(now, hotKeysTop, 0)
+		next := &hotSet{at: now, keys: make(map[string]bool)}
+		if secs := snap.Window.Seconds(); secs > 0 {
+			for _, e := range snap.Decisions.Entries {
+				// The lower bound of its count: a key is leased only
+				// when it surely is this hot.
+				if float64(e.Count-e.Err)/secs >= s.cfg.LeaseHotKeys {
+					next.keys[e.Key] = true
+				}
+			}
+		}
+		s.hot.set.Store(next)
+		s.hot.refreshing.Store(false)
+		hs = next
+	}
+	return hs != nil && hs.keys[key]
 }
 
 // decideLeased is decide for checks of which lease marks those of lease

@@ -92,6 +92,11 @@ type Config struct {
 	// Traffic sizes the counts of the operator's view (TrafficService, the
 	// web UI); zero fields are traffic.DefaultConfig's.
 	Traffic traffic.Config
+	// LeaseHotKeys, if positive, decides from quota leases, as a lease
+	// rule's, the Envoy keys this node does not own that it received at
+	// least this many checks a second of over the last minute (its top
+	// keys, refreshed every second). 0: only lease rules lease.
+	LeaseHotKeys float64
 }
 
 // Defaults of Config's request budget.
@@ -221,6 +226,7 @@ type Server struct {
 	usageAll     bool
 	// leases are the quota lease slices this node holds (lease.go).
 	leases *nodeLeases
+	hot    hotKeys
 	// rlqs serves Envoy's Rate Limit Quota Service (rlqs.go).
 	rlqs *rlqsService
 }

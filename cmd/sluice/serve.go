@@ -125,6 +125,7 @@ docs/envoy.md), and those without one are listed in one log line.`,
 	fs.StringVar(&cfg.RateLimitHeaderNames.Reset, "limit-reset-header", "", "draft03: name of the reset field (empty: RateLimit-Reset; LIMIT_RESET_HEADER)")
 	fs.BoolVar(&cfg.ResponseDynamicMetadata, "response-dynamic-metadata", false, "Envoy responses carry dynamic metadata: the request, and the metadata of the limits file's rules that allowed it (envoyproxy/ratelimit's RESPONSE_DYNAMIC_METADATA)")
 	fs.IntVar(&cfg.RuleMetricsMaxKeys, "rule-metrics-max-keys", cfg.RuleMetricsMaxKeys, "most per-rule statistics keys that hold request values (detailed_metric, value_to_metric, inline limits); the rest are counted under key \"other\"")
+	fs.Float64Var(&cfg.LeaseHotKeys, "lease-hot-keys", 0, "cluster: decide from quota leases, as a limits-file rule with lease: true, the Envoy keys this node does not own that it receives at least this many checks a second of (over the last minute); 0 leaves leasing to lease rules")
 	fs.Float64Var(&cfg.NearLimitRatio, "near-limit-ratio", cfg.NearLimitRatio, "share of a limit above which allowed hits count as near the limit in the per-rule statistics (envoyproxy/ratelimit's NEAR_LIMIT_RATIO)")
 	fs.StringSliceVar(&cfg.UsageDomains, "usage-domain", nil, "Envoy domain whose every descriptor reports usage already spent (token budgets: hits_addend of apply_on_stream_done), recorded even over the limit; repeatable, or comma-separated; \"*\" for every domain")
 	fs.BoolVar(&cfg.ShadowMode, "shadow", false, "every limit of Envoy requests in shadow mode: counted and reported, never OVER_LIMIT (envoyproxy/ratelimit's SHADOW_MODE)")
@@ -388,6 +389,7 @@ func (o *serveOptions) attrs(cluster bool) []any {
 		"response_dynamic_metadata", cfg.ResponseDynamicMetadata,
 		"rule_metrics_max_keys", cfg.RuleMetricsMaxKeys,
 		"near_limit_ratio", cfg.NearLimitRatio,
+		"lease_hot_keys", cfg.LeaseHotKeys,
 		"max_message_bytes", cfg.MaxMessageBytes,
 		"max_inflight_bytes", cfg.MaxInflightBytes,
 		"max_conn_inflight_bytes", cfg.MaxConnInflightBytes,

@@ -123,6 +123,10 @@ type Config struct {
 	// count as near the limit in the per-rule statistics, in (0, 1].
 	// Default 0.8 (envoyproxy/ratelimit's NEAR_LIMIT_RATIO).
 	NearLimitRatio float64
+	// LeaseHotKeys, if positive, makes the node decide from quota leases
+	// the Envoy keys it does not own that it receives at least this many
+	// checks a second of (see api.Config.LeaseHotKeys). 0: off.
+	LeaseHotKeys float64
 	// Pprof serves Go's profiles on the HTTP listener under /debug/pprof/.
 	// Off by default: profiles reveal internals and cost CPU while taken.
 	Pprof bool
@@ -405,6 +409,9 @@ func (c Config) Validate() error {
 	}
 	if c.PeerAddr != "" && c.Cluster == nil {
 		bad("--peer-addr serves the peer service, which only a cluster node has; set --gossip-addr or --join, or leave it empty")
+	}
+	if r := c.LeaseHotKeys; r < 0 || math.IsNaN(r) || math.IsInf(r, 0) {
+		bad("--lease-hot-keys %v: want checks a second (0 for off)", r)
 	}
 	if r := c.NearLimitRatio; r < 0 || r > 1 || math.IsNaN(r) {
 		bad("--near-limit-ratio %v: want a share of the limit, above 0 and at most 1", r)

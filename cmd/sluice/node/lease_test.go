@@ -26,7 +26,13 @@ func TestLeaseRuleLedger(t *testing.T) {
 	t.Parallel()
 	t.Run("steady", func(t *testing.T) {
 		t.Parallel()
-		leaseRuleLedger(t, "")
+		leaseRuleLedger(t, "", false)
+	})
+	t.Run("hot-key", func(t *testing.T) {
+		// No lease rule: --lease-hot-keys leases the key once the
+		// nodes' traffic shows it hot.
+		t.Parallel()
+		leaseRuleLedger(t, "", true)
 	})
 	for _, victim := range []string{"owner", "holder"} {
 		t.Run(victim+"-crash", func(t *testing.T) {
@@ -34,26 +40,36 @@ func TestLeaseRuleLedger(t *testing.T) {
 			if testing.Short() {
 				t.Skip("waits for failure detection")
 			}
-			leaseRuleLedger(t, victim)
+			leaseRuleLedger(t, victim, false)
 		})
 	}
 }
 
 // leaseRuleLedger runs TestLeaseRuleLedger, with the key's owner or one
-// of the nodes holding its slices killed halfway if crash says which.
-func leaseRuleLedger(t *testing.T, crash string) {
+// of the nodes holding its slices killed halfway if crash says which;
+// with hot, the rule does not lease and the nodes lease hot keys
+// (--lease-hot-keys 1).
+func leaseRuleLedger(t *testing.T, crash string, hot bool) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "limits.yaml")
 	const limit = 100
+	lease := "\n    lease: true"
+	if hot {
+		lease = ""
+	}
 	if err := os.WriteFile(path, []byte(`domain: hot
 descriptors:
-  - key: tenant
-    lease: true
+  - key: tenant`+lease+`
     rate_limit: {unit: second, requests_per_unit: 100}
 `), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	tc := newTestClusterWith(t, 3, func(c *Config) { c.LimitsFile, c.Router.Replicas = path, 2 })
+	tc := newTestClusterWith(t, 3, func(c *Config) {
+		c.LimitsFile, c.Router.Replicas = path, 2
+		if hot {
+			c.LeaseHotKeys = 1
+		}
+	})
 	req := &rlsv3.RateLimitRequest{Domain: "hot", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
 		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "tenant", Value: "acme"}},
 	}}}

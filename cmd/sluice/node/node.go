@@ -311,6 +311,7 @@ func (n *Node) newServices() error {
 		ResponseDynamicMetadata: cfg.ResponseDynamicMetadata,
 		RuleMetricsMaxKeys:      cfg.RuleMetricsMaxKeys,
 		NearLimitRatio:          cfg.NearLimitRatio,
+		LeaseHotKeys:            cfg.LeaseHotKeys,
 		MaxMessageBytes:         cfg.MaxMessageBytes,
 		MaxInflightBytes:        cfg.MaxInflightBytes,
 		MaxConnInflightBytes:    cfg.MaxConnInflightBytes,

@@ -413,7 +413,7 @@ descriptors:
 	envoys := []*simEnvoy{onVictim, onOther}
 	const step = 10 * time.Millisecond
 	first := map[*simEnvoy]bool{onVictim: true, onOther: true}
-	var reconnectAt time.Time // when the victim's Envoy reports to the spare node
+	var reconnectAt time.Time    // when the victim's Envoy reports to the spare node
 	for i := 0; i < 15000; i++ { // 150 s
 		now := tc.clk.Now()
 		if i == 6000 { // 60 s: kill the owner; its Envoy reconnects once its assignment expired
