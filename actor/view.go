@@ -44,7 +44,7 @@ type KeyState struct {
 	// read from disk or a copy), in the order of their first reservation.
 	Holders []HolderView
 	// LeaseDenials counts the checks denied while the key held an open
-	// quota lease, since the oldest reservation still open was made (as
+	// quota lease, counted since the key last held no reservation (as
 	// far as this node knows): denials a lease's held room may have
 	// caused, the price of exactness.
 	LeaseDenials int64

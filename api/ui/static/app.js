@@ -305,7 +305,7 @@ async function renderKey() {
       el("td", {}, h.holder || "– (unnamed, or read from disk or a copy)"), el("td", { class: "num" }, fmtInt(h.reservations)),
       el("td", { class: "num" }, fmtInt(h.leases)), el("td", { class: "num" }, fmtInt(h.hits)), el("td", {}, fmtTime(h.expiresAt)))));
     document.getElementById("key-lease-denials").textContent = fmtInt(k.leaseDenials) +
-      " checks denied while a quota lease was open (since the oldest reservation still open): what the room held by leases may have cost.";
+      " checks denied while a quota lease was open (since the key last held no reservation): what the room held by leases may have cost.";
   }
 
   const log = document.getElementById("key-log");

@@ -1595,8 +1595,8 @@ type KeyState struct {
 	// restart or a failover, the reservations it read from disk or a copy
 	// are listed under an empty holder.
 	Holders []*ReservationHolder `protobuf:"bytes,20,rep,name=holders,proto3" json:"holders,omitempty"`
-	// The checks denied while the key held an open quota lease, since the
-	// oldest reservation still open was made, as far as the owner knows:
+	// The checks denied while the key held an open quota lease, counted
+	// since the key last held no reservation, as far as the owner knows:
 	// denials that the room held by leases may have caused.
 	LeaseDenials  int64 `protobuf:"varint,21,opt,name=lease_denials,json=leaseDenials,proto3" json:"lease_denials,omitempty"`
 	unknownFields protoimpl.UnknownFields
