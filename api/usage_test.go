@@ -2,6 +2,7 @@ package api
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 	"time"
 
@@ -181,6 +182,10 @@ func TestNativeUsageBadInput(t *testing.T) {
 		{"lease without reserve_for", &sluicepb.CheckRequest{Checks: []*sluicepb.Check{with(func(pc *sluicepb.Check) { pc.Lease = true })}}},
 		{"lease on a sliding window", &sluicepb.CheckRequest{Checks: []*sluicepb.Check{with(func(pc *sluicepb.Check) {
 			pc.Lease, pc.ReserveFor, pc.Algorithm = true, durationpb.New(time.Second), sluicepb.Algorithm_ALGORITHM_SLIDING_WINDOW
+		})}}},
+		{"holder without reserve_for", &sluicepb.CheckRequest{Checks: []*sluicepb.Check{with(func(pc *sluicepb.Check) { pc.Holder = "web-1" })}}},
+		{"holder too long", &sluicepb.CheckRequest{Checks: []*sluicepb.Check{with(func(pc *sluicepb.Check) {
+			pc.Lease, pc.ReserveFor, pc.Holder = true, durationpb.New(time.Second), strings.Repeat("h", 129)
 		})}}},
 		{"usage report in all_or_nothing", &sluicepb.CheckRequest{AllOrNothing: true, Checks: []*sluicepb.Check{nativeCheck("y", 10, time.Minute, 1), with(func(pc *sluicepb.Check) { pc.Usage = true })}}},
 	} {
