@@ -99,11 +99,12 @@ type rlqsBucket struct {
 	name   string // its entries, for logs and map keys
 	holder string // its leases' holder: rlqsHolder
 
-	// What the limits file says of it.
+	// What the limits file says of it, and the file it was read from.
 	kind   rlqsKind
 	key    string
 	limit  int64
 	window time.Duration
+	cfg    *limits.Config
 
 	// demand is the requests a second it reports, smoothed; known once
 	// it reported a time elapsed.
@@ -235,14 +236,11 @@ func (r *rlqsService) report(ctx context.Context, domain string, m *rlqsv3.RateL
 			b = &rlqsBucket{id: u.GetBucketId(), name: name, holder: rlqsHolder(ctx, r.s.cfg.NodeName)}
 			r.classify(cfg, domain, entries, b)
 			buckets[name] = b
-			if b.kind == rlqsLimited {
-				r.mu.Lock()
-				if r.keys[b.key] == nil {
-					r.keys[b.key] = make(map[*rlqsBucket]bool)
-				}
-				r.keys[b.key][b] = true
-				r.mu.Unlock()
-			}
+			r.mu.Lock()
+			r.register(b)
+			r.mu.Unlock()
+		} else if b.cfg != cfg {
+			r.reclassify(cfg, domain, entries, b)
 		}
 		// Other streams read these (share), under r.mu.
 		r.mu.Lock()
@@ -304,6 +302,7 @@ func rlqsEntries(i int, id *rlqsv3.BucketId) ([]limits.Entry, string, error) {
 
 // classify sets what the limits file says of b.
 func (r *rlqsService) classify(cfg *limits.Config, domain string, entries []limits.Entry, b *rlqsBucket) {
+	b.cfg = cfg
 	rule, counted, ok := cfg.Match(domain, entries)
 	switch {
 	case !ok || rule.Unlimited:
@@ -313,6 +312,37 @@ func (r *rlqsService) classify(cfg *limits.Config, domain string, entries []limi
 	default:
 		b.kind, b.key, b.limit, b.window = rlqsLimited, envoyKey(domain, counted), rule.Limit, rule.Window
 	}
+}
+
+// reclassify looks b up again in a limits file that changed since it
+// was classified. A bucket whose rule changed (its key, limit or window,
+// or whether it is limited) starts anew, as a bucket first seen: this
+// report's answer replaces Envoy's assignment, and the old assignment's
+// lease counts on its key until it expires, as every lease does.
+func (r *rlqsService) reclassify(cfg *limits.Config, domain string, entries []limits.Entry, b *rlqsBucket) {
+	n := rlqsBucket{}
+	r.classify(cfg, domain, entries, &n)
+	if n.kind == b.kind && n.key == b.key && n.limit == b.limit && n.window == b.window {
+		b.cfg = cfg
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.forget(b)
+	b.kind, b.key, b.limit, b.window, b.cfg = n.kind, n.key, n.limit, n.window, cfg
+	b.rate, b.leaseID, b.leaseN, b.changed, b.oldTTL, b.ttlSent = 0, actor.ReservationID{}, 0, time.Time{}, 0, 0
+	r.register(b)
+}
+
+// register adds a limited bucket to its key's buckets. r.mu is held.
+func (r *rlqsService) register(b *rlqsBucket) {
+	if b.kind != rlqsLimited {
+		return
+	}
+	if r.keys[b.key] == nil {
+		r.keys[b.key] = make(map[*rlqsBucket]bool)
+	}
+	r.keys[b.key][b] = true
 }
 
 // forget drops b from its key's buckets. r.mu is held.

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -16,6 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
 // simEnvoy behaves as Envoy's rate limit quota filter does for one bucket:
@@ -445,5 +448,69 @@ descriptors:
 	}
 	if onVictim.rate+onOther.rate < 500 {
 		t.Errorf("rates at the end %d and %d: want the key's rate (1,000 a second) mostly assigned again after the crash", onVictim.rate, onOther.rate)
+	}
+}
+
+// TestRLQSRuleChange: a bucket already assigned a rate follows a change
+// of its rule in the limits file. Its rule falls from 61,000 to 12,200 a
+// minute (1,000 to 200 a second to divide): the bucket starts anew, is
+// denied while the old assignment's lease still counts on the key, and
+// then gets at most the new rate. No minute admits more than the old
+// limit, and the minutes after the old lease ran out no more than the
+// new one.
+func TestRLQSRuleChange(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "limits.yaml")
+	rule := func(perMinute int) []byte {
+		return []byte(fmt.Sprintf("domain: quota\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: %d}\n", perMinute))
+	}
+	if err := os.WriteFile(path, rule(61000), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ts := newTestServer(t, func(c *Config) { c.LimitsFile, c.LimitsPollInterval = path, 20*time.Millisecond })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := rlqsv3.NewRateLimitQuotaServiceClient(ts.conn).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &simEnvoy{stream: stream, demand: 600, id: &rlqsv3.BucketId{Bucket: map[string]string{"tenant": "acme"}}}
+	const step = 10 * time.Millisecond
+	run := func(from, to int) {
+		for i := from; i < to; i++ {
+			now := ts.clk.Now()
+			if i%100 == 0 {
+				e.report(t, now, i == 0, time.Second)
+			}
+			e.tick(now, step)
+			ts.clk.Advance(step)
+		}
+	}
+	run(0, 1000) // 10 s
+	if e.rate != 600 {
+		t.Fatalf("under the first rule: %d a second; want the demand, 600", e.rate)
+	}
+	reloads := counterValue(t, ts, "sluice_limits_reloads_total", "ok")
+	if err := os.WriteFile(path, rule(12200), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, func() bool {
+		return counterValue(t, ts, "sluice_limits_reloads_total", "ok") > reloads
+	}, "the limits file to be reloaded")
+	changed := ts.clk.Now()
+	run(1000, 20000) // to 200 s
+	if e.rate == 0 || e.rate > 200 {
+		t.Fatalf("after the rule fell to 200 a second: %d a second; want at most 200, and some", e.rate)
+	}
+	var after []time.Time
+	for _, at := range e.admitted {
+		if at.After(changed.Add(2 * time.Minute)) {
+			after = append(after, at)
+		}
+	}
+	most, later := mostInWindow([]*simEnvoy{e}, time.Minute), mostInWindow([]*simEnvoy{{admitted: after}}, time.Minute)
+	t.Logf("admitted %d; at most %d within a minute, %d within a minute from two minutes after the change; rate at the end %d", len(e.admitted), most, later, e.rate)
+	if most > 61000 || later > 12200 {
+		t.Errorf("%d within a minute (limit 61,000), %d within a minute once the old lease ran out (limit 12,200)", most, later)
 	}
 }
