@@ -262,9 +262,7 @@ func (r *rlqsService) report(ctx context.Context, domain string, m *rlqsv3.RateL
 		b.ttl = ttl
 	}
 	r.mu.Unlock()
-	for _, b := range reported {
-		resp.BucketAction = append(resp.BucketAction, r.assign(ctx, b, ttl))
-	}
+	resp.BucketAction = append(resp.BucketAction, r.assignAll(ctx, reported, ttl)...)
 	// Buckets this stream stopped reporting give their share back.
 	for name, b := range buckets {
 		if now.Sub(b.lastReport) > 3*rlqsMaxTTL {
@@ -280,6 +278,37 @@ func (r *rlqsService) report(ctx context.Context, domain string, m *rlqsv3.RateL
 		}
 	}
 	return resp, nil
+}
+
+// rlqsAssignParallel bounds the buckets of one report assigned at once
+// (each assignment may wait for a lease from its key's owner).
+const rlqsAssignParallel = 16
+
+// assignAll assigns each bucket of a report, rlqsAssignParallel at a
+// time, and returns their actions in the report's order. A bucket
+// reported twice is assigned once.
+func (r *rlqsService) assignAll(ctx context.Context, reported []*rlqsBucket, ttl time.Duration) []*rlqsv3.RateLimitQuotaResponse_BucketAction {
+	actions := make([]*rlqsv3.RateLimitQuotaResponse_BucketAction, len(reported))
+	first := make(map[*rlqsBucket]int, len(reported))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, rlqsAssignParallel)
+	for i, b := range reported {
+		if _, seen := first[b]; seen {
+			continue
+		}
+		first[b] = i
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			actions[i] = r.assign(ctx, b, ttl)
+		}()
+	}
+	wg.Wait()
+	for i, b := range reported {
+		actions[i] = actions[first[b]]
+	}
+	return actions
 }
 
 // rlqsEntries returns the descriptor entries of a bucket id, sorted by

@@ -514,3 +514,46 @@ func TestRLQSRuleChange(t *testing.T) {
 		t.Errorf("%d within a minute (limit 61,000), %d within a minute once the old lease ran out (limit 12,200)", most, later)
 	}
 }
+
+// TestRLQSManyBucketsInOneReport: a report of 40 new buckets (one of them
+// twice) on a node that owns none of their keys gets one action per
+// usage, in the report's order, each a token bucket; the leases behind
+// them are asked for at once, not one after the other.
+func TestRLQSManyBucketsInOneReport(t *testing.T) {
+	t.Parallel()
+	path := filepath.Join(t.TempDir(), "limits.yaml")
+	if err := os.WriteFile(path, []byte("domain: quota\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 6100}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tc := newTestClusterWith(t, 3, func(c *Config) { c.LimitsFile = path })
+	stream, err := rlqsv3.NewRateLimitQuotaServiceClient(tc.nodes[0].conn).StreamRateLimitQuotas(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &rlqsv3.RateLimitQuotaUsageReports{Domain: "quota"}
+	for i := range 41 {
+		tenant := fmt.Sprintf("t%02d", min(i, 39)) // the last one repeats t39
+		m.BucketQuotaUsages = append(m.BucketQuotaUsages, &rlqsv3.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			BucketId: &rlqsv3.BucketId{Bucket: map[string]string{"tenant": tenant}}, TimeElapsed: durationpb.New(time.Second), NumRequestsAllowed: 10,
+		})
+	}
+	start := time.Now()
+	if err := stream.Send(m); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("41 usages answered in %v", time.Since(start))
+	if len(resp.BucketAction) != 41 {
+		t.Fatalf("%d actions for 41 usages", len(resp.BucketAction))
+	}
+	for i, a := range resp.BucketAction {
+		want := fmt.Sprintf("t%02d", min(i, 39))
+		if got := a.GetBucketId().GetBucket()["tenant"]; got != want || a.GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket() == nil {
+			t.Errorf("action %d: bucket %q, %v; want a token bucket for %s", i, got, a, want)
+		}
+	}
+	stream.CloseSend()
+}
