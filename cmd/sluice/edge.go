@@ -91,6 +91,7 @@ Every flag also reads SLUICE_<FLAG>; the command line wins.`,
 	fs.StringVar(&cfg.Origin, "origin", "", "URL of the server to protect, e.g. http://127.0.0.1:3000 (required)")
 	fs.StringVar(&cfg.Client.Addr, "sluice", cfg.Client.Addr, "gRPC address of a Sluice node (any node of a cluster), or of several, comma-separated: each check then goes straight to the node that decides its key")
 	fs.Var(newEnumValue(&o.routing, "auto", "auto", "on", "off"), "sluice-routing", "send each check to the node that decides its key: auto (when --sluice lists several addresses), on (learn the members from one address, e.g. a Kubernetes Service), off (every check to --sluice, which forwards)")
+	fs.StringVar(&cfg.Client.Token, "sluice-token", "", "bearer token sent with every call to Sluice: the refund token (or admin token) that a node with one requires for quota leases (rules with lease); prefer SLUICE_SLUICE_TOKEN to the command line")
 	fs.StringVar(&o.sluiceTLSCA, "sluice-tls-ca", "", "connect to Sluice with TLS, verifying it against this CA file (PEM)")
 	fs.StringVar(&cfg.MetricsAddr, "metrics-addr", cfg.MetricsAddr, "address of /metrics and /healthz; empty disables them")
 	fs.StringVar(&cfg.RulesFile, "rules", "", "YAML rules file (routes → rules), reloaded when it changes")

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/client"
+	"github.com/sluice-io/sluice/cmd/sluice/node"
 	"github.com/sluice-io/sluice/cmd/sluice/node/nodetest"
 	"github.com/sluice-io/sluice/scripts/testkit"
 )
@@ -93,6 +94,30 @@ func TestLeaseRuleErrors(t *testing.T) {
 		f := "routes:\n  - name: a\n    rules:\n      - {name: r, key: route, limit: 10, window: 1m, " + spec + "}\n"
 		if _, err := ParseRules([]byte(f)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: ParseRules = %v; want an error saying %s", spec, err, want)
+		}
+	}
+}
+
+// TestLeaseRuleWithToken: against a node with a refund token, a leased
+// rule leases only when the edge sends it (--sluice-token); without it
+// every slice request is refused, and requests are decided by calls and
+// the failure policy instead.
+func TestLeaseRuleWithToken(t *testing.T) {
+	n := nodetest.Start(t, "n1", func(c *node.Config) { c.RefundToken = "r3fund" })
+	for _, token := range []string{"r3fund", ""} {
+		o := newOrigin(t)
+		e := startEdge(t, o.url, n.Addr, func(c *Config) {
+			c.Rules = &RulesFile{Routes: []RouteSpec{{Name: "api", PathPrefix: "/", Rules: []RuleSpec{
+				{Name: "api" + token, Key: "route", Limit: 40, Window: "1h", Lease: &LeaseSpec{Slice: 10, TTL: "1m"}}}}}}
+			c.Client.Token = token
+		})
+		for range 20 {
+			get(t, "GET", "http://"+e.Addr()+"/x", nil, "")
+		}
+		m := scrape(t, e)
+		leased := strings.Contains(m, `source="lease"`)
+		if leased != (token != "") {
+			t.Errorf("token %q: decisions from slices: %v; want %v:\n%s", token, leased, token != "", m)
 		}
 	}
 }
