@@ -65,8 +65,10 @@ type LeaseConfig struct {
 // slice's unspent hits are held until it is settled. Keep the TTL short
 // against the window. A token bucket takes a slice's tokens at once. A
 // sliding window takes no leases: Lease refuses one, and a key an
-// override makes one answers the slice request INVALID_ARGUMENT (Allow
-// returns that error once, and asks for each hit for a TTL).
+// override makes one answers the slice request INVALID_ARGUMENT. A slice
+// request Sluice refuses (that, or no credential for leases: see
+// Config.Token) is counted in LeaseStats.Refused, and the hits are asked
+// for as plain checks, each TTL trying a slice again.
 //
 // A Lease is safe for concurrent use. Close settles the open slice.
 type Lease struct {
@@ -84,7 +86,7 @@ type Lease struct {
 	closed   bool
 	settling sync.WaitGroup
 
-	local, direct, slices, denied, givenBack atomic.Uint64
+	local, direct, slices, denied, refused, givenBack atomic.Uint64
 }
 
 // slice is a granted lease.
@@ -203,6 +205,13 @@ func (l *Lease) Allow(ctx context.Context, opts ...Option) (Decision, error) {
 		}
 		l.retryAt = time.Now().Add(l.ttl)
 		l.mu.Unlock()
+		if err != nil && d.Failure == FailureRejected {
+			// The slice itself was refused (no credential for leases, a
+			// key whose override makes it a sliding window): the hit is
+			// asked for as a plain check.
+			l.refused.Add(1)
+			return l.directly(ctx, opts)
+		}
 		if err != nil {
 			// Sluice did not decide: the failure policy decides this hit.
 			return d, err
@@ -305,8 +314,11 @@ type LeaseStats struct {
 	// Direct is the hits asked of Sluice one by one, while no slice was
 	// held.
 	Direct uint64
-	// Slices is the slices granted; Denied those Sluice did not grant.
-	Slices, Denied uint64
+	// Slices is the slices granted; Denied those Sluice did not grant
+	// (no room); Refused the slice requests it refused (no credential
+	// for leases, a key an override makes a sliding window): their hits
+	// were asked for as plain checks.
+	Slices, Denied, Refused uint64
 	// GivenBack is the hits given back to their slice (GiveBack), no
 	// longer counted in Local.
 	GivenBack uint64
@@ -314,5 +326,5 @@ type LeaseStats struct {
 
 // Stats returns what l did so far.
 func (l *Lease) Stats() LeaseStats {
-	return LeaseStats{Local: l.local.Load(), Direct: l.direct.Load(), Slices: l.slices.Load(), Denied: l.denied.Load(), GivenBack: l.givenBack.Load()}
+	return LeaseStats{Local: l.local.Load(), Direct: l.direct.Load(), Slices: l.slices.Load(), Denied: l.denied.Load(), Refused: l.refused.Load(), GivenBack: l.givenBack.Load()}
 }

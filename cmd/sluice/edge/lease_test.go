@@ -100,8 +100,8 @@ func TestLeaseRuleErrors(t *testing.T) {
 
 // TestLeaseRuleWithToken: against a node with a refund token, a leased
 // rule leases only when the edge sends it (--sluice-token); without it
-// every slice request is refused, and requests are decided by calls and
-// the failure policy instead.
+// every slice request is refused, and requests are decided by calls
+// instead, none by the failure policy.
 func TestLeaseRuleWithToken(t *testing.T) {
 	n := nodetest.Start(t, "n1", func(c *node.Config) { c.RefundToken = "r3fund" })
 	for _, token := range []string{"r3fund", ""} {
@@ -115,9 +115,9 @@ func TestLeaseRuleWithToken(t *testing.T) {
 			get(t, "GET", "http://"+e.Addr()+"/x", nil, "")
 		}
 		m := scrape(t, e)
-		leased := strings.Contains(m, `source="lease"`)
-		if leased != (token != "") {
-			t.Errorf("token %q: decisions from slices: %v; want %v:\n%s", token, leased, token != "", m)
+		leased, failed := strings.Contains(m, `source="lease"`), strings.Contains(m, `source="failure"`)
+		if leased != (token != "") || failed || o.hits.Load() != 20 {
+			t.Errorf("token %q: decisions from slices: %v, by the failure policy: %v, %d at the origin; want %v, false, 20:\n%s", token, leased, failed, o.hits.Load(), token != "", m)
 		}
 	}
 }
