@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sluice-io/sluice/client"
+	"github.com/sluice-io/sluice/cmd/sluice/node"
 	"github.com/sluice-io/sluice/cmd/sluice/node/nodetest"
 )
 
@@ -206,6 +207,30 @@ func TestLeaseGiveBack(t *testing.T) {
 	}
 	if d, err := c.Check(ctx, client.Check{Key: key.Key, Limit: 4, Window: time.Hour, Peek: true}); err != nil || d.Remaining != 1 {
 		t.Fatalf("peek after Close = %+v, %v; want 1 left (3 hits spent)", d, err)
+	}
+}
+
+// TestLeaseRefusedWithoutToken: a node with a refund token refuses the
+// slices of a client without it; the hits go to the node as plain
+// checks, none to the failure policy. With the token, slices.
+func TestLeaseRefusedWithoutToken(t *testing.T) {
+	n := nodetest.Start(t, "n1", func(c *node.Config) { c.RefundToken = "r3fund" })
+	for _, token := range []string{"", "r3fund"} {
+		c := newClient(t, n.Addr, func(cfg *client.Config) { cfg.Token = token })
+		l, err := c.Lease(client.Check{Key: "lease|token" + token, Limit: 10, Window: time.Hour}, client.LeaseConfig{Slice: 5, TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for range 3 {
+			if d, err := l.Allow(context.Background()); err != nil || !d.Allowed || d.Source == client.SourceFailure {
+				t.Fatalf("token %q: Allow = %+v, %v; want allowed by Sluice or a slice", token, d, err)
+			}
+		}
+		st := l.Stats()
+		if token == "" && (st.Refused != 1 || st.Direct != 3 || st.Slices != 0) || token != "" && (st.Slices != 1 || st.Local != 3) {
+			t.Errorf("token %q: stats %+v; want one slice refused and 3 plain checks without it, one slice spent 3 times with it", token, st)
+		}
+		l.Close(context.Background())
 	}
 }
 
