@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	sluicepb "github.com/sluice-io/sluice/proto/sluice/v1"
 	"github.com/sluice-io/sluice/scripts/testkit"
 )
 
@@ -422,6 +423,14 @@ descriptors:
 		if i == 6000 { // 60 s: kill the owner; its Envoy reconnects once its assignment expired
 			victim.crash()
 			tc.waitMembers(2)
+			// The fake clock stands still until the standby decides the
+			// key (a peek through the spare node): failover takes real
+			// time, which the loop below does not spend.
+			peek := &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck("quota|tenant=acme", limit, window, 0)}}
+			testkit.Eventually(t, 30*time.Second, func() bool {
+				resp, err := sluicepb.NewRateLimitServiceClient(spare.conn).Check(ctx, peek)
+				return err == nil && resp.Decisions[0].GetNode() != victim.cfg.NodeName
+			}, "the key decided again after its owner's crash")
 			reconnectAt = onVictim.expires
 			onVictim.stream = nil
 		}
