@@ -135,17 +135,8 @@ func TestRLQSFairAndExact(t *testing.T) {
 // rlqsFairAndExact runs TestRLQSFairAndExact with three Envoys of demand,
 // whose max-min fair shares are want.
 func rlqsFairAndExact(t *testing.T, demand, want []int64) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "limits.yaml")
-	const limit, window = 61000, time.Minute
-	if err := os.WriteFile(path, []byte(`domain: quota
-descriptors:
-  - key: tenant
-    rate_limit: {unit: minute, requests_per_unit: 61000}
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	tc := newTestClusterWith(t, 3, func(c *Config) { c.LimitsFile, c.Router.Replicas = path, 2 })
+	const limit, window = rlqsLimit, time.Minute
+	tc := rlqsCluster(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var envoys []*simEnvoy
@@ -204,17 +195,8 @@ descriptors:
 // every window.
 func TestRLQSAcrossNodes(t *testing.T) {
 	t.Parallel()
-	dir := t.TempDir()
-	path := filepath.Join(dir, "limits.yaml")
-	const limit, window = 61000, time.Minute
-	if err := os.WriteFile(path, []byte(`domain: quota
-descriptors:
-  - key: tenant
-    rate_limit: {unit: minute, requests_per_unit: 61000}
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	tc := newTestClusterWith(t, 3, func(c *Config) { c.LimitsFile, c.Router.Replicas = path, 2 })
+	const limit, window = rlqsLimit, time.Minute
+	tc := rlqsCluster(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var envoys []*simEnvoy
@@ -246,6 +228,23 @@ descriptors:
 	if envoys[0].rate+envoys[1].rate < 500 {
 		t.Errorf("rates %d and %d: want the key's rate (1,000 a second) mostly used", envoys[0].rate, envoys[1].rate)
 	}
+}
+
+// rlqsLimit is the rule of rlqsCluster's limits file: tenants of domain
+// quota, 61,000 requests a minute (1,000 a second to divide under the Σ
+// rule).
+const rlqsLimit = 61000
+
+// rlqsCluster starts three nodes (--replicas 2) with a limits file of
+// rlqsLimit a minute per tenant of domain quota.
+func rlqsCluster(t *testing.T) *testCluster {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "limits.yaml")
+	rule := fmt.Sprintf("domain: quota\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: %d}\n", rlqsLimit)
+	if err := os.WriteFile(path, []byte(rule), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return newTestClusterWith(t, 3, func(c *Config) { c.LimitsFile, c.Router.Replicas = path, 2 })
 }
 
 // mostInWindow returns the most requests the Envoys admitted within one
@@ -375,17 +374,8 @@ func TestRLQSOwnerCrash(t *testing.T) {
 	if testing.Short() {
 		t.Skip("waits for failure detection")
 	}
-	dir := t.TempDir()
-	path := filepath.Join(dir, "limits.yaml")
-	const limit, window = 61000, time.Minute
-	if err := os.WriteFile(path, []byte(`domain: quota
-descriptors:
-  - key: tenant
-    rate_limit: {unit: minute, requests_per_unit: 61000}
-`), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	tc := newTestClusterWith(t, 3, func(c *Config) { c.LimitsFile, c.Router.Replicas = path, 2 })
+	const limit, window = rlqsLimit, time.Minute
+	tc := rlqsCluster(t)
 	owner, _ := tc.nodes[0].srv.Router().Owner("quota|tenant=acme")
 	var victim, other, spare *testServer
 	for _, ts := range tc.nodes {
