@@ -141,6 +141,19 @@ type Reservation struct {
 	// kept in memory only: a key read from disk, or a standby's copy,
 	// knows its reservations without their holders. Ignored by a settle.
 	Holder string
+	// Demand is, for a new lease with a Holder, the hits a window the
+	// holder would spend if nothing limited it: its word for max-min fair
+	// shares (see fair.go). When the demands of the key's holders heard
+	// from within a window exceed what leases can give out, the lease is
+	// granted only up to the part of the holder's fair share it has not
+	// leased over the last window. A lease that states a demand is also
+	// granted up to the room: Decision.Granted may be less than the cost
+	// asked. It is denied when the key has no room (Remaining 0), or when
+	// its holder has its whole share while the room is held for others
+	// (Remaining above 0; RetryAfter: until its share frees). 0: no demand
+	// stated, and the lease is granted whole or not at all, as the room
+	// allows.
+	Demand int64
 }
 
 // MaxHolderLen is the longest Reservation.Holder.
@@ -168,6 +181,9 @@ type Decision struct {
 	RetryAfter time.Duration
 	// ResetAfter is the time until the whole limit is available again.
 	ResetAfter time.Duration
+	// Granted is, for an allowed lease, the hits it holds: the cost asked,
+	// or less under fair shares (see Reservation.Demand). 0 otherwise.
+	Granted int64
 	// Err is set when the check could not be decided, and the other fields
 	// are zero then (not allowed): a *DamagedError for a key whose stored
 	// state is damaged. The other checks of the call were decided.
@@ -282,6 +298,10 @@ func (c *Check) validate(i int, l Limits) error {
 			return bad("algorithm", "sliding_window takes no leases: its count is an estimate, so a slice of it is not exact; use sliding_log or token_bucket")
 		case len(r.Holder) > MaxHolderLen:
 			return bad("holder", "%d bytes long; at most %d", len(r.Holder), MaxHolderLen)
+		case r.Demand < 0:
+			return bad("demand", "%d: a lease's demand is the hits a window its holder wants, 0 or more", r.Demand)
+		case r.Demand > 0 && (!r.Lease || r.Holder == ""):
+			return bad("demand", "only a lease with a holder states a demand: it is that holder's word for fair shares")
 		}
 	}
 	return nil

@@ -123,14 +123,23 @@ func TestLeaseLedger(t *testing.T) {
 						nextID++
 						h.id = ReservationID{byte(nextID), byte(nextID >> 8), byte(nextID >> 16)}
 						want := 1 + rng.Int64N(max(1, limit/2))
-						if d := decide(now, Check{Cost: want, Reservation: &Reservation{ID: h.id, TTL: ttl, Lease: true}}); d.Allowed {
-							*h = holder{id: h.id, n: want, expires: now + int64(ttl), open: true}
+						r := &Reservation{ID: h.id, TTL: ttl, Lease: true}
+						if i%2 == 1 {
+							// A holder that states a demand: granted up
+							// to its fair share and the room.
+							r.Holder, r.Demand = string(rune('a'+i)), 1+rng.Int64N(2*limit)
+						}
+						if d := decide(now, Check{Cost: want, Reservation: r}); d.Allowed {
+							if d.Granted < 1 || d.Granted > want || r.Demand == 0 && d.Granted != want {
+								t.Fatalf("seed %d: lease of %d (demand %d) granted %d", seed, want, r.Demand, d.Granted)
+							}
+							*h = holder{id: h.id, n: d.Granted, expires: now + int64(ttl), open: true}
 						}
 					case rng.IntN(12) == 0 && algo == SlidingLog:
 						// Extend it, perhaps grown: spend until the new
 						// expiry, the new size.
 						want := h.n + rng.Int64N(3)
-						d := decide(now, Check{Cost: want, Reservation: &Reservation{ID: h.id, TTL: ttl, Lease: true}})
+						d := decide(now, Check{Cost: want, Reservation: &Reservation{ID: h.id, TTL: ttl, Lease: true, Holder: string(rune('a' + i))}})
 						switch {
 						case d.Allowed:
 							h.n = want
@@ -165,11 +174,13 @@ func TestLeaseLedger(t *testing.T) {
 					t.Fatalf("%v, seed %d (limit %d, window %v, leases of %v): %d hits spent in the window ending %v; want at most %d",
 						algo, seed, limit, window, ttl, i-t0+1, time.Duration(spent[i]-leaseT0), limit)
 				}
-				// A token bucket bounds any interval by its limit plus its
-				// refill over it: limit + rate × window within one window.
-				if int64(i-t0+1) > 2*limit && algo == TokenBucket {
-					t.Fatalf("%v, seed %d: %d hits spent in one window; want at most %d (the bucket plus a window of refill)",
-						algo, seed, i-t0+1, 2*limit)
+				// A token bucket bounds the tokens taken in any interval by
+				// its limit plus its refill over it, and a lease's tokens
+				// are taken up to a TTL before they are spent: a window's
+				// spending holds at most limit + rate × (window + TTL).
+				if bound := limit + (limit*int64(window+ttl)+int64(window)-1)/int64(window); int64(i-t0+1) > bound && algo == TokenBucket {
+					t.Fatalf("%v, seed %d: %d hits spent in one window; want at most %d (the bucket plus a window and a TTL of refill)",
+						algo, seed, i-t0+1, bound)
 				}
 			}
 		}

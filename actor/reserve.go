@@ -39,14 +39,22 @@ type reservation struct {
 }
 
 // openReservations are a key's open reservations, in the order they were
-// made. A state points to them only while it holds one, so that a key
-// without reservations pays one nil pointer.
+// made. A state points to them only while it holds one (or remembers a
+// holder's demand), so that a key without reservations pays one nil
+// pointer.
 type openReservations struct {
 	list []reservation
 	// denied counts the checks denied while the key held an open lease
 	// (in memory only): the price of exactness KeyState shows.
 	denied int64
+	// shares are the holders that stated a demand within the last window
+	// (in memory only; see fair.go). They keep the record alive while
+	// the key holds no reservation.
+	shares []holderShare
 }
+
+// empty reports whether r holds neither reservations nor shares.
+func (r *openReservations) empty() bool { return len(r.list) == 0 && len(r.shares) == 0 }
 
 // find returns the index of the reservation id, or -1.
 func (r *openReservations) find(id ReservationID) int {
@@ -85,7 +93,8 @@ func (s *state) pruneReservations(now int64) {
 		return
 	}
 	s.res.list = slices.DeleteFunc(s.res.list, func(r reservation) bool { return r.expires <= now })
-	if len(s.res.list) == 0 {
+	s.pruneShares(now)
+	if s.res.empty() {
 		s.res = nil
 	}
 }
@@ -129,7 +138,7 @@ func (s *state) takeReservation(id ReservationID) (reservation, bool) {
 	}
 	r := s.res.list[i]
 	s.res.list = slices.Delete(s.res.list, i, i+1)
-	if len(s.res.list) == 0 {
+	if s.res.empty() {
 		s.res = nil
 	}
 	s.rewrite = true
@@ -229,6 +238,9 @@ func (s *state) settle(now int64, c *Check, maxRuns int, d *Decision) bool {
 		switch {
 		case c.Cost < r.n:
 			s.release(r.mark, r.n-c.Cost)
+			if r.lease {
+				s.noteLeased(now, r.holder, c.Cost-r.n)
+			}
 		case c.Cost > r.n:
 			s.recordUsage(now, c.Cost-r.n, maxRuns)
 		}

@@ -181,15 +181,13 @@ func (s *state) decide(now int64, c *Check, maxRuns int, d *Decision) (changed b
 		recorded = s.algoDecide(now, c, maxRuns, d)
 	} else if r.Lease && s.algo == SlidingLog && s.holdsReservation(r.ID) {
 		recorded = s.leaseExtend(now, satAdd(now, int64(r.TTL)), c, maxRuns, d)
+		if d.Allowed {
+			d.Granted = s.res.list[s.res.find(r.ID)].n
+		}
 	} else if s.holdsReservation(r.ID) || s.res != nil && len(s.res.list) >= MaxReservations {
 		s.reserveHeld(now, c, maxRuns, d)
-	} else if r.Lease && s.algo == SlidingLog {
-		expires := satAdd(now, int64(r.TTL))
-		if recorded = s.leaseDecide(now, expires, c, maxRuns, d); recorded {
-			s.addReservation(r, s.mark(), c.Cost, expires)
-		}
-	} else if recorded = s.algoDecide(now, c, maxRuns, d); recorded && d.Allowed {
-		s.addReservation(r, s.mark(), c.Cost, satAdd(now, int64(r.TTL)))
+	} else {
+		recorded = s.reserveNew(now, c, maxRuns, d)
 	}
 	if !d.Allowed && c.Reservation == nil && c.Cost > 0 && s.leaseOpen() {
 		s.res.denied++
@@ -204,6 +202,49 @@ func (s *state) decide(now int64, c *Check, maxRuns int, d *Decision) (changed b
 		s.rewrite = true
 	}
 	return changed
+}
+
+// reserveNew decides a reserving check whose ID s does not hold: a new
+// lease (up to its holder's fair share, when it states a demand) or a new
+// reservation. It reports whether it recorded hits.
+func (s *state) reserveNew(now int64, c *Check, maxRuns int, d *Decision) bool {
+	r := c.Reservation
+	if r.Lease && r.Demand > 0 && r.Holder != "" {
+		// Up to its fair share and to the room: a part of the cost may
+		// be granted.
+		grant, _, wait := s.fairGrant(now, r, c.Cost)
+		peek := Check{Key: c.Key, Limit: c.Limit, Window: c.Window, Algorithm: c.Algorithm}
+		s.algoDecide(now, &peek, maxRuns, d)
+		switch room := d.Remaining; {
+		case grant == 0 && room > 0:
+			// Over its share while others' shares hold the room.
+			d.Allowed, d.RetryAfter = false, time.Duration(wait)
+			return false
+		case room == 0:
+			grant = 1 // denied below, with the wait for a hit
+		default:
+			grant = min(grant, room)
+		}
+		if grant < c.Cost {
+			fair := *c
+			fair.Cost = grant
+			c = &fair
+		}
+	}
+	var recorded bool
+	expires := satAdd(now, int64(r.TTL))
+	if r.Lease && s.algo == SlidingLog {
+		if recorded = s.leaseDecide(now, expires, c, maxRuns, d); recorded {
+			s.addReservation(r, s.mark(), c.Cost, expires)
+		}
+	} else if recorded = s.algoDecide(now, c, maxRuns, d); recorded && d.Allowed {
+		s.addReservation(r, s.mark(), c.Cost, expires)
+	}
+	if d.Allowed && r.Lease {
+		d.Granted = c.Cost
+		s.noteLeased(now, r.Holder, c.Cost)
+	}
+	return recorded
 }
 
 // algoDecide decides c with s's algorithm (s has c's parameters).
@@ -516,6 +557,7 @@ func (s *state) leaseExtend(now, expires int64, c *Check, maxRuns int, d *Decisi
 		// Shrunk: its holder says it will spend no more than that, as a
 		// settle does.
 		s.release(r.mark, n-c.Cost)
+		s.noteLeased(now, r.holder, c.Cost-n)
 		r.n, n, changed = c.Cost, c.Cost, true
 	}
 	if n != r.n || expires > r.expires {

@@ -56,6 +56,13 @@ type HolderView struct {
 	// Leases is how many of its reservations are quota leases (known to
 	// this node); Reservations all of them, and Hits their hits.
 	Leases, Reservations int
+	// Demand is the hits a window the holder last said it wants (0: it
+	// stated none), Share its max-min fair share of the key's capacity
+	// for leases (0 while the demands fit it: no share in force), and
+	// Leased the hits leased to it over about the last window, less what
+	// it gave back: its slice use. Known only to the node that granted
+	// them, within a window of the holder's last request.
+	Demand, Share, Leased int64
 	Hits                 int64
 	// Expires is when the last of them expires.
 	Expires time.Time
@@ -83,7 +90,7 @@ func (s *state) clone() state {
 		copy(c.buf[:cap(c.buf)], s.buf[:cap(s.buf)])
 	}
 	if s.res != nil {
-		c.res = &openReservations{list: slices.Clone(s.res.list), denied: s.res.denied}
+		c.res = &openReservations{list: slices.Clone(s.res.list), denied: s.res.denied, shares: slices.Clone(s.res.shares)}
 	}
 	return c
 }
@@ -134,6 +141,16 @@ func (s *state) view(now int64, maxRuns int, v *KeyState) {
 			if e := time.Unix(0, r.expires); e.After(h.Expires) {
 				h.Expires = e
 			}
+		}
+		for i := range peek.res.shares {
+			sh := &peek.res.shares[i]
+			k := slices.IndexFunc(v.Holders, func(h HolderView) bool { return h.Holder == sh.holder })
+			if k < 0 {
+				k = len(v.Holders)
+				v.Holders = append(v.Holders, HolderView{Holder: sh.holder})
+			}
+			h := &v.Holders[k]
+			h.Demand, h.Share, h.Leased = sh.demand, peek.shareOf(i), sh.leased(now, peek.window)
 		}
 	}
 }
