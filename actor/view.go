@@ -63,7 +63,7 @@ type HolderView struct {
 	// it gave back: its slice use. Known only to the node that granted
 	// them, within a window of the holder's last request.
 	Demand, Share, Leased int64
-	Hits                 int64
+	Hits                  int64
 	// Expires is when the last of them expires.
 	Expires time.Time
 }
