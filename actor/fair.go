@@ -1,7 +1,6 @@
 package actor
 
 import (
-	"math"
 	"slices"
 )
 
@@ -10,16 +9,17 @@ import (
 // state.go it is pure code: the key's actor is its only user.
 //
 // The owner remembers, in memory only, each holder that stated a demand
-// within the last window: its demand and the hits leased to it over about
-// a window (granted, less what its settles gave back). While the demands
-// together fit the key's capacity, every holder leases as it asks. When
-// they do not, each holder's share is its max-min fair share of the
-// capacity (no holder gets more than it wants; what one does not want is
-// divided equally among the others), and a lease is granted only up to
-// the part of the share not leased yet. The capacity is the limit less
-// what leasing costs: a slice's hits count from its grant until a window
-// after its expiry, so a holder that leases r hits a window holds about
-// r × (window + TTL) / window of the key's room.
+// within the last window: its demand and the hits leased to it that the
+// key still counts (granted, less what its settles gave back). While the
+// demands together fit the key's capacity, or one holder alone stated
+// one, every holder leases as it asks. Otherwise each holder's share is
+// its max-min fair share of the capacity (no holder gets more than it
+// wants; what one does not want is divided equally among the others), and
+// a lease is granted only up to what that share lets the holder hold of
+// the key's count. The capacity is the limit less what leasing costs: a
+// slice's hits count from its grant until a window after its expiry, so a
+// holder that leases r hits a window holds about r × (window + TTL) /
+// window of the key's room.
 //
 // Fair shares only ever grant less than the room allows, never more, so
 // they change nothing about exactness; and a node that takes a key over
@@ -33,59 +33,72 @@ type holderShare struct {
 	demand int64
 	// seen is when it last asked, unix ns; ttl the TTL it asked for.
 	seen, ttl int64
-	// cur and prev are the hits leased to it in the period of a window
-	// starting at at, and in the one before.
-	at        int64
-	cur, prev int64
+	// leases are the hits leased to it that the key still counts, by
+	// expiry (a lease's hits count until a window after it), oldest
+	// first, less what it gave back.
+	leases []leaseRun
 }
 
-// advance moves h's periods on to the one that holds now.
-func (h *holderShare) advance(now, window int64) {
-	if now < h.at+window {
-		return
+// leaseRun is n hits leased to a holder that expire at at.
+type leaseRun struct{ at, n int64 }
+
+// maxLeaseRuns bounds a holder's leaseRuns: past it, the two oldest
+// merge at the later expiry, which only counts them longer.
+const maxLeaseRuns = 32
+
+// held returns the hits leased to h that the key counts at now.
+func (h *holderShare) held(now, window int64) int64 {
+	h.leases = slices.DeleteFunc(h.leases, func(r leaseRun) bool { return r.at+window <= now })
+	var n int64
+	for _, r := range h.leases {
+		n = satAdd(n, r.n)
 	}
-	if now < h.at+2*window {
-		h.prev = h.cur
-	} else {
-		h.prev = 0
+	return n
+}
+
+// add records n hits leased to h until at.
+func (h *holderShare) add(at, n int64) {
+	i := len(h.leases)
+	for i > 0 && h.leases[i-1].at > at {
+		i--
 	}
-	h.cur = 0
-	h.at = now - (now-h.at)%window
+	h.leases = slices.Insert(h.leases, i, leaseRun{at, n})
+	if len(h.leases) > maxLeaseRuns {
+		h.leases[1].n = satAdd(h.leases[1].n, h.leases[0].n)
+		h.leases = slices.Delete(h.leases, 0, 1)
+	}
 }
 
-// leased estimates the hits leased to h over the window before now: all
-// of the current period, and the part of the previous one still inside
-// the window.
-func (h *holderShare) leased(now, window int64) int64 {
-	h.advance(now, window)
-	rest := 1 - float64(now-h.at)/float64(window)
-	return satAdd(h.cur, int64(math.Ceil(float64(h.prev)*rest)))
+// giveBack takes n hits leased until at off h's count: from that run,
+// then from the newest.
+func (h *holderShare) giveBack(at, n int64) {
+	if i := slices.IndexFunc(h.leases, func(r leaseRun) bool { return r.at == at }); i >= 0 {
+		take := min(n, h.leases[i].n)
+		h.leases[i].n -= take
+		n -= take
+	}
+	for i := len(h.leases) - 1; i >= 0 && n > 0; i-- {
+		take := min(n, h.leases[i].n)
+		h.leases[i].n -= take
+		n -= take
+	}
+	h.leases = slices.DeleteFunc(h.leases, func(r leaseRun) bool { return r.n <= 0 })
 }
 
-// wait returns how long from now until h's leased estimate is at most
-// target, with nothing more leased.
+// wait returns how long from now until h holds at most target, with
+// nothing more leased.
 func (h *holderShare) wait(now, window, target int64) int64 {
-	h.advance(now, window)
-	room := target - h.cur
-	if room < 0 {
-		// Not before the next period; then only cur, fading, counts.
-		next := h.at + window
-		return next - now + fadeTime(h.cur, target, window)
+	n := h.held(now, window)
+	for _, r := range h.leases {
+		if n <= target {
+			break
+		}
+		n -= r.n
+		if n <= target {
+			return max(r.at+window-now, 0)
+		}
 	}
-	start := h.at + fadeTime(h.prev, room, window)
-	return max(start-now, 0)
-}
-
-// fadeTime is how far into a period a previous period's n hits weigh at
-// most target (their weight falls linearly from 1 to 0 over the period).
-func fadeTime(n, target, window int64) int64 {
-	if n <= target {
-		return 0
-	}
-	if target < 0 {
-		target = 0
-	}
-	return int64(math.Ceil((1 - float64(target)/float64(n)) * float64(window)))
+	return 0
 }
 
 // maxMinShare returns the max-min fair share of capacity for the demand
@@ -119,7 +132,7 @@ func (s *state) fairGrant(now int64, r *Reservation, cost int64) (grant, share, 
 		if len(sh) >= MaxReservations {
 			return cost, 0, 0 // a bound on memory: the holder leases as without a demand
 		}
-		sh = append(sh, holderShare{holder: r.Holder, at: now})
+		sh = append(sh, holderShare{holder: r.Holder})
 		i = len(sh) - 1
 		s.res.shares = sh
 	}
@@ -127,19 +140,23 @@ func (s *state) fairGrant(now int64, r *Reservation, cost int64) (grant, share, 
 	if share = s.shareOf(i); share == 0 {
 		return cost, 0, 0
 	}
-	left := share - sh[i].leased(now, s.window)
+	// What the share lets it hold: a share of r a window leased in
+	// slices of this TTL holds r × (window + ttl) / window of the count.
+	may := s.fairHold(share, sh[i].ttl)
+	left := may - sh[i].held(now, s.window)
 	if left <= 0 {
 		// Until a useful part frees: the cost, or a tenth of the
 		// share if less, so that a holder over its share is not
 		// answered one hit a call.
 		need := min(cost, max(1, share/10))
-		return 0, share, max(sh[i].wait(now, s.window, share-need), 1)
+		return 0, share, max(sh[i].wait(now, s.window, may-need), 1)
 	}
 	return min(cost, left), share, 0
 }
 
 // shareOf returns the fair share of the holder at index i of s's shares,
-// 0 when the demands fit the capacity and no share is in force.
+// 0 when no share is in force: the demands fit the capacity, or one
+// holder alone stated one.
 func (s *state) shareOf(i int) int64 {
 	sh := s.res.shares
 	capacity := s.fairCapacity(sh[i].ttl)
@@ -149,10 +166,16 @@ func (s *state) shareOf(i int) int64 {
 		demands[k] = sh[k].demand
 		total = satAdd(total, sh[k].demand)
 	}
-	if total <= capacity {
-		return 0
+	if total <= capacity || len(sh) < 2 {
+		return 0 // no share in force: the demands fit, or one holder alone
 	}
 	return max(1, maxMinShare(capacity, demands, i))
+}
+
+// fairHold is what a holder of share hits a window, leasing slices of
+// ttl, may hold of the key's count.
+func (s *state) fairHold(share, ttl int64) int64 {
+	return int64(float64(share) * (float64(s.window) + float64(max(ttl, 0))) / float64(s.window))
 }
 
 // fairCapacity is the hits a window that leases of ttl can give out
@@ -169,9 +192,9 @@ func (s *state) pruneShares(now int64) {
 	s.res.shares = slices.DeleteFunc(s.res.shares, func(h holderShare) bool { return h.seen <= now-s.window })
 }
 
-// noteLeased adds n hits (negative: given back) to what holder was
-// leased, if it stated a demand.
-func (s *state) noteLeased(now int64, holder string, n int64) {
+// noteLeased records n hits leased to holder until at, or given back
+// (n negative), if the holder stated a demand.
+func (s *state) noteLeased(now int64, holder string, at, n int64) {
 	if s.res == nil || holder == "" {
 		return
 	}
@@ -179,14 +202,9 @@ func (s *state) noteLeased(now int64, holder string, n int64) {
 	if i < 0 {
 		return
 	}
-	h := &s.res.shares[i]
-	h.advance(now, s.window)
-	if n >= 0 {
-		h.cur = satAdd(h.cur, n)
-		return
+	if h := &s.res.shares[i]; n >= 0 {
+		h.add(at, n)
+	} else {
+		h.giveBack(at, -n)
 	}
-	back := -n
-	take := min(back, h.cur)
-	h.cur -= take
-	h.prev = max(0, h.prev-(back-take))
 }

@@ -1,7 +1,6 @@
 package actor
 
 import (
-	"fmt"
 	"testing"
 	"time"
 )
@@ -145,15 +144,17 @@ func TestLeaseFairShare(t *testing.T) {
 		t.Logf("fair %v: hits a window %v; fair denials a %d, b %d, c %d", fair, per, hs[0].fairDenials, hs[1].fairDenials, hs[2].fairDenials)
 		return per
 	}
-	steady := func(w []int64) (lo, hi int64) {
-		lo, hi = w[2], w[2]
+	// The mean over the windows from the third on: a greedy holder takes
+	// its share in a burst as soon as it frees, so single windows vary.
+	mean := func(w []int64) int64 {
+		var sum int64
 		for _, n := range w[2:] {
-			lo, hi = min(lo, n), max(hi, n)
+			sum += n
 		}
-		return lo, hi
+		return sum / int64(len(w)-2)
 	}
 
-	fair := sim(t, true)
+	fair, unfair := sim(t, true), sim(t, false)
 	// Each gets what it wants up to its max-min share of what leases
 	// can give out (demands stated with a quarter's margin).
 	capacity := int64(limit) * 10 / 11
@@ -163,17 +164,13 @@ func TestLeaseFairShare(t *testing.T) {
 		rate   int64
 	}{{"a", 3000}, {"b", 600}, {"c", 100}} {
 		share := min(want.rate, maxMinShare(capacity, demands, i))
-		lo, hi := steady(fair[want.holder])
-		if lo < share*85/100 || hi > share*115/100 {
-			t.Errorf("holder %s: %d to %d hits a window from the third on; want its fair share %d ± 15%%", want.holder, lo, hi, share)
+		t.Logf("holder %s: %d a window on average from the third (its fair share %d); %d without demands", want.holder, mean(fair[want.holder]), share, mean(unfair[want.holder]))
+		if m := mean(fair[want.holder]);  m < share*90/100 || m > share*110/100 {
+			t.Errorf("holder %s: %d hits a window from the third on; want its fair share %d ± 10%%", want.holder, m, share)
 		}
 	}
 
-	unfair := sim(t, false)
-	if lo, _ := steady(unfair["c"]); lo >= 90 {
-		t.Logf("without demands c still gets %d a window", lo)
-	}
-	if _, hi := steady(unfair["b"]); hi >= 404*85/100 {
-		t.Error(fmt.Sprintf("without demands b gets up to %d a window: the test would not notice fair shares missing", hi))
+	if m := mean(unfair["b"]); m >= 392*90/100 {
+		t.Errorf("without demands b gets %d a window: the test would not notice fair shares missing", m)
 	}
 }

@@ -239,7 +239,7 @@ func (s *state) settle(now int64, c *Check, maxRuns int, d *Decision) bool {
 		case c.Cost < r.n:
 			s.release(r.mark, r.n-c.Cost)
 			if r.lease {
-				s.noteLeased(now, r.holder, c.Cost-r.n)
+				s.noteLeased(now, r.holder, r.expires, c.Cost-r.n)
 			}
 		case c.Cost > r.n:
 			s.recordUsage(now, c.Cost-r.n, maxRuns)

@@ -242,7 +242,7 @@ func (s *state) reserveNew(now int64, c *Check, maxRuns int, d *Decision) bool {
 	}
 	if d.Allowed && r.Lease {
 		d.Granted = c.Cost
-		s.noteLeased(now, r.Holder, c.Cost)
+		s.noteLeased(now, r.Holder, expires, c.Cost)
 	}
 	return recorded
 }
@@ -557,7 +557,7 @@ func (s *state) leaseExtend(now, expires int64, c *Check, maxRuns int, d *Decisi
 		// Shrunk: its holder says it will spend no more than that, as a
 		// settle does.
 		s.release(r.mark, n-c.Cost)
-		s.noteLeased(now, r.holder, c.Cost-n)
+		s.noteLeased(now, r.holder, r.expires, c.Cost-n)
 		r.n, n, changed = c.Cost, c.Cost, true
 	}
 	if n != r.n || expires > r.expires {

@@ -59,8 +59,9 @@ type HolderView struct {
 	// Demand is the hits a window the holder last said it wants (0: it
 	// stated none), Share its max-min fair share of the key's capacity
 	// for leases (0 while the demands fit it: no share in force), and
-	// Leased the hits leased to it over about the last window, less what
-	// it gave back: its slice use. Known only to the node that granted
+	// Leased the hits leased to it that the key still counts (until a
+	// window after each lease's expiry), less what it gave back: its
+	// slice use. Known only to the node that granted
 	// them, within a window of the holder's last request.
 	Demand, Share, Leased int64
 	Hits                  int64
@@ -150,7 +151,7 @@ func (s *state) view(now int64, maxRuns int, v *KeyState) {
 				v.Holders = append(v.Holders, HolderView{Holder: sh.holder})
 			}
 			h := &v.Holders[k]
-			h.Demand, h.Share, h.Leased = sh.demand, peek.shareOf(i), sh.leased(now, peek.window)
+			h.Demand, h.Share, h.Leased = sh.demand, peek.shareOf(i), sh.held(now, peek.window)
 		}
 	}
 }

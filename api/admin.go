@@ -108,8 +108,12 @@ func (s *Server) keyState(v *actor.KeyState) *sluicepb.KeyState {
 	ks.Reservations, ks.Reserved = int64(v.Reservations), v.Reserved
 	ks.LeaseDenials = v.LeaseDenials
 	for _, h := range v.Holders {
-		ks.Holders = append(ks.Holders, &sluicepb.ReservationHolder{Holder: h.Holder, Reservations: int64(h.Reservations),
-			Leases: int64(h.Leases), Hits: h.Hits, ExpiresAt: timestamppb.New(h.Expires)})
+		ph := &sluicepb.ReservationHolder{Holder: h.Holder, Reservations: int64(h.Reservations),
+			Leases: int64(h.Leases), Hits: h.Hits, Demand: h.Demand, Share: h.Share, Leased: h.Leased}
+		if !h.Expires.IsZero() {
+			ph.ExpiresAt = timestamppb.New(h.Expires) // none: only its demand is remembered
+		}
+		ks.Holders = append(ks.Holders, ph)
 	}
 	if !v.ExpiresAt.IsZero() {
 		ks.ExpiresAt = timestamppb.New(v.ExpiresAt)

@@ -88,7 +88,14 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest, t
 		pd.RetryAfter = setDuration(&durs[2*i], d.RetryAfter)
 		pd.ResetAfter = setDuration(&durs[2*i+1], d.ResetAfter)
 		if checks[i].Reservation != nil && d.Allowed {
-			pd.Reservation = appendHandle(nil, &checks[i])
+			hc := &checks[i]
+			if d.Granted > 0 && d.Granted != hc.Cost {
+				// Part of a lease: the handle's estimate is what it holds.
+				g := *hc
+				g.Cost, hc = d.Granted, &g
+			}
+			pd.Reservation = appendHandle(nil, hc)
+			pd.Granted = d.Granted
 		}
 		if d.Err != nil {
 			pd.ErrorCode, pd.ErrorMessage = checkStatus(d.Err)
@@ -168,11 +175,13 @@ func (s *Server) nativeCheck(i int, pc *sluicepb.Check, now time.Time, c *actor.
 		if c.Usage || c.Refund || c.Penalty {
 			return badFields([]string{field + "reserve_for"}, "check %d: a reservation cannot also be a usage report, a refund or a penalty", i)
 		}
-		c.Reservation = &actor.Reservation{ID: newReservationID(), TTL: pc.ReserveFor.AsDuration(), Lease: pc.Lease, Holder: pc.Holder}
+		c.Reservation = &actor.Reservation{ID: newReservationID(), TTL: pc.ReserveFor.AsDuration(), Lease: pc.Lease, Holder: pc.Holder, Demand: pc.Demand}
 	case pc.Lease:
 		return badFields([]string{field + "lease"}, "check %d: lease needs reserve_for: how long the caller may spend the slice before it expires", i)
 	case pc.Holder != "":
 		return badFields([]string{field + "holder"}, "check %d: holder names who holds a reservation: it needs reserve_for", i)
+	case pc.Demand != 0:
+		return badFields([]string{field + "demand"}, "check %d: demand is a lease holder's word for fair shares: it needs reserve_for, lease and holder", i)
 	}
 	if c.Limit < 0 {
 		return badInput("check %d: limit: %d; it must be a positive count, or 0 to take it from an override or the limits file", i, c.Limit)

@@ -187,6 +187,16 @@ func TestNativeUsageBadInput(t *testing.T) {
 		{"holder too long", &sluicepb.CheckRequest{Checks: []*sluicepb.Check{with(func(pc *sluicepb.Check) {
 			pc.Lease, pc.ReserveFor, pc.Holder = true, durationpb.New(time.Second), strings.Repeat("h", 129)
 		})}}},
+		{"demand without reserve_for", &sluicepb.CheckRequest{Checks: []*sluicepb.Check{with(func(pc *sluicepb.Check) { pc.Demand = 10 })}}},
+		{"demand without a lease", &sluicepb.CheckRequest{Checks: []*sluicepb.Check{with(func(pc *sluicepb.Check) {
+			pc.ReserveFor, pc.Holder, pc.Demand = durationpb.New(time.Second), "web-1", 10
+		})}}},
+		{"demand without a holder", &sluicepb.CheckRequest{Checks: []*sluicepb.Check{with(func(pc *sluicepb.Check) {
+			pc.Lease, pc.ReserveFor, pc.Demand = true, durationpb.New(time.Second), 10
+		})}}},
+		{"negative demand", &sluicepb.CheckRequest{Checks: []*sluicepb.Check{with(func(pc *sluicepb.Check) {
+			pc.Lease, pc.ReserveFor, pc.Holder, pc.Demand = true, durationpb.New(time.Second), "web-1", -1
+		})}}},
 		{"usage report in all_or_nothing", &sluicepb.CheckRequest{AllOrNothing: true, Checks: []*sluicepb.Check{nativeCheck("y", 10, time.Minute, 1), with(func(pc *sluicepb.Check) { pc.Usage = true })}}},
 	} {
 		if _, err := c.Check(ts.ctx(), tc.req); status.Code(err) != codes.InvalidArgument {

@@ -278,6 +278,8 @@ type Decision struct {
 	// lease is the slice a SourceLease decision spent its hit from (see
 	// Lease.GiveBack).
 	lease *slice
+	// granted is, for a lease, the hits Sluice granted.
+	granted int64
 }
 
 // Known reports whether the decision carries Sluice's counts (Limit,

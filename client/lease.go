@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -34,26 +35,33 @@ const leaseClockMargin = 11
 // LeaseConfig configures a Lease.
 type LeaseConfig struct {
 	// Slice is how many hits each slice asks for. 0: a tenth of the
-	// limit, at least 1. A slice larger than the key's room is not
-	// granted: the check then goes to Sluice, and the next slice asks for
-	// half the room Sluice reported.
+	// limit, at least 1. After the first window a slice asks for no more
+	// than a TTL of the holder's demand. Sluice grants a slice up to the
+	// key's room and the holder's fair share (see Lease): all of it, or
+	// part.
 	Slice int64
 	// TTL is how long a slice lasts. 0: a tenth of the window, from
 	// MinLeaseTTL to MaxLeaseTTL. Sluice bounds it by the window's range.
 	TTL time.Duration
-	// Holder names this holder among the key's holders (sluice key get),
-	// at most 128 bytes. Default: the host's name and the process ID,
-	// "web-7f9c/4121".
+	// Holder names this holder among the key's holders (sluice key get,
+	// and fair shares: see Lease), at most 128 bytes. Default: the host's
+	// name and the process ID, "web-7f9c/4121", and "#2", "#3"... for the
+	// process's later Leases.
 	Holder string
 }
 
 // Lease holds quota leases on one hot key: slices of its room that Sluice
 // counts as spent and that the holder spends on its own, one hit per
 // Allow, without a call. A spent or expired slice is settled with what
-// was used (the rest goes back to the key) and the next one taken; when
-// Sluice does not grant one (the key is near its limit, or Sluice is not
-// reachable), Allow asks Sluice for each hit as Check does, and tries a
-// slice again a TTL later.
+// was used (the rest goes back to the key) and the next one taken. Each
+// slice request states the holder's demand (the hits Allow was asked for
+// over about the last window), and Sluice grants it up to the key's room
+// and the holder's max-min fair share among the key's holders. When
+// Sluice grants none (no room, or the holder has its share while others
+// want the rest), Allow denies, and goes on denying without a call until
+// Sluice's RetryAfter, at most a TTL. When Sluice does not answer, the
+// failure policy decides that hit, and for a TTL each hit is asked for as
+// Check does.
 //
 // The key never allows more than its limit in any window, whatever the
 // holders do, crash included: on a sliding log, a slice's hits are
@@ -85,8 +93,17 @@ type Lease struct {
 	room     int64         // the key's room as Sluice last reported it; -1 unknown
 	closed   bool
 	settling sync.WaitGroup
+	// The hits Allow was asked for, in the period of a window from at and
+	// in the one before, since born: the demand the holder states.
+	born, at         time.Time
+	asked, askedPrev int64
+	// deniedUntil: Sluice said there is no room for this holder (the
+	// key at its limit, or the holder at its fair share); hits are
+	// denied here until then.
+	deniedUntil time.Time
+	deniedWhy   Decision
 
-	local, direct, slices, denied, refused, givenBack atomic.Uint64
+	local, direct, slices, denied, refused, givenBack, deniedHere atomic.Uint64
 }
 
 // slice is a granted lease.
@@ -99,10 +116,18 @@ type slice struct {
 // maxHolderLen is the longest LeaseConfig.Holder a node takes.
 const maxHolderLen = 128
 
-// defaultHolder is the default LeaseConfig.Holder: host/pid.
+// leasesMade numbers the process's Leases, for defaultHolder.
+var leasesMade atomic.Int64
+
+// defaultHolder is the default LeaseConfig.Holder: host/pid, and #n for
+// the process's nth Lease from the second on, so that two Leases of one
+// key are two holders to Sluice's fair shares.
 func defaultHolder() string {
 	host, _ := os.Hostname()
 	h := fmt.Sprintf("%s/%d", host, os.Getpid())
+	if n := leasesMade.Add(1); n > 1 {
+		h += fmt.Sprintf("#%d", n)
+	}
 	return h[max(0, len(h)-maxHolderLen):]
 }
 
@@ -123,7 +148,8 @@ func (c *Client) Lease(ch Check, cfg LeaseConfig) (*Lease, error) {
 	case len(cfg.Holder) > maxHolderLen:
 		return nil, fmt.Errorf("client: lease %s: holder %q is %d bytes long; at most %d", quoteKey(ch.Key), cfg.Holder[:32]+"...", len(cfg.Holder), maxHolderLen)
 	}
-	l := &Lease{c: c, check: ch, slice: cfg.Slice, ttl: cfg.TTL, holder: cfg.Holder, room: -1}
+	now := time.Now()
+	l := &Lease{c: c, check: ch, slice: cfg.Slice, ttl: cfg.TTL, holder: cfg.Holder, room: -1, born: now, at: now}
 	if l.holder == "" {
 		l.holder = defaultHolder()
 	}
@@ -142,6 +168,7 @@ func (c *Client) Lease(ch Check, cfg LeaseConfig) (*Lease, error) {
 // asking Sluice as Check does. Its error is Check's, or the one of the
 // call that asked for a slice.
 func (l *Lease) Allow(ctx context.Context, opts ...Option) (Decision, error) {
+	counted := false
 	for {
 		l.mu.Lock()
 		if l.closed {
@@ -149,6 +176,10 @@ func (l *Lease) Allow(ctx context.Context, opts ...Option) (Decision, error) {
 			return l.c.failed(&l.check, PolicyDefault, ErrClosed), fmt.Errorf("client: lease %s: %w", quoteKey(l.check.Key), ErrClosed)
 		}
 		now := time.Now()
+		if !counted {
+			l.ask(now)
+			counted = true
+		}
 		if s := l.cur; s != nil {
 			if s.used < s.n && now.Before(s.until) {
 				s.used++
@@ -159,6 +190,13 @@ func (l *Lease) Allow(ctx context.Context, opts ...Option) (Decision, error) {
 			}
 			l.cur = nil
 			l.settle(s)
+		}
+		if now.Before(l.deniedUntil) {
+			d := l.deniedWhy
+			d.RetryAfter = l.deniedUntil.Sub(now)
+			l.mu.Unlock()
+			l.deniedHere.Add(1)
+			return d, nil
 		}
 		if now.Before(l.retryAt) {
 			l.mu.Unlock()
@@ -177,11 +215,17 @@ func (l *Lease) Allow(ctx context.Context, opts ...Option) (Decision, error) {
 		if l.room >= 0 {
 			want = max(1, min(want, l.room/2))
 		}
+		demand := l.demand(now)
+		if now.Sub(l.born) >= l.check.Window {
+			// Sized by demand once a window of it is known: a slice no
+			// larger than a TTL of it, so that little is held unspent.
+			want = max(1, min(want, demand*int64(l.ttl)/int64(l.check.Window)+1))
+		}
 		w := make(chan struct{})
 		l.renewing = w
 		l.mu.Unlock()
 
-		s, d, err := l.take(ctx, want, opts)
+		s, d, err := l.take(ctx, want, demand, opts)
 
 		l.mu.Lock()
 		l.renewing = nil
@@ -202,6 +246,21 @@ func (l *Lease) Allow(ctx context.Context, opts ...Option) (Decision, error) {
 			// It came back too late to spend: calls take longer than
 			// the TTL allows, so ask for each hit for a while.
 			l.settle(s)
+		}
+		if err == nil && s == nil && d.Known() {
+			// No room for this holder: the key is at its limit
+			// (Remaining 0), or the holder has its fair share and the
+			// room left is held for the key's other holders. Its hits
+			// are denied here, without a call, until Sluice's
+			// RetryAfter, at most a TTL; then a slice is asked for again.
+			// (Asking for each hit instead would take the room as it
+			// frees, first come first served, past any fair share.)
+			wait := min(max(d.RetryAfter, time.Millisecond), l.ttl)
+			l.deniedUntil = time.Now().Add(wait)
+			l.deniedWhy = Decision{Limit: d.Limit, Remaining: 0, Node: d.Node, Source: SourceLease}
+			l.mu.Unlock()
+			d.Allowed, d.Remaining, d.RetryAfter, d.Source = false, 0, wait, SourceLease
+			return d, nil
 		}
 		l.retryAt = time.Now().Add(l.ttl)
 		l.mu.Unlock()
@@ -241,13 +300,50 @@ func (l *Lease) GiveBack(d Decision) bool {
 	return true
 }
 
-// take asks Sluice for a slice of want hits. It returns the slice if
-// granted, and the decision.
-func (l *Lease) take(ctx context.Context, want int64, opts []Option) (*slice, Decision, error) {
+// ask counts a hit Allow was asked for at now. l.mu is held.
+func (l *Lease) ask(now time.Time) {
+	l.advance(now)
+	l.asked++
+}
+
+// advance moves the demand's periods on to the one that holds now.
+func (l *Lease) advance(now time.Time) {
+	w := l.check.Window
+	if el := now.Sub(l.at); el >= w {
+		if el < 2*w {
+			l.askedPrev = l.asked
+		} else {
+			l.askedPrev = 0
+		}
+		l.asked = 0
+		l.at = l.at.Add(el - el%w)
+	}
+}
+
+// demand returns the hits a window this holder wants, as it tells Sluice
+// for fair shares: those Allow was asked for over about the last window
+// (over the first window, its rate so far), and a quarter more, for the
+// slices that expire partly spent.
+func (l *Lease) demand(now time.Time) int64 {
+	l.advance(now)
+	w := float64(l.check.Window)
+	var est float64
+	if age := now.Sub(l.born); age < l.check.Window {
+		est = float64(l.asked) * w / float64(max(age, l.ttl))
+	} else {
+		est = float64(l.asked) + float64(l.askedPrev)*(1-float64(now.Sub(l.at))/w)
+	}
+	return max(1, int64(min(est*5/4, float64(math.MaxInt64/2)))+1)
+}
+
+// take asks Sluice for a slice of want hits, stating demand. It returns
+// the slice if granted (all of want, or the part Sluice granted), and
+// the decision.
+func (l *Lease) take(ctx context.Context, want, demand int64, opts []Option) (*slice, Decision, error) {
 	ch := l.check
 	ch.Cost = want
 	sent := time.Now()
-	r, err := l.c.reserve(ctx, l.ttl, []Check{ch}, true, l.holder, opts)
+	r, err := l.c.reserve(ctx, l.ttl, []Check{ch}, true, l.holder, demand, opts)
 	d := r.Decisions[0]
 	if err != nil || !r.Held() {
 		if err == nil {
@@ -256,6 +352,9 @@ func (l *Lease) take(ctx context.Context, want int64, opts []Option) (*slice, De
 		return nil, d, err
 	}
 	l.slices.Add(1)
+	if g := d.granted; g > 0 && g < want {
+		want = g
+	}
 	return &slice{r: r, n: want, until: sent.Add(l.ttl * (leaseClockMargin - 1) / leaseClockMargin)}, d, nil
 }
 
@@ -322,9 +421,13 @@ type LeaseStats struct {
 	// GivenBack is the hits given back to their slice (GiveBack), no
 	// longer counted in Local.
 	GivenBack uint64
+	// DeniedHere is the hits denied without a call, after Sluice denied
+	// a slice: the key had no room, or this holder had its fair share
+	// while others wanted the rest (see Lease).
+	DeniedHere uint64
 }
 
 // Stats returns what l did so far.
 func (l *Lease) Stats() LeaseStats {
-	return LeaseStats{Local: l.local.Load(), Direct: l.direct.Load(), Slices: l.slices.Load(), Denied: l.denied.Load(), Refused: l.refused.Load(), GivenBack: l.givenBack.Load()}
+	return LeaseStats{Local: l.local.Load(), Direct: l.direct.Load(), Slices: l.slices.Load(), Denied: l.denied.Load(), Refused: l.refused.Load(), GivenBack: l.givenBack.Load(), DeniedHere: l.deniedHere.Load()}
 }

@@ -110,10 +110,10 @@ func TestLeaseLedger(t *testing.T) {
 	}
 }
 
-// TestLeaseNearTheLimit: a slice larger than the key's room is not
-// granted; the hit goes to Sluice, which decides it, and a TTL later the
-// next slice asks for half the room left. Close gives back what a slice
-// did not spend.
+// TestLeaseNearTheLimit: a slice larger than the key's room is granted
+// the room; with none left, the slice is denied, and so are the hits
+// after it, without a call, for Sluice's RetryAfter (at most a TTL).
+// Close gives back what a slice did not spend.
 func TestLeaseNearTheLimit(t *testing.T) {
 	n := nodetest.Start(t, "n1", nil)
 	c := newClient(t, n.Addr, nil)
@@ -125,25 +125,31 @@ func TestLeaseNearTheLimit(t *testing.T) {
 			t.Fatalf("Check = %+v, %v", d, err)
 		}
 	}
-	const ttl = 20 * time.Millisecond
-	l, err := c.Lease(key, client.LeaseConfig{Slice: 5, TTL: ttl})
+	l, err := c.Lease(key, client.LeaseConfig{Slice: 5, TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
 	d, err := l.Allow(ctx)
-	if err != nil || !d.Allowed || d.Source == client.SourceLease {
-		t.Fatalf("Allow with 3 left and slices of 5 = %+v, %v; want allowed by Sluice", d, err)
+	if err != nil || !d.Allowed || d.Source != client.SourceLease || d.Remaining != 2 {
+		t.Fatalf("Allow with 3 left and slices of 5 = %+v, %v; want allowed from a slice of the 3 left (part of the 5 asked), 2 left of it", d, err)
 	}
-	if st := l.Stats(); st.Denied != 1 || st.Direct != 1 || st.Slices != 0 {
-		t.Fatalf("stats %+v; want one slice denied, one hit asked directly", st)
+	if d, err := c.Check(ctx, peek); err != nil || d.Remaining != 0 {
+		t.Fatalf("peek = %+v, %v; want nothing left: the slice holds the 3", d, err)
 	}
-	time.Sleep(ttl + 5*time.Millisecond) // not a poll: the holder asks for no slice for one TTL after a denial
+	for range 2 {
+		if d, err := l.Allow(ctx); err != nil || d.Source != client.SourceLease {
+			t.Fatalf("Allow = %+v, %v; want a hit of the slice", d, err)
+		}
+	}
 	d, err = l.Allow(ctx)
-	if err != nil || !d.Allowed || d.Source != client.SourceLease || d.Remaining != 0 {
-		t.Fatalf("Allow with 2 left = %+v, %v; want allowed from a slice of 1 (half the room), nothing left of it", d, err)
+	if err != nil || d.Allowed || d.RetryAfter <= 0 {
+		t.Fatalf("Allow with the slice spent and no room = %+v, %v; want denied, with a wait", d, err)
 	}
-	if d, err := c.Check(ctx, peek); err != nil || d.Remaining != 1 {
-		t.Fatalf("peek = %+v, %v; want 1 left", d, err)
+	if d, err := l.Allow(ctx); err != nil || d.Allowed {
+		t.Fatalf("Allow again = %+v, %v; want denied here", d, err)
+	}
+	if st := l.Stats(); st.Slices != 1 || st.Denied != 1 || st.Direct != 0 || st.Local != 3 || st.DeniedHere != 1 {
+		t.Fatalf("stats %+v; want one slice of 3 spent, one denied, the next hit denied without a call", st)
 	}
 	if err := l.Close(ctx); err != nil {
 		t.Fatal(err)
@@ -276,4 +282,103 @@ func TestLeaseForwarded(t *testing.T) {
 		t.Fatalf("peek through %s = %+v, %v; want forwarded, 90 left, reset after about 90 s (the slice's 30 s and a window)", name, d, err)
 	}
 	l.Close(ctx)
+}
+
+// TestLeaseFairShare: two holders of one key, one asking as fast as four
+// goroutines can and one 100 times a second. Each states its demand, so
+// Sluice divides the key by max-min fair share: the modest holder gets
+// about all it asks for, the greedy one the rest (denied at home, without
+// a call, once it has its share), and no window certainly holds more
+// than the limit.
+func TestLeaseFairShare(t *testing.T) {
+	n := nodetest.Start(t, "n1", nil)
+	c := newClient(t, n.Addr, nil)
+	const limit, window = 300, time.Second
+	hot := client.Check{Key: "lease|fair", Limit: limit, Window: window}
+	ttl := 100 * time.Millisecond
+	greedy, err := c.Lease(hot, client.LeaseConfig{Slice: 30, TTL: ttl, Holder: "greedy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	modest, err := c.Lease(hot, client.LeaseConfig{Slice: 30, TTL: ttl, Holder: "modest"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type hit struct{ from, to time.Time }
+	var (
+		mu             sync.Mutex
+		ledger         []hit
+		asked, allowed int // the modest holder's, in the last two windows
+	)
+	ctx := context.Background()
+	start := time.Now()
+	end := start.Add(4 * window)
+	spend := func(l *client.Lease) bool {
+		from := time.Now()
+		d, err := l.Allow(ctx)
+		if err != nil {
+			t.Errorf("Allow: %v", err)
+			return false
+		}
+		if d.Allowed {
+			mu.Lock()
+			ledger = append(ledger, hit{from, time.Now()})
+			mu.Unlock()
+		}
+		return d.Allowed
+	}
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				if !spend(greedy) {
+					time.Sleep(time.Millisecond) // not a poll: the greedy holder's pace when denied
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for now := range tick.C {
+			if !now.Before(end) {
+				return
+			}
+			ok := spend(modest)
+			if now.After(start.Add(2 * window)) {
+				asked++
+				if ok {
+					allowed++
+				}
+			}
+		}
+	})
+	wg.Wait()
+	for _, l := range []*client.Lease{greedy, modest} {
+		if err := l.Close(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.SortFunc(ledger, func(a, b hit) int { return a.from.Compare(b.from) })
+	peak := 0
+	for i := range ledger {
+		in := 0
+		for j := i; j < len(ledger) && ledger[j].from.Before(ledger[i].from.Add(window)); j++ {
+			if ledger[j].to.Before(ledger[i].from.Add(window)) {
+				in++
+			}
+		}
+		peak = max(peak, in)
+	}
+	gs, ms := greedy.Stats(), modest.Stats()
+	t.Logf("modest holder: %d of %d allowed in the last two windows; peak window %d (limit %d); greedy %+v; modest %+v", allowed, asked, peak, limit, gs, ms)
+	if peak > limit {
+		t.Fatalf("%d hits certainly within one window; want at most the limit %d", peak, limit)
+	}
+	if asked < 50 || allowed < asked*8/10 {
+		t.Fatalf("the modest holder had %d of its %d hits allowed; want at least 80%%: its demand is below its fair share", allowed, asked)
+	}
+	if gs.DeniedHere == 0 {
+		t.Fatalf("greedy %+v: want hits denied at home over its share", gs)
+	}
 }

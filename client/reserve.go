@@ -84,12 +84,12 @@ type Settlement struct {
 // failure policy does (Allowed), err says why, and Settle sends the
 // actual cost as a usage report instead.
 func (c *Client) Reserve(ctx context.Context, ttl time.Duration, checks []Check, opts ...Option) (*Reservation, error) {
-	return c.reserve(ctx, ttl, checks, false, "", opts)
+	return c.reserve(ctx, ttl, checks, false, "", 0, opts)
 }
 
 // reserve is Reserve; with lease, of quota leases (see Lease) held by
 // holder.
-func (c *Client) reserve(ctx context.Context, ttl time.Duration, checks []Check, lease bool, holder string, opts []Option) (*Reservation, error) {
+func (c *Client) reserve(ctx context.Context, ttl time.Duration, checks []Check, lease bool, holder string, demand int64, opts []Option) (*Reservation, error) {
 	c.stats.checks.Add(uint64(len(checks)))
 	r := &Reservation{checks: append([]Check(nil), checks...), Decisions: make([]Decision, len(checks))}
 	if len(checks) == 0 {
@@ -102,7 +102,7 @@ func (c *Client) reserve(ctx context.Context, ttl time.Duration, checks []Check,
 	for i := range checks {
 		req.Checks[i] = toProto(&checks[i], &pcs[i])
 		req.Checks[i].ReserveFor = durationpb.New(ttl)
-		req.Checks[i].Lease, req.Checks[i].Holder = lease, holder
+		req.Checks[i].Lease, req.Checks[i].Holder, req.Checks[i].Demand = lease, holder, demand
 	}
 	rl := c.wholeCall(checks)
 	resp, info, err := send(c, ctx, s.deadline, func(ctx context.Context, o []grpc.CallOption) (*sluicepb.CheckResponse, error) {
@@ -128,6 +128,7 @@ func (c *Client) reserve(ctx context.Context, ttl time.Duration, checks []Check,
 			continue
 		}
 		r.Decisions[i] = c.decided(&r.checks[i], pd, &info)
+		r.Decisions[i].granted = pd.Granted
 		r.Allowed = r.Allowed && pd.Allowed && len(pd.Reservation) > 0
 		r.handles[i] = pd.Reservation
 	}

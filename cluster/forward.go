@@ -360,6 +360,7 @@ func (p *peer) call(ctx context.Context, checks []actor.Check, out []actor.Decis
 			Allowed:    d.Allowed,
 			Limit:      d.Limit,
 			Remaining:  d.Remaining,
+			Granted:    d.Granted,
 			RetryAfter: d.RetryAfter.AsDuration(),
 			ResetAfter: d.ResetAfter.AsDuration(),
 		}
@@ -435,7 +436,7 @@ func ToProtoCheck(c *actor.Check) *sluicepb.Check {
 		Usage:     c.Usage,
 	}
 	if r := c.Reservation; r != nil {
-		pc.ReservationId, pc.Settle, pc.Lease, pc.Holder = r.ID[:], r.Settle, r.Lease, r.Holder
+		pc.ReservationId, pc.Settle, pc.Lease, pc.Holder, pc.Demand = r.ID[:], r.Settle, r.Lease, r.Holder, r.Demand
 		if !r.Settle {
 			pc.ReserveFor = durationpb.New(r.TTL)
 		}

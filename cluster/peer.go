@@ -82,7 +82,7 @@ func (p peerServer) Forward(ctx context.Context, req *sluicepb.ForwardRequest) (
 	for i := range out {
 		d := &out[i]
 		resp.Decisions[i] = &sluicepb.Decision{
-			Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining,
+			Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, Granted: d.Granted,
 			RetryAfter: durationpb.New(d.RetryAfter), ResetAfter: durationpb.New(d.ResetAfter),
 			Node: r.cfg.Self,
 		}
@@ -204,7 +204,7 @@ func FromProtoChecks(in []*sluicepb.Check) ([]actor.Check, error) {
 			Cost: pc.GetCost(), Refund: pc.Refund, Penalty: pc.Penalty, Usage: pc.Usage,
 		}
 		if len(pc.ReservationId) > 0 {
-			r := &actor.Reservation{TTL: pc.ReserveFor.AsDuration(), Settle: pc.Settle, Lease: pc.Lease, Holder: pc.Holder}
+			r := &actor.Reservation{TTL: pc.ReserveFor.AsDuration(), Settle: pc.Settle, Lease: pc.Lease, Holder: pc.Holder, Demand: pc.Demand}
 			if copy(r.ID[:], pc.ReservationId) != len(pc.ReservationId) {
 				return nil, &actor.InvalidCheckError{Index: i, Field: "reservation", Reason: "the reservation ID is longer than 16 bytes"}
 			}

@@ -284,6 +284,9 @@ type holderView struct {
 	Leases       int64  `json:"leases"`
 	Hits         int64  `json:"hits"`
 	ExpiresAt    string `json:"expiresAt"`
+	Demand       int64  `json:"demand"`
+	Share        int64  `json:"share"`
+	Leased       int64  `json:"leased"`
 }
 
 type run struct {
@@ -347,7 +350,12 @@ func (h *Handler) key(r *http.Request) (any, error) {
 	v.RetryAfterMs, v.ResetAfterMs = msp(s.RetryAfter), msp(s.ResetAfter)
 	v.LeaseDenials = s.LeaseDenials
 	for _, h := range s.Holders {
-		v.Holders = append(v.Holders, holderView{Holder: h.Holder, Reservations: h.Reservations, Leases: h.Leases, Hits: h.Hits, ExpiresAt: fmtTime(h.ExpiresAt.AsTime())})
+		hv := holderView{Holder: h.Holder, Reservations: h.Reservations, Leases: h.Leases, Hits: h.Hits,
+			Demand: h.Demand, Share: h.Share, Leased: h.Leased}
+		if h.ExpiresAt != nil {
+			hv.ExpiresAt = fmtTime(h.ExpiresAt.AsTime())
+		}
+		v.Holders = append(v.Holders, hv)
 	}
 	if s.ExpiresAt != nil {
 		v.ExpiresAt = fmtTime(s.ExpiresAt.AsTime())

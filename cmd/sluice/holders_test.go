@@ -45,8 +45,8 @@ func TestKeyGetShowsHolders(t *testing.T) {
 	if f := tableFields(r.stdout); f["reservations"] != "2, 7 hits" || f["lease denials"] != "1" {
 		t.Errorf("key get printed\n%s\nwant reservations \"2, 7 hits\" and lease denials 1", r.stdout)
 	}
-	if !regexp.MustCompile(`(?m)^HOLDER +RESERVATIONS +LEASES +HITS +LAST EXPIRES\nweb-1 +1 +1 +6 +\S+ *\n- +1 +0 +1 +\S+`).MatchString(r.stdout) {
-		t.Errorf("key get printed\n%s\nwant the holders web-1 (one lease of 6) and - (a reservation of 1)", r.stdout)
+	if !regexp.MustCompile(`(?m)^HOLDER +RESERVATIONS +LEASES +HITS +LAST EXPIRES +DEMAND +SHARE +LEASED\nweb-1 +1 +1 +6 +\S+ +\d+ +all +6 *\n- +1 +0 +1 +\S+ +- +- +0`).MatchString(r.stdout) {
+		t.Errorf("key get printed\n%s\nwant the holders web-1 (one lease of 6, with its demand and share) and - (a reservation of 1)", r.stdout)
 	}
 	r = mustRun(t, exitOK, nil, "key", "get", "tenant:hot", "--addr", n.grpcAddr, "-o", "json")
 	var got sluicepb.GetKeyResponse

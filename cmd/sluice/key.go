@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
 
 	"github.com/spf13/cobra"
 
@@ -98,13 +99,20 @@ func printKeyState(w io.Writer, s *sluicepb.KeyState) error {
 	if len(s.Holders) > 0 {
 		fmt.Fprintln(w)
 		tw = newTable(w)
-		fmt.Fprintln(tw, "HOLDER	RESERVATIONS	LEASES	HITS	LAST EXPIRES")
+		fmt.Fprintln(tw, "HOLDER	RESERVATIONS	LEASES	HITS	LAST EXPIRES	DEMAND	SHARE	LEASED")
 		for _, h := range s.Holders {
 			name := h.Holder
 			if name == "" {
 				name = "-"
 			}
-			fmt.Fprintf(tw, "%s	%d	%d	%d	%s\n", name, h.Reservations, h.Leases, h.Hits, fmtTime(h.ExpiresAt))
+			demand, share := "-", "-"
+			if h.Demand > 0 {
+				demand, share = strconv.FormatInt(h.Demand, 10), "all"
+			}
+			if h.Share > 0 {
+				share = strconv.FormatInt(h.Share, 10)
+			}
+			fmt.Fprintf(tw, "%s	%d	%d	%d	%s	%s	%s	%d\n", name, h.Reservations, h.Leases, h.Hits, fmtTime(h.ExpiresAt), demand, share, h.Leased)
 		}
 		if err := tw.Flush(); err != nil {
 			return err

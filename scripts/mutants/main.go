@@ -146,6 +146,16 @@ var mutants = []mutant{
 		checks: []check{{"./actor/", "TestLeaseLedger"}, {"./cmd/sluice/node/", "TestLeaseRuleLedger"}},
 	},
 	{
+		name: "no-fair-share",
+		what: "leases granted whatever their holders' fair shares",
+		edits: []edit{
+			{"actor/fair.go",
+				"\tif total <= capacity || len(sh) < 2 {",
+				"\tif true || total <= capacity || len(sh) < 2 {"},
+		},
+		checks: []check{{"./actor/", "TestLeaseFairShare"}, {"./client/", "TestLeaseFairShare"}},
+	},
+	{
 		name: "rlqs-no-lease",
 		what: "an RLQS assignment sent whether or not the key's owner granted its lease",
 		edits: []edit{

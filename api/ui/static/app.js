@@ -303,7 +303,9 @@ async function renderKey() {
   if (!holders.hidden) {
     document.getElementById("key-holders-rows").replaceChildren(...k.holders.map((h) => el("tr", {},
       el("td", {}, h.holder || "– (unnamed, or read from disk or a copy)"), el("td", { class: "num" }, fmtInt(h.reservations)),
-      el("td", { class: "num" }, fmtInt(h.leases)), el("td", { class: "num" }, fmtInt(h.hits)), el("td", {}, fmtTime(h.expiresAt)))));
+      el("td", { class: "num" }, fmtInt(h.leases)), el("td", { class: "num" }, fmtInt(h.hits)), el("td", {}, h.expiresAt ? fmtTime(h.expiresAt) : "–"),
+      el("td", { class: "num" }, h.demand ? fmtInt(h.demand) : "–"), el("td", { class: "num" }, h.share ? fmtInt(h.share) : (h.demand ? "all it wants" : "–")),
+      el("td", { class: "num" }, fmtInt(h.leased)))));
     document.getElementById("key-lease-denials").textContent = fmtInt(k.leaseDenials) +
       " checks denied while a quota lease was open (since the key last held no reservation): what the room held by leases may have cost.";
   }

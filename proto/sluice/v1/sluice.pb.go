@@ -263,7 +263,16 @@ type Check struct {
 	// With reserve_for: who holds the reservation (a host, a service, a
 	// process), at most 128 bytes, shown by AdminService.GetKey among the
 	// key's holders. Optional.
-	Holder        string `protobuf:"bytes,14,opt,name=holder,proto3" json:"holder,omitempty"`
+	Holder string `protobuf:"bytes,14,opt,name=holder,proto3" json:"holder,omitempty"`
+	// With lease and holder: the hits a window the holder would spend if
+	// nothing limited it. While the demands of a key's holders together
+	// exceed what leases can give out, each holder's leases are granted only
+	// up to its max-min fair share of it, and up to the room: the decision's
+	// granted may then be less than the cost asked. Denied with remaining
+	// above 0: the holder has its whole share while the rest is held for
+	// others (retry_after: until its share frees). 0: no demand, and the
+	// lease is granted whole or not at all.
+	Demand        int64 `protobuf:"varint,15,opt,name=demand,proto3" json:"demand,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -396,6 +405,13 @@ func (x *Check) GetHolder() string {
 	return ""
 }
 
+func (x *Check) GetDemand() int64 {
+	if x != nil {
+		return x.Demand
+	}
+	return 0
+}
+
 // CheckResponse holds the answer to each check of a CheckRequest.
 type CheckResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -497,7 +513,10 @@ type Decision struct {
 	// another node (node) to decide: the client sent it to a node that does
 	// not act for its key. A client that sends each check to its owner (see
 	// Routes) sees false, except while ownership moves.
-	Forwarded     bool `protobuf:"varint,10,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
+	Forwarded bool `protobuf:"varint,10,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
+	// For an allowed lease: the hits it holds, the cost asked or less when
+	// the check stated a demand (see Check.demand).
+	Granted       int64 `protobuf:"varint,11,opt,name=granted,proto3" json:"granted,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -600,6 +619,13 @@ func (x *Decision) GetForwarded() bool {
 		return x.Forwarded
 	}
 	return false
+}
+
+func (x *Decision) GetGranted() int64 {
+	if x != nil {
+		return x.Granted
+	}
+	return 0
 }
 
 // SettleRequest is a batch of settlements, each decided on its own.
@@ -1830,7 +1856,15 @@ type ReservationHolder struct {
 	// The hits they reserved.
 	Hits int64 `protobuf:"varint,4,opt,name=hits,proto3" json:"hits,omitempty"`
 	// When the last of them expires.
-	ExpiresAt     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	ExpiresAt *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expires_at,json=expiresAt,proto3" json:"expires_at,omitempty"`
+	// The hits a window it last said it wants (Check.demand; 0: none).
+	Demand int64 `protobuf:"varint,6,opt,name=demand,proto3" json:"demand,omitempty"`
+	// Its max-min fair share of the hits a window leases can give out; 0
+	// while the demands fit and no share is in force.
+	Share int64 `protobuf:"varint,7,opt,name=share,proto3" json:"share,omitempty"`
+	// The hits leased to it over about the last window, less what it gave
+	// back: its slice use.
+	Leased        int64 `protobuf:"varint,8,opt,name=leased,proto3" json:"leased,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1898,6 +1932,27 @@ func (x *ReservationHolder) GetExpiresAt() *timestamppb.Timestamp {
 		return x.ExpiresAt
 	}
 	return nil
+}
+
+func (x *ReservationHolder) GetDemand() int64 {
+	if x != nil {
+		return x.Demand
+	}
+	return 0
+}
+
+func (x *ReservationHolder) GetShare() int64 {
+	if x != nil {
+		return x.Share
+	}
+	return 0
+}
+
+func (x *ReservationHolder) GetLeased() int64 {
+	if x != nil {
+		return x.Leased
+	}
+	return 0
 }
 
 // SlidingLogState holds the recorded hits of a sliding-log key.
@@ -3971,7 +4026,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x16sluice/v1/sluice.proto\x12\tsluice.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"^\n" +
 	"\fCheckRequest\x12(\n" +
 	"\x06checks\x18\x01 \x03(\v2\x10.sluice.v1.CheckR\x06checks\x12$\n" +
-	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\"\xc4\x03\n" +
+	"\x0eall_or_nothing\x18\x02 \x01(\bR\fallOrNothing\"\xdc\x03\n" +
 	"\x05Check\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x19\n" +
 	"\bkey_text\x18\b \x01(\tR\akeyText\x12\x14\n" +
@@ -3988,11 +4043,12 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x0ereservation_id\x18\v \x01(\fR\rreservationId\x12\x16\n" +
 	"\x06settle\x18\f \x01(\bR\x06settle\x12\x14\n" +
 	"\x05lease\x18\r \x01(\bR\x05lease\x12\x16\n" +
-	"\x06holder\x18\x0e \x01(\tR\x06holderB\a\n" +
+	"\x06holder\x18\x0e \x01(\tR\x06holder\x12\x16\n" +
+	"\x06demand\x18\x0f \x01(\x03R\x06demandB\a\n" +
 	"\x05_cost\"i\n" +
 	"\rCheckResponse\x121\n" +
 	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\x12%\n" +
-	"\x0eroutes_version\x18\x02 \x01(\x04R\rroutesVersion\"\xe8\x02\n" +
+	"\x0eroutes_version\x18\x02 \x01(\x04R\rroutesVersion\"\x82\x03\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -4007,7 +4063,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"error_code\x18\b \x01(\rR\terrorCode\x12#\n" +
 	"\rerror_message\x18\t \x01(\tR\ferrorMessage\x12\x1c\n" +
 	"\tforwarded\x18\n" +
-	" \x01(\bR\tforwarded\"H\n" +
+	" \x01(\bR\tforwarded\x12\x18\n" +
+	"\agranted\x18\v \x01(\x03R\agranted\"H\n" +
 	"\rSettleRequest\x127\n" +
 	"\vsettlements\x18\x01 \x03(\v2\x15.sluice.v1.SettlementR\vsettlements\"B\n" +
 	"\n" +
@@ -4104,14 +4161,17 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\aholders\x18\x14 \x03(\v2\x1c.sluice.v1.ReservationHolderR\aholders\x12#\n" +
 	"\rlease_denials\x18\x15 \x01(\x03R\fleaseDenialsB\n" +
 	"\n" +
-	"\bcounters\"\xb6\x01\n" +
+	"\bcounters\"\xfc\x01\n" +
 	"\x11ReservationHolder\x12\x16\n" +
 	"\x06holder\x18\x01 \x01(\tR\x06holder\x12\"\n" +
 	"\freservations\x18\x02 \x01(\x03R\freservations\x12\x16\n" +
 	"\x06leases\x18\x03 \x01(\x03R\x06leases\x12\x12\n" +
 	"\x04hits\x18\x04 \x01(\x03R\x04hits\x129\n" +
 	"\n" +
-	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\"8\n" +
+	"expires_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\texpiresAt\x12\x16\n" +
+	"\x06demand\x18\x06 \x01(\x03R\x06demand\x12\x14\n" +
+	"\x05share\x18\a \x01(\x03R\x05share\x12\x16\n" +
+	"\x06leased\x18\b \x01(\x03R\x06leased\"8\n" +
 	"\x0fSlidingLogState\x12%\n" +
 	"\x04runs\x18\x01 \x03(\v2\x11.sluice.v1.LogRunR\x04runs\"N\n" +
 	"\x06LogRun\x12.\n" +
