@@ -165,7 +165,7 @@ func TestLeaseFairShare(t *testing.T) {
 	}{{"a", 3000}, {"b", 600}, {"c", 100}} {
 		share := min(want.rate, maxMinShare(capacity, demands, i))
 		t.Logf("holder %s: %d a window on average from the third (its fair share %d); %d without demands", want.holder, mean(fair[want.holder]), share, mean(unfair[want.holder]))
-		if m := mean(fair[want.holder]);  m < share*90/100 || m > share*110/100 {
+		if m := mean(fair[want.holder]); m < share*90/100 || m > share*110/100 {
 			t.Errorf("holder %s: %d hits a window from the third on; want its fair share %d ± 10%%", want.holder, m, share)
 		}
 	}
