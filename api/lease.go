@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,11 +18,16 @@ import (
 // true) decides its hits from quota leases: slices of the key's room that
 // the owner counts as spent at once (actor.Reservation.Lease) and that
 // this node spends on its own, rather than forwarding every hit. A slice
-// is asked for in the background once the one held is spent or its time
-// is up; until it arrives, hits are forwarded as usual. Near the limit the
-// owner grants none, and every hit goes to it. docs/envoy.md, "Hot keys:
-// quota leases", has the argument for exactness; client.Lease is the same
-// holder in the Go client.
+// is asked for once the one held is spent or its time is up; the hits
+// that arrive meanwhile wait for its answer (about what forwarding them
+// would take), and are forwarded as usual only if no slice came (a failed
+// call: then for a TTL). The request states
+// the node's demand (the key's hits asked of it over about a window), and
+// the owner grants it up to the key's room and the node's max-min fair
+// share among the key's holders (actor/fair.go). When it grants none, the
+// node denies the key's hits itself until the owner's RetryAfter, at most
+// a TTL. docs/envoy.md, "Hot keys: quota leases", has the argument for
+// exactness; client.Lease is the same holder in the Go client.
 
 // Defaults of a node's slices.
 const (
@@ -51,6 +57,8 @@ type nodeLeases struct {
 	// the hits decided from them.
 	slices *prometheus.CounterVec
 	local  prometheus.Counter
+	// deniedHere counts the hits denied without asking the owner.
+	deniedHere prometheus.Counter
 	// wg tracks the calls in the background.
 	wg sync.WaitGroup
 }
@@ -67,8 +75,12 @@ func newNodeLeases(s *Server, reg prometheus.Registerer) *nodeLeases {
 			Name: "sluice_lease_local_decisions_total",
 			Help: "Hits this node allowed from quota lease slices it holds, without asking the key's owner.",
 		}),
+		deniedHere: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "sluice_lease_denied_here_total",
+			Help: "Hits of leased keys this node denied without asking the key's owner, after the owner denied it a slice (no room, or the node at its fair share).",
+		}),
 	}
-	reg.MustRegister(l.slices, l.local)
+	reg.MustRegister(l.slices, l.local, l.deniedHere)
 	return l
 }
 
@@ -83,9 +95,17 @@ type leaseHolder struct {
 
 	mu       sync.Mutex
 	cur      *nodeSlice
-	renewing bool
+	renewing chan struct{} // closed when the slice being asked for is answered
 	retryAt  time.Time
 	room     int64 // the key's room as the owner last reported it; -1 unknown
+	// deniedUntil: the owner said there is no room for this node (the
+	// key at its limit, or the node at its fair share): hits are denied
+	// here until then.
+	deniedUntil time.Time
+	// The hits asked of this node, in the period of a window from at and
+	// the one before, since born: the demand it states.
+	born, at         time.Time
+	asked, askedPrev int64
 }
 
 // nodeSlice is a granted slice.
@@ -97,9 +117,12 @@ type nodeSlice struct {
 
 // spend decides c from a slice of its key if this node holds one with
 // room for c.Cost, and reports whether it did (d is then the decision).
-// Otherwise it starts asking for a slice in the background, and c goes to
-// the owner as usual. Only plain checks of a cost above 0 are spent.
-func (l *nodeLeases) spend(c *actor.Check, d *actor.Decision) bool {
+// Otherwise it asks for a slice and waits for the answer (within ctx),
+// or for the one being asked for, and tries again; c goes to the owner as
+// usual when no slice came. While the owner has denied this node a slice
+// (no room for it), c is denied here. Only plain checks of a cost above 0
+// are spent.
+func (l *nodeLeases) spend(ctx context.Context, c *actor.Check, d *actor.Decision) bool {
 	if c.Cost <= 0 || c.Refund || c.Usage || c.Penalty || c.Reservation != nil || c.Algorithm == actor.SlidingWindow {
 		return false
 	}
@@ -110,30 +133,98 @@ func (l *nodeLeases) spend(c *actor.Check, d *actor.Decision) bool {
 	if h == nil {
 		return false
 	}
-	now := l.s.clock.Now()
 	h.mu.Lock()
+	h.ask(l.s.clock.Now(), c.Cost)
+	for attempt := 0; ; attempt++ {
+		if done, wait := l.spendOnce(h, c, d); done {
+			h.mu.Unlock()
+			return true
+		} else if wait == nil || attempt > 0 {
+			h.mu.Unlock()
+			return false
+		} else {
+			// Waiting for the slice costs about what forwarding would,
+			// and keeps this node's hits within its fair share: a hit
+			// forwarded meanwhile would be a plain check, outside it.
+			h.mu.Unlock()
+			select {
+			case <-wait:
+			case <-ctx.Done():
+				return false
+			}
+			h.mu.Lock()
+		}
+	}
+}
+
+// spendOnce is one try of spend, h.mu held: it reports whether it decided
+// c, and otherwise the answer to wait for, if a slice is being asked for.
+func (l *nodeLeases) spendOnce(h *leaseHolder, c *actor.Check, d *actor.Decision) (bool, chan struct{}) {
+	now := l.s.clock.Now()
 	if s := h.cur; s != nil {
 		if s.n-s.used >= c.Cost && now.Before(s.until) {
 			s.used += c.Cost
 			*d = actor.Decision{Allowed: true, Limit: h.limit, Remaining: s.n - s.used}
-			h.mu.Unlock()
 			l.local.Inc()
-			return true
+			return true, nil
 		}
 		h.cur = nil
 		l.settle(h, s)
 	}
-	if !h.renewing && !now.Before(h.retryAt) {
-		h.renewing = true
+	if now.Before(h.deniedUntil) {
+		*d = actor.Decision{Limit: h.limit, RetryAfter: h.deniedUntil.Sub(now)}
+		l.deniedHere.Inc()
+		return true, nil
+	}
+	if h.renewing == nil && !now.Before(h.retryAt) {
+		h.renewing = make(chan struct{})
 		want := h.slice
 		if h.room >= 0 {
 			want = max(1, min(want, h.room/2))
 		}
+		demand := h.demand(now)
+		if now.Sub(h.born) >= h.window {
+			// Sized by demand once a window of it is known.
+			want = max(1, min(want, demand*int64(h.ttl)/int64(h.window)+1))
+		}
 		l.wg.Add(1)
-		go l.take(h, want)
+		go l.take(h, want, demand)
 	}
-	h.mu.Unlock()
-	return false
+	return false, h.renewing
+}
+
+// ask counts n hits asked of this node at now. h.mu is held.
+func (h *leaseHolder) ask(now time.Time, n int64) {
+	if el := now.Sub(h.at); el >= h.window || el < 0 {
+		if el < 2*h.window && el >= 0 {
+			h.askedPrev = h.asked
+		} else {
+			h.askedPrev = 0
+		}
+		h.asked = 0
+		if el >= 0 {
+			h.at = h.at.Add(el - el%h.window)
+		} else {
+			h.at = now // the clock went back
+		}
+	}
+	h.asked += n
+}
+
+// demand returns the hits a window this node wants of the key, as it
+// tells the owner for fair shares: those asked of it over about the last
+// window (over the first window, its rate so far), and a quarter more,
+// for slices that expire partly spent. h.mu is held.
+func (h *leaseHolder) demand(now time.Time) int64 {
+	h.ask(now, 0)
+	w := float64(h.window)
+	var est float64
+	if age := now.Sub(h.born); age < h.window {
+		est = float64(h.asked) * w / float64(max(age, h.ttl))
+	} else {
+		est = float64(h.asked) + float64(h.askedPrev)*(1-float64(now.Sub(h.at))/w)
+	}
+	return max(1, int64(min(est*5/4, float64(math.MaxInt64/2)))+1)
 }
 
 // holder returns the holder of c's key, made on first use; nil when the
@@ -147,8 +238,9 @@ func (l *nodeLeases) holder(c *actor.Check) *leaseHolder {
 	if len(l.holders) >= maxLeaseHolders {
 		return nil
 	}
+	now := l.s.clock.Now()
 	h := &leaseHolder{
-		key: c.Key, limit: c.Limit, window: c.Window, algo: c.Algorithm, room: -1,
+		key: c.Key, limit: c.Limit, window: c.Window, algo: c.Algorithm, room: -1, born: now, at: now,
 		slice: max(1, c.Limit/leaseSliceFraction),
 		ttl:   min(max(c.Window/leaseTTLFraction, leaseMinTTL), leaseMaxTTL),
 	}
@@ -156,11 +248,11 @@ func (l *nodeLeases) holder(c *actor.Check) *leaseHolder {
 	return h
 }
 
-// take asks the key's owner for a slice of want hits.
-func (l *nodeLeases) take(h *leaseHolder, want int64) {
+// take asks the key's owner for a slice of want hits, stating demand.
+func (l *nodeLeases) take(h *leaseHolder, want, demand int64) {
 	defer l.wg.Done()
 	c := actor.Check{Key: h.key, Limit: h.limit, Window: h.window, Algorithm: h.algo, Cost: want,
-		Reservation: &actor.Reservation{TTL: h.ttl, Lease: true, Holder: l.s.cfg.NodeName}}
+		Reservation: &actor.Reservation{TTL: h.ttl, Lease: true, Holder: l.s.cfg.NodeName, Demand: demand}}
 	rand.Read(c.Reservation.ID[:])
 	ctx, cancel := context.WithTimeout(context.Background(), leaseCallTimeout)
 	defer cancel()
@@ -172,18 +264,28 @@ func (l *nodeLeases) take(h *leaseHolder, want int64) {
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.renewing = false
+	close(h.renewing)
+	h.renewing = nil
 	switch {
 	case err != nil:
 		l.slices.WithLabelValues("failed").Inc()
 		h.retryAt = l.s.clock.Now().Add(h.ttl)
 	case !out[0].Allowed:
+		// No room for this node: the key is at its limit, or the node
+		// has its fair share while the rest is held for other holders.
+		// Its hits are denied here until the owner's RetryAfter, at most
+		// a TTL (forwarding each would take the room as it frees, first
+		// come first served, past the other holders' shares).
 		l.slices.WithLabelValues("denied").Inc()
 		h.room = out[0].Remaining
-		h.retryAt = l.s.clock.Now().Add(h.ttl)
+		h.deniedUntil = l.s.clock.Now().Add(min(max(out[0].RetryAfter, time.Millisecond), h.ttl))
+		h.retryAt = h.deniedUntil
 	default:
 		l.slices.WithLabelValues("granted").Inc()
 		h.room = out[0].Remaining
+		if g := out[0].Granted; g > 0 && g < want {
+			want = g
+		}
 		s := &nodeSlice{id: c.Reservation.ID, n: want, until: sent.Add(h.ttl * (leaseClockMargin - 1) / leaseClockMargin)}
 		if !l.s.clock.Now().Before(s.until) {
 			// Back too late to spend: forward for a TTL.
@@ -297,7 +399,7 @@ func (s *Server) decideLeased(ctx context.Context, checks []actor.Check, out []a
 	}
 	var rest []int
 	for i := range checks {
-		if lease[i] && s.leases.spend(&checks[i], &out[i]) {
+		if lease[i] && s.leases.spend(ctx, &checks[i], &out[i]) {
 			nodes[i] = s.cfg.NodeName
 			continue
 		}

@@ -153,7 +153,7 @@ var mutants = []mutant{
 				"\tif total <= capacity || len(sh) < 2 {",
 				"\tif true || total <= capacity || len(sh) < 2 {"},
 		},
-		checks: []check{{"./actor/", "TestLeaseFairShare"}, {"./client/", "TestLeaseFairShare"}},
+		checks: []check{{"./actor/", "TestLeaseFairShare"}, {"./client/", "TestLeaseFairShare"}, {"./cmd/sluice/node/", "TestLeaseRuleFairShare"}},
 	},
 	{
 		name: "rlqs-no-lease",

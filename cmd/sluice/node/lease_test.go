@@ -146,3 +146,87 @@ func metric(t *testing.T, ts *testServer, name string) float64 {
 	}
 	return v
 }
+
+// TestLeaseRuleFairShare: a lease rule's key asked through the two nodes
+// that do not own it, one at 1,000 hits a second and the other at 25, on
+// the fake clock. Each node states its demand with its slice requests,
+// so the owner divides the key by max-min fair share: the modest node
+// gets about all it asks for, although the greedy one asks forty times as
+// often and is denied at home once it holds its share; no second of the
+// fake clock allows more than the limit.
+func TestLeaseRuleFairShare(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	path := filepath.Join(dir, "limits.yaml")
+	const limit = 100
+	if err := os.WriteFile(path, []byte(`domain: hot
+descriptors:
+  - key: tenant
+    lease: true
+    rate_limit: {unit: second, requests_per_unit: 100}
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tc := newTestClusterWith(t, 3, func(c *Config) { c.LimitsFile = path })
+	req := &rlsv3.RateLimitRequest{Domain: "hot", Descriptors: []*ratelimitv3.RateLimitDescriptor{{
+		Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "tenant", Value: "acme"}},
+	}}}
+	owner, _ := tc.nodes[0].srv.Router().Owner("hot|tenant=acme")
+	var holders []*testServer
+	for _, ts := range tc.nodes {
+		if ts.cfg.NodeName != owner {
+			holders = append(holders, ts)
+		}
+	}
+	greedy, modest := holders[0], holders[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var allowed []time.Time
+	asked, got := 0, 0 // the modest node's, over the last two seconds
+	ask := func(ts *testServer) bool {
+		resp, err := shouldRateLimit(ctx, rlsv3.NewRateLimitServiceClient(ts.conn), req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ok := resp.OverallCode == rlsv3.RateLimitResponse_OK
+		if ok {
+			allowed = append(allowed, tc.clk.Now())
+		}
+		return ok
+	}
+	const steps = 2500 // 2 ms each: five seconds
+	for step := range steps {
+		tc.clk.Advance(2 * time.Millisecond)
+		ask(greedy)
+		ask(greedy)
+		if step%20 == 0 {
+			ok := ask(modest)
+			if step >= steps-1000 {
+				asked++
+				if ok {
+					got++
+				}
+			}
+		}
+	}
+	most := 0
+	for i := range allowed {
+		n := 0
+		for j := i; j < len(allowed) && allowed[j].Before(allowed[i].Add(time.Second)); j++ {
+			n++
+		}
+		most = max(most, n)
+	}
+	deniedHere := metric(t, greedy, "sluice_lease_denied_here_total")
+	t.Logf("modest node: %d of %d allowed over the last two seconds; %d allowed in all, at most %d within one second (limit %d); greedy node denied %.0f at home",
+		got, asked, len(allowed), most, limit, deniedHere)
+	if most > limit {
+		t.Fatalf("%d hits allowed within one second; want at most the limit %d", most, limit)
+	}
+	if got < asked*8/10 {
+		t.Fatalf("the modest node had %d of its %d hits allowed; want at least 80%%: its demand is below its fair share", got, asked)
+	}
+	if deniedHere == 0 {
+		t.Fatal("the greedy node denied nothing at home")
+	}
+}
