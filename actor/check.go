@@ -184,6 +184,11 @@ type Decision struct {
 	// Granted is, for an allowed lease, the hits it holds: the cost asked,
 	// or less under fair shares (see Reservation.Demand). 0 otherwise.
 	Granted int64
+	// Share is, for a lease that states a demand (new or extended), its
+	// holder's max-min fair share of the key in hits a window while
+	// shares are in force; 0 otherwise. A holder that extends its leases
+	// (they are never cut for it) lowers itself to it.
+	Share int64
 	// Err is set when the check could not be decided, and the other fields
 	// are zero then (not allowed): a *DamagedError for a key whose stored
 	// state is damaged. The other checks of the call were decided.

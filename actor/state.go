@@ -180,9 +180,13 @@ func (s *state) decide(now int64, c *Check, maxRuns int, d *Decision) (changed b
 	if r := c.Reservation; r == nil {
 		recorded = s.algoDecide(now, c, maxRuns, d)
 	} else if r.Lease && s.algo == SlidingLog && s.holdsReservation(r.ID) {
+		var share int64
+		if r.Demand > 0 && r.Holder != "" {
+			_, share, _ = s.fairGrant(now, r, 0) // its word, and its share
+		}
 		recorded = s.leaseExtend(now, satAdd(now, int64(r.TTL)), c, maxRuns, d)
 		if d.Allowed {
-			d.Granted = s.res.list[s.res.find(r.ID)].n
+			d.Granted, d.Share = s.res.list[s.res.find(r.ID)].n, share
 		}
 	} else if s.holdsReservation(r.ID) || s.res != nil && len(s.res.list) >= MaxReservations {
 		s.reserveHeld(now, c, maxRuns, d)
@@ -212,7 +216,8 @@ func (s *state) reserveNew(now int64, c *Check, maxRuns int, d *Decision) bool {
 	if r.Lease && r.Demand > 0 && r.Holder != "" {
 		// Up to its fair share and to the room: a part of the cost may
 		// be granted.
-		grant, _, wait := s.fairGrant(now, r, c.Cost)
+		grant, share, wait := s.fairGrant(now, r, c.Cost)
+		defer func() { d.Share = share }()
 		peek := Check{Key: c.Key, Limit: c.Limit, Window: c.Window, Algorithm: c.Algorithm}
 		s.algoDecide(now, &peek, maxRuns, d)
 		switch room := d.Remaining; {
@@ -564,6 +569,8 @@ func (s *state) leaseExtend(now, expires int64, c *Check, maxRuns int, d *Decisi
 		expires = max(expires, r.expires)
 		s.release(r.mark, r.n)
 		s.logAdd(expires, n, maxRuns)
+		s.noteLeased(now, r.holder, r.expires, -r.n)
+		s.noteLeased(now, r.holder, expires, n)
 		r.mark, r.expires, r.n, changed = s.mark(), expires, n, true
 	}
 	if changed {

@@ -95,7 +95,7 @@ func (n *nativeService) check(ctx context.Context, req *sluicepb.CheckRequest, t
 				g.Cost, hc = d.Granted, &g
 			}
 			pd.Reservation = appendHandle(nil, hc)
-			pd.Granted = d.Granted
+			pd.Granted, pd.Share = d.Granted, d.Share
 		}
 		if d.Err != nil {
 			pd.ErrorCode, pd.ErrorMessage = checkStatus(d.Err)

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	rlqsv3 "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
@@ -75,6 +76,7 @@ type rlqsService struct {
 
 	streams     prometheus.Gauge
 	assignments *prometheus.CounterVec
+	streamSeq   atomic.Uint64 // numbers the streams, for rlqsHolder
 }
 
 func newRLQSService(s *Server, reg prometheus.Registerer) *rlqsService {
@@ -125,6 +127,10 @@ type rlqsBucket struct {
 	changed time.Time
 	oldTTL  time.Duration
 	ttlSent time.Duration // the longest TTL sent with the rate in force
+	// ownerRate is b's max-min fair share of the key among the holders
+	// of every node, as a rate (requests a second), from what the owner
+	// last reported; 0 when no share is in force.
+	ownerRate float64
 }
 
 type rlqsKind uint8
@@ -143,6 +149,7 @@ func (r *rlqsService) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_
 	}
 	r.streams.Inc()
 	defer r.streams.Dec()
+	ctx := context.WithValue(stream.Context(), rlqsStreamKey{}, r.streamSeq.Add(1))
 	type recv struct {
 		m   *rlqsv3.RateLimitQuotaUsageReports
 		err error
@@ -190,7 +197,7 @@ func (r *rlqsService) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_
 				return status.Error(codes.InvalidArgument, "rlqs: the first usage report has no domain: set the domain of Envoy's rate limit quota filter (it names the limits file's domain)")
 			}
 		}
-		resp, err := r.report(stream.Context(), domain, in.m, buckets)
+		resp, err := r.report(ctx, domain, in.m, buckets)
 		if err != nil {
 			return err
 		}
@@ -203,14 +210,22 @@ func (r *rlqsService) StreamRateLimitQuotas(stream rlqsv3.RateLimitQuotaService_
 }
 
 // rlqsHolder names the holder of a stream's leases in a key's state: the
-// node and the stream's peer, "node-1 rlqs 10.0.0.7:41532".
+// node, the stream's peer and the stream's number on the node,
+// "node-1 rlqs 10.0.0.7:41532 #7". Each stream is its own holder for fair
+// shares.
 func rlqsHolder(ctx context.Context, node string) string {
 	h := node + " rlqs"
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		h += " " + p.Addr.String()
 	}
-	return h[:min(len(h), actor.MaxHolderLen)]
+	if n, ok := ctx.Value(rlqsStreamKey{}).(uint64); ok {
+		h += fmt.Sprintf(" #%d", n)
+	}
+	return h[max(0, len(h)-actor.MaxHolderLen):]
 }
+
+// rlqsStreamKey is the context key of a stream's number.
+type rlqsStreamKey struct{}
 
 // report handles one usage report of a stream of domain whose buckets are
 // buckets, and returns the actions to send.
@@ -387,11 +402,10 @@ func (r *rlqsService) forget(b *rlqsBucket) {
 // share returns b's max-min fair share, in requests a second, of its
 // key's rate among this node's buckets of the key: each bucket gets what
 // it asks up to an equal part of what the smaller askers left. A bucket
-// whose demand is unknown asks for everything. The key's rate is what
-// the Σ rule leaves: limit / (window + one fill) a second. It also
-// returns how many buckets share it.
+// whose demand is unknown asks for everything. The key's rate is
+// rlqsCapacity. It also returns how many buckets share it.
 func (r *rlqsService) share(b *rlqsBucket) (float64, int) {
-	capacity := float64(b.limit) / (b.window + rlqsFill).Seconds()
+	capacity := rlqsCapacity(b)
 	now := r.s.clock.Now()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -411,6 +425,25 @@ func (r *rlqsService) share(b *rlqsBucket) (float64, int) {
 		want = b.demand
 	}
 	return maxMinShare(capacity, demands, want), len(demands)
+}
+
+// rlqsCapacity is the rate, in requests a second, that b's key's
+// assignments divide: limit / (window + two fills). An assignment of rate
+// r leases r × (1 + F) (F: the fills of a window), so the assignments
+// together hold at most limit − C, C being this rate: the room kept free
+// (the headroom) is at least any bucket's rate. A bucket whose share
+// falls needs that room, since Envoy replaces its bucket with a full one
+// (a burst of the new rate) while the old one still counts; new
+// assignments and raises are granted only from the room beyond it, so
+// that a newcomer can always make the others give way.
+func rlqsCapacity(b *rlqsBucket) float64 {
+	return float64(b.limit) / (b.window + 2*rlqsFill).Seconds()
+}
+
+// rlqsHeadroom is rlqsCapacity in whole hits: the room kept free for
+// buckets lowering their rate.
+func rlqsHeadroom(b *rlqsBucket) int64 {
+	return int64(math.Ceil(rlqsCapacity(b)))
 }
 
 // maxMinShare returns the max-min fair share of capacity for a demand of
@@ -454,42 +487,55 @@ func (r *rlqsService) assign(ctx context.Context, b *rlqsBucket, ttl time.Durati
 	need := func(rate int64) int64 { return rate * (1 + fills) }
 	leaseTTL := ttl + rlqsTransit
 	share, peers := r.share(b)
+	if b.ownerRate > 0 {
+		// The key's owner hears every node's buckets: its share binds
+		// too.
+		share = min(share, b.ownerRate)
+	}
 	want := int64(math.Floor(share))
 	if share > 0 {
 		want = max(want, 1) // a bucket with a demand gets at least a request a second
 	}
 	if b.rate == 0 {
 		// A first assignment: at most an equal part, until its demand and
-		// the others' are known from a report.
-		capacity := float64(b.limit) / (b.window + rlqsFill).Seconds()
-		want = min(want, max(1, int64(capacity/float64(peers))))
-		for rate := want; rate >= 1; {
-			var id actor.ReservationID
-			rand.Read(id[:])
-			ok, room := r.lease(ctx, b, id, need(rate), leaseTTL)
-			if ok {
-				b.rate, b.leaseID, b.leaseN, b.changed, b.oldTTL = rate, id, need(rate), now, 0
-				r.assignments.WithLabelValues("token_bucket").Inc()
-				return rlqsAction(b.id, ttl, tokenBucket(rate))
-			}
-			if fit := room / (1 + fills); fit < rate {
-				rate = fit
-			} else {
-				break // refused for another reason (no decision)
-			}
+		// the others' are known from a report, and only from the room
+		// beyond the headroom.
+		want = min(want, max(1, int64(rlqsCapacity(b)/float64(peers))))
+		if room, ok := r.room(ctx, b); ok {
+			want = min(want, (room-rlqsHeadroom(b))/(1+fills))
+		}
+		// With no room, a lease of one hit, given back at once: it tells
+		// the owner this bucket's demand, so that the buckets holding the
+		// key, on any node, hear their share fall and give way.
+		var id actor.ReservationID
+		rand.Read(id[:])
+		n := int64(1)
+		if want >= 1 {
+			n = need(want)
+		}
+		ok, held := r.lease(ctx, b, id, n, leaseTTL)
+		if rate := held / (1 + fills); ok && want >= 1 && rate >= 1 {
+			b.rate, b.leaseID, b.leaseN, b.changed, b.oldTTL = rate, id, held, now, 0
+			r.assignments.WithLabelValues("token_bucket").Inc()
+			return rlqsAction(b.id, ttl, tokenBucket(rate))
+		}
+		if ok {
+			r.settle(ctx, b, id)
 		}
 		return blanket(typev3.RateLimitStrategy_DENY_ALL, "deny_all")
 	}
-	if math.Abs(float64(want-b.rate)) > rlqsChange*float64(b.rate) {
-		grow := func(rate int64) int64 { return rate + max(0, rate-b.rate)*fills }
-		ok, room := r.lease(ctx, b, b.leaseID, b.leaseN+grow(want), leaseTTL)
-		if !ok && want > b.rate {
-			// The most the room allows, if it is still a change worth one.
-			if fit := (room + b.rate*fills) / (1 + fills); float64(fit) > (1+rlqsChange)*float64(b.rate) {
-				want = fit
-				ok, _ = r.lease(ctx, b, b.leaseID, b.leaseN+grow(want), leaseTTL)
+	if want > b.rate && float64(want-b.rate) > rlqsChange*float64(b.rate) {
+		// A raise, from the room beyond the headroom only: at most what
+		// it allows, if that is still a change worth one.
+		if room, ok := r.room(ctx, b); ok {
+			if fit := (room - rlqsHeadroom(b) + b.rate*fills) / (1 + fills); fit < want {
+				want = max(fit, b.rate) // never a cut for want of room
 			}
 		}
+	}
+	if math.Abs(float64(want-b.rate)) > rlqsChange*float64(b.rate) {
+		grow := func(rate int64) int64 { return rate + max(0, rate-b.rate)*fills }
+		ok, _ := r.lease(ctx, b, b.leaseID, b.leaseN+grow(want), leaseTTL)
 		if ok {
 			b.leaseN += grow(want)
 			b.rate, b.changed, b.oldTTL = want, now, b.ttlSent
@@ -516,18 +562,58 @@ func (r *rlqsService) assign(ctx context.Context, b *rlqsBucket, ttl time.Durati
 }
 
 // lease takes (or, with an ID b holds, extends, grows or shrinks to n) a
-// lease of n hits on b's key for ttl, and reports whether the owner
-// granted it, and the key's room if it did not (0 when undecided).
+// lease of n hits on b's key for ttl, stating b's demand, and reports
+// whether the owner granted it and how many hits the lease holds (a new
+// one may get less than n: the room, or b's fair share among the key's
+// holders of every node). It keeps the fair share the owner reports in
+// b.ownerRate.
 func (r *rlqsService) lease(ctx context.Context, b *rlqsBucket, id actor.ReservationID, n int64, ttl time.Duration) (bool, int64) {
+	demand := rlqsCapacity(b)
+	if b.demandKnown {
+		demand = b.demand // smoothed and measured: no margin
+	}
 	c := actor.Check{Key: b.key, Limit: b.limit, Window: b.window, Algorithm: actor.SlidingLog, Cost: n,
-		Reservation: &actor.Reservation{ID: id, TTL: ttl, Lease: true, Holder: b.holder}}
+		Reservation: &actor.Reservation{ID: id, TTL: ttl, Lease: true, Holder: b.holder,
+			Demand: max(1, int64(math.Ceil(demand*b.window.Seconds())))}}
 	out := make([]actor.Decision, 1)
 	ctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
 	defer cancel()
 	if err := r.s.decide(ctx, []actor.Check{c}, out, nil, false); err != nil || out[0].Err != nil {
 		return false, 0
 	}
-	return out[0].Allowed, out[0].Remaining
+	// A share of s hits a window lets a holder leasing for ttl hold
+	// s × (window + ttl) / window of the key; a rate r holds r(1 + F).
+	b.ownerRate = 0
+	if s := out[0].Share; s > 0 {
+		fills := float64((b.window + rlqsFill - 1) / rlqsFill)
+		b.ownerRate = float64(s) * (b.window + ttl).Seconds() / b.window.Seconds() / (1 + fills)
+	}
+	if !out[0].Allowed {
+		return false, 0
+	}
+	return true, out[0].Granted
+}
+
+// settle gives back lease id of b's key at cost 0 (it admits nothing).
+func (r *rlqsService) settle(ctx context.Context, b *rlqsBucket, id actor.ReservationID) {
+	c := actor.Check{Key: b.key, Limit: b.limit, Window: b.window, Algorithm: actor.SlidingLog,
+		Reservation: &actor.Reservation{ID: id, Settle: true}}
+	ctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
+	defer cancel()
+	r.s.decide(ctx, []actor.Check{c}, make([]actor.Decision, 1), nil, false) //nolint:errcheck // unsettled, it expires at its estimate
+}
+
+// room returns the room b's key has now (a peek), and whether its owner
+// answered.
+func (r *rlqsService) room(ctx context.Context, b *rlqsBucket) (int64, bool) {
+	c := actor.Check{Key: b.key, Limit: b.limit, Window: b.window, Algorithm: actor.SlidingLog}
+	out := make([]actor.Decision, 1)
+	ctx, cancel := context.WithTimeout(ctx, leaseCallTimeout)
+	defer cancel()
+	if err := r.s.decide(ctx, []actor.Check{c}, out, nil, false); err != nil || out[0].Err != nil {
+		return 0, false
+	}
+	return out[0].Remaining, true
 }
 
 // tokenBucket is the strategy of rate tokens a second, a second's worth

@@ -361,6 +361,7 @@ func (p *peer) call(ctx context.Context, checks []actor.Check, out []actor.Decis
 			Limit:      d.Limit,
 			Remaining:  d.Remaining,
 			Granted:    d.Granted,
+			Share:      d.Share,
 			RetryAfter: d.RetryAfter.AsDuration(),
 			ResetAfter: d.ResetAfter.AsDuration(),
 		}

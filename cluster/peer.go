@@ -82,7 +82,7 @@ func (p peerServer) Forward(ctx context.Context, req *sluicepb.ForwardRequest) (
 	for i := range out {
 		d := &out[i]
 		resp.Decisions[i] = &sluicepb.Decision{
-			Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, Granted: d.Granted,
+			Allowed: d.Allowed, Limit: d.Limit, Remaining: d.Remaining, Granted: d.Granted, Share: d.Share,
 			RetryAfter: durationpb.New(d.RetryAfter), ResetAfter: durationpb.New(d.ResetAfter),
 			Node: r.cfg.Self,
 		}

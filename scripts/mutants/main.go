@@ -157,11 +157,14 @@ var mutants = []mutant{
 	},
 	{
 		name: "rlqs-no-lease",
-		what: "an RLQS assignment sent whether or not the key's owner granted its lease",
+		what: "an RLQS assignment sent whether or not the key's owner granted its lease (and the room assumed whole)",
 		edits: []edit{
 			{"api/rlqs.go",
-				"\treturn out[0].Allowed, out[0].Remaining",
-				"\treturn true, out[0].Remaining"},
+				"\tif !out[0].Allowed {\n\t\treturn false, 0\n\t}\n\treturn true, out[0].Granted",
+				"\treturn true, n"},
+			{"api/rlqs.go",
+				"\treturn out[0].Remaining, true",
+				"\treturn b.limit, true"},
 		},
 		checks: []check{{"./cmd/sluice/node/", "TestRLQSAcrossNodes"}},
 	},

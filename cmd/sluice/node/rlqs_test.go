@@ -163,6 +163,7 @@ func rlqsFairAndExact(t *testing.T, demand, want []int64) {
 				t.Logf("%v: rates %d, %d, %d", now.Sub(start), envoys[0].rate, envoys[1].rate, envoys[2].rate)
 			}
 			if i == 300 {
+				t.Logf("after two report periods: rates %d, %d, %d", envoys[0].rate, envoys[1].rate, envoys[2].rate)
 				for j, e := range envoys {
 					if math.Abs(float64(e.rate-want[j])) > 0.1*float64(want[j]) {
 						t.Errorf("after two report periods, envoy %d (demand %.0f) holds %d a second; want %d ± 10%% (max-min fair)", j, e.demand, e.rate, want[j])
@@ -192,7 +193,8 @@ func rlqsFairAndExact(t *testing.T, demand, want []int64) {
 // TestRLQSAcrossNodes: two simulated Envoys on two nodes, each asking for
 // the whole rate of one bucket. Each node alone would give its Envoy all
 // of it; the leases on the key hold the two together to the limit in
-// every window.
+// every window, and the fair shares the key's owner reports with them
+// divide it equally.
 func TestRLQSAcrossNodes(t *testing.T) {
 	t.Parallel()
 	const limit, window = rlqsLimit, time.Minute
@@ -227,6 +229,81 @@ func TestRLQSAcrossNodes(t *testing.T) {
 	}
 	if envoys[0].rate+envoys[1].rate < 500 {
 		t.Errorf("rates %d and %d: want the key's rate (1,000 a second) mostly used", envoys[0].rate, envoys[1].rate)
+	}
+	// The key's owner hears both nodes' buckets: equal demands, equal
+	// shares (max-min), within 10%.
+	if hi, lo := max(envoys[0].rate, envoys[1].rate), min(envoys[0].rate, envoys[1].rate); float64(lo) < 0.9*float64(hi) {
+		t.Errorf("rates %d and %d for equal demands on two nodes; want them within 10%% of each other (max-min fair across nodes)", envoys[0].rate, envoys[1].rate)
+	}
+}
+
+// TestRLQSLateJoiner: an Envoy wanting 1,500 a second holds the whole
+// key alone for 30 s; then a second one, wanting 200, joins, on the same
+// node or on another. The first must give way although the key has no
+// room left but the headroom the Σ rule keeps (limit / (window + 2
+// fills)): it lowers its rate (its new bucket's burst comes from the
+// headroom), and once its old assignment can admit in no window (a
+// window and a TTL later), the second gets its whole demand. Across nodes
+// it is the key's owner that tells the first of the second, through the
+// fair share it reports with each lease. No window admits more than the
+// limit.
+func TestRLQSLateJoiner(t *testing.T) {
+	t.Parallel()
+	for _, where := range []string{"same-node", "across-nodes"} {
+		t.Run(where, func(t *testing.T) {
+			t.Parallel()
+			const limit, window = rlqsLimit, time.Minute
+			tc := rlqsCluster(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var envoys []*simEnvoy
+			for i, d := range []float64{1500, 200} {
+				n := 0
+				if where == "across-nodes" {
+					n = i
+				}
+				stream, err := rlqsv3.NewRateLimitQuotaServiceClient(tc.nodes[n].conn).StreamRateLimitQuotas(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				envoys = append(envoys, &simEnvoy{stream: stream, demand: d, id: &rlqsv3.BucketId{Bucket: map[string]string{"tenant": "acme"}}})
+			}
+			const step = 10 * time.Millisecond
+			start := tc.clk.Now()
+			var served time.Duration // when the second first held 90% of its demand
+			for i := 0; i < 20000; i++ { // 200 s; the second joins at 30 s
+				now := tc.clk.Now()
+				joined := i >= 3000
+				if i%100 == 0 {
+					envoys[0].report(t, now, i == 0, time.Second)
+					if joined {
+						envoys[1].report(t, now, i == 3000, time.Second)
+						if served == 0 && envoys[1].rate >= 180 {
+							served = now.Sub(start) - 30*time.Second
+						}
+					}
+					if i%2000 == 0 {
+						t.Logf("%v: rates %d and %d", now.Sub(start), envoys[0].rate, envoys[1].rate)
+					}
+				}
+				envoys[0].tick(now, step)
+				if joined {
+					envoys[1].tick(now, step)
+				}
+				tc.clk.Advance(step)
+			}
+			most := mostInWindow(envoys, window)
+			t.Logf("the second held its demand %v after it joined; at most %d within one window (limit %d); rates at the end %d and %d", served, most, limit, envoys[0].rate, envoys[1].rate)
+			if most > limit {
+				t.Fatalf("%d requests admitted within one window; want at most the limit %d", most, limit)
+			}
+			if envoys[1].rate < 180 {
+				t.Fatalf("the late Envoy holds %d a second at the end; want its demand, 200, within 10%%", envoys[1].rate)
+			}
+			if envoys[0].rate+envoys[1].rate < 850 {
+				t.Errorf("rates %d and %d: want most of the key's 983 a second used", envoys[0].rate, envoys[1].rate)
+			}
+		})
 	}
 }
 

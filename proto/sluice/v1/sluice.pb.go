@@ -516,7 +516,10 @@ type Decision struct {
 	Forwarded bool `protobuf:"varint,10,opt,name=forwarded,proto3" json:"forwarded,omitempty"`
 	// For an allowed lease: the hits it holds, the cost asked or less when
 	// the check stated a demand (see Check.demand).
-	Granted       int64 `protobuf:"varint,11,opt,name=granted,proto3" json:"granted,omitempty"`
+	Granted int64 `protobuf:"varint,11,opt,name=granted,proto3" json:"granted,omitempty"`
+	// For a lease that stated a demand: the holder's max-min fair share of
+	// the key, in hits a window, while shares are in force; 0 otherwise.
+	Share         int64 `protobuf:"varint,12,opt,name=share,proto3" json:"share,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -624,6 +627,13 @@ func (x *Decision) GetForwarded() bool {
 func (x *Decision) GetGranted() int64 {
 	if x != nil {
 		return x.Granted
+	}
+	return 0
+}
+
+func (x *Decision) GetShare() int64 {
+	if x != nil {
+		return x.Share
 	}
 	return 0
 }
@@ -4048,7 +4058,7 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\x05_cost\"i\n" +
 	"\rCheckResponse\x121\n" +
 	"\tdecisions\x18\x01 \x03(\v2\x13.sluice.v1.DecisionR\tdecisions\x12%\n" +
-	"\x0eroutes_version\x18\x02 \x01(\x04R\rroutesVersion\"\x82\x03\n" +
+	"\x0eroutes_version\x18\x02 \x01(\x04R\rroutesVersion\"\x98\x03\n" +
 	"\bDecision\x12\x18\n" +
 	"\aallowed\x18\x01 \x01(\bR\aallowed\x12\x14\n" +
 	"\x05limit\x18\x02 \x01(\x03R\x05limit\x12\x1c\n" +
@@ -4064,7 +4074,8 @@ const file_sluice_v1_sluice_proto_rawDesc = "" +
 	"\rerror_message\x18\t \x01(\tR\ferrorMessage\x12\x1c\n" +
 	"\tforwarded\x18\n" +
 	" \x01(\bR\tforwarded\x12\x18\n" +
-	"\agranted\x18\v \x01(\x03R\agranted\"H\n" +
+	"\agranted\x18\v \x01(\x03R\agranted\x12\x14\n" +
+	"\x05share\x18\f \x01(\x03R\x05share\"H\n" +
 	"\rSettleRequest\x127\n" +
 	"\vsettlements\x18\x01 \x03(\v2\x15.sluice.v1.SettlementR\vsettlements\"B\n" +
 	"\n" +
