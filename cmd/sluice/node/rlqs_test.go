@@ -270,7 +270,7 @@ func TestRLQSLateJoiner(t *testing.T) {
 			}
 			const step = 10 * time.Millisecond
 			start := tc.clk.Now()
-			var served time.Duration // when the second first held 90% of its demand
+			var served time.Duration     // when the second first held 90% of its demand
 			for i := 0; i < 20000; i++ { // 200 s; the second joins at 30 s
 				now := tc.clk.Now()
 				joined := i >= 3000
