@@ -97,7 +97,6 @@ type leaseHolder struct {
 	cur      *nodeSlice
 	renewing chan struct{} // closed when the slice being asked for is answered
 	retryAt  time.Time
-	room     int64 // the key's room as the owner last reported it; -1 unknown
 	// deniedUntil: the owner said there is no room for this node (the
 	// key at its limit, or the node at its fair share): hits are denied
 	// here until then.
@@ -179,9 +178,6 @@ func (l *nodeLeases) spendOnce(h *leaseHolder, c *actor.Check, d *actor.Decision
 	if h.renewing == nil && !now.Before(h.retryAt) {
 		h.renewing = make(chan struct{})
 		want := h.slice
-		if h.room >= 0 {
-			want = max(1, min(want, h.room/2))
-		}
 		demand := h.demand(now)
 		if now.Sub(h.born) >= h.window {
 			// Sized by demand once a window of it is known.
@@ -240,7 +236,7 @@ func (l *nodeLeases) holder(c *actor.Check) *leaseHolder {
 	}
 	now := l.s.clock.Now()
 	h := &leaseHolder{
-		key: c.Key, limit: c.Limit, window: c.Window, algo: c.Algorithm, room: -1, born: now, at: now,
+		key: c.Key, limit: c.Limit, window: c.Window, algo: c.Algorithm, born: now, at: now,
 		slice: max(1, c.Limit/leaseSliceFraction),
 		ttl:   min(max(c.Window/leaseTTLFraction, leaseMinTTL), leaseMaxTTL),
 	}
@@ -277,12 +273,10 @@ func (l *nodeLeases) take(h *leaseHolder, want, demand int64) {
 		// a TTL (forwarding each would take the room as it frees, first
 		// come first served, past the other holders' shares).
 		l.slices.WithLabelValues("denied").Inc()
-		h.room = out[0].Remaining
 		h.deniedUntil = l.s.clock.Now().Add(min(max(out[0].RetryAfter, time.Millisecond), h.ttl))
 		h.retryAt = h.deniedUntil
 	default:
 		l.slices.WithLabelValues("granted").Inc()
-		h.room = out[0].Remaining
 		if g := out[0].Granted; g > 0 && g < want {
 			want = g
 		}

@@ -90,7 +90,6 @@ type Lease struct {
 	cur      *slice
 	renewing chan struct{} // closed when the slice being asked for arrives
 	retryAt  time.Time     // no slice is asked for before it
-	room     int64         // the key's room as Sluice last reported it; -1 unknown
 	closed   bool
 	settling sync.WaitGroup
 	// The hits Allow was asked for, in the period of a window from at and
@@ -149,7 +148,7 @@ func (c *Client) Lease(ch Check, cfg LeaseConfig) (*Lease, error) {
 		return nil, fmt.Errorf("client: lease %s: holder %q is %d bytes long; at most %d", quoteKey(ch.Key), cfg.Holder[:32]+"...", len(cfg.Holder), maxHolderLen)
 	}
 	now := time.Now()
-	l := &Lease{c: c, check: ch, slice: cfg.Slice, ttl: cfg.TTL, holder: cfg.Holder, room: -1, born: now, at: now}
+	l := &Lease{c: c, check: ch, slice: cfg.Slice, ttl: cfg.TTL, holder: cfg.Holder, born: now, at: now}
 	if l.holder == "" {
 		l.holder = defaultHolder()
 	}
@@ -212,9 +211,6 @@ func (l *Lease) Allow(ctx context.Context, opts ...Option) (Decision, error) {
 			}
 		}
 		want := l.slice
-		if l.room >= 0 {
-			want = max(1, min(want, l.room/2))
-		}
 		demand := l.demand(now)
 		if now.Sub(l.born) >= l.check.Window {
 			// Sized by demand once a window of it is known: a slice no
@@ -230,9 +226,6 @@ func (l *Lease) Allow(ctx context.Context, opts ...Option) (Decision, error) {
 		l.mu.Lock()
 		l.renewing = nil
 		close(w)
-		if d.Known() {
-			l.room = d.Remaining
-		}
 		switch {
 		case s != nil && l.closed:
 			l.settle(s)
@@ -361,13 +354,7 @@ func (l *Lease) take(ctx context.Context, want, demand int64, opts []Option) (*s
 // directly asks Sluice for one hit.
 func (l *Lease) directly(ctx context.Context, opts []Option) (Decision, error) {
 	l.direct.Add(1)
-	d, err := l.c.Check(ctx, l.check, opts...)
-	if d.Known() {
-		l.mu.Lock()
-		l.room = d.Remaining
-		l.mu.Unlock()
-	}
-	return d, err
+	return l.c.Check(ctx, l.check, opts...)
 }
 
 // settle settles s in the background, at what was used, unless it was
