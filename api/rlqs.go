@@ -591,7 +591,16 @@ func (r *rlqsService) lease(ctx context.Context, b *rlqsBucket, id actor.Reserva
 	if !out[0].Allowed {
 		return false, 0
 	}
-	return true, out[0].Granted
+	if g := out[0].Granted; g < n && id != b.leaseID {
+		return true, g // a new lease: part of it is fine, the caller sizes the rate to it
+	} else if g < n {
+		// b's lease had ended (expired unrenewed) and a new one of the
+		// same ID got only part: the assignment it was meant to cover is
+		// not covered. Give it back; the bucket starts anew.
+		r.settle(ctx, b, id)
+		return false, 0
+	}
+	return true, n
 }
 
 // settle gives back lease id of b's key at cost 0 (it admits nothing).

@@ -160,13 +160,23 @@ var mutants = []mutant{
 		what: "an RLQS assignment sent whether or not the key's owner granted its lease (and the room assumed whole)",
 		edits: []edit{
 			{"api/rlqs.go",
-				"\tif !out[0].Allowed {\n\t\treturn false, 0\n\t}\n\treturn true, out[0].Granted",
-				"\treturn true, n"},
+				"\tif !out[0].Allowed {\n\t\treturn false, 0\n\t}\n",
+				"\treturn true, n\n"},
 			{"api/rlqs.go",
 				"\treturn out[0].Remaining, true",
 				"\treturn b.limit, true"},
 		},
 		checks: []check{{"./cmd/sluice/node/", "TestRLQSAcrossNodes"}},
+	},
+	{
+		name: "rlqs-part-of-a-lease",
+		what: "an RLQS assignment sent again on part of the lease it needs (its lease had ended, and a new one got only part)",
+		edits: []edit{
+			{"api/rlqs.go",
+				"g < n && id != b.leaseID {",
+				"g < n && (true || id != b.leaseID) {"},
+		},
+		checks: []check{{"./cmd/sluice/node/", "TestRLQSSilentThenBack"}},
 	},
 	{
 		name: "no-tombstone",

@@ -307,6 +307,67 @@ func TestRLQSLateJoiner(t *testing.T) {
 	}
 }
 
+// TestRLQSSilentThenBack: an Envoy holding 500 a second goes silent for
+// 70 s, past its assignment's lease and the window its hits count after
+// it; meanwhile another caller takes most of the key's room with plain
+// checks. When the Envoy reports again, the lease
+// its assignment needs cannot be had whole: the assignment must not be
+// sent again on part of one (Envoy would admit what no lease covers).
+// No window admits more than the limit, Envoy and the plain checks
+// together.
+func TestRLQSSilentThenBack(t *testing.T) {
+	t.Parallel()
+	const limit, window = rlqsLimit, time.Minute
+	tc := rlqsCluster(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := rlqsv3.NewRateLimitQuotaServiceClient(tc.nodes[0].conn).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &simEnvoy{stream: stream, demand: 500, id: &rlqsv3.BucketId{Bucket: map[string]string{"tenant": "acme"}}}
+	plain := &simEnvoy{} // the plain checks' hits, for the ledger
+	const step = 10 * time.Millisecond
+	const key = "quota|tenant=acme"
+	for i := 0; i < 15000; i++ { // 150 s; silent from 10 s to 80 s
+		now := tc.clk.Now()
+		silent := i >= 1000 && i < 8000
+		if i == 7600 {
+			// Nearly all the room goes to a plain caller: the 100 hits
+			// left are far less than a 500-a-second assignment needs
+			// (30,500), or than it admits in its first second (1,000).
+			peek := &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, limit, window, 0)}}
+			resp, err := tc.client(1).Check(ctx, peek)
+			if err != nil {
+				t.Fatal(err)
+			}
+			take := resp.Decisions[0].Remaining - 100
+			resp, err = tc.client(1).Check(ctx, &sluicepb.CheckRequest{Checks: []*sluicepb.Check{nativeCheck(key, limit, window, take)}})
+			if err != nil || !resp.Decisions[0].Allowed {
+				t.Fatalf("take %d of the room = %v, %v", take, resp, err)
+			}
+			for range take {
+				plain.admitted = append(plain.admitted, now)
+			}
+		}
+		if i%100 == 0 && !silent {
+			e.report(t, now, i == 0, time.Second)
+			if i == 8000 {
+				t.Logf("back after 70 s of silence: rate %d (strategy %v)", e.rate, e.strategy)
+			}
+		}
+		if !silent {
+			e.tick(now, step)
+		}
+		tc.clk.Advance(step)
+	}
+	most := mostInWindow([]*simEnvoy{e, plain}, window)
+	t.Logf("Envoy admitted %d, plain checks %d; at most %d within one window (limit %d); rate at the end %d", len(e.admitted), len(plain.admitted), most, limit, e.rate)
+	if most > limit {
+		t.Fatalf("%d requests admitted within one window; want at most the limit %d", most, limit)
+	}
+}
+
 // rlqsLimit is the rule of rlqsCluster's limits file: tenants of domain
 // quota, 61,000 requests a minute (1,000 a second to divide under the Σ
 // rule).
