@@ -591,7 +591,11 @@ func (r *rlqsService) lease(ctx context.Context, b *rlqsBucket, id actor.Reserva
 	if !out[0].Allowed {
 		return false, 0
 	}
-	if g := out[0].Granted; g < n && id != b.leaseID {
+	g := out[0].Granted
+	if g == 0 {
+		g = n // an owner of an earlier version grants all or nothing, and says nothing
+	}
+	if g < n && id != b.leaseID {
 		return true, g // a new lease: part of it is fine, the caller sizes the rate to it
 	} else if g < n {
 		// b's lease had ended (expired unrenewed) and a new one of the

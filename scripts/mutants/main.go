@@ -173,8 +173,8 @@ var mutants = []mutant{
 		what: "an RLQS assignment sent again on part of the lease it needs (its lease had ended, and a new one got only part)",
 		edits: []edit{
 			{"api/rlqs.go",
-				"g < n && id != b.leaseID {",
-				"g < n && (true || id != b.leaseID) {"},
+				"\tif g < n && id != b.leaseID {",
+				"\tif g < n && (true || id != b.leaseID) {"},
 		},
 		checks: []check{{"./cmd/sluice/node/", "TestRLQSSilentThenBack"}},
 	},
