@@ -425,7 +425,10 @@ func TestGracefulShutdown(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- e.Shutdown(context.Background()) }()
 	testkit.Eventually(t, 10*time.Second, func() bool {
-		_, err := http.Get(url + "/")
+		resp, err := http.Get(url + "/")
+		if err == nil {
+			resp.Body.Close() // or its connection outlives the test (goleak)
+		}
 		return err != nil // no longer accepting
 	}, "the edge to stop accepting connections after Shutdown")
 	select {
