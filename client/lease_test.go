@@ -25,15 +25,14 @@ func TestLeaseLedger(t *testing.T) {
 	c := newClient(t, n.Addr, nil)
 	const limit, window = 200, time.Second
 	hot := client.Check{Key: "lease|hot", Limit: limit, Window: window}
-	type hit struct{ from, to time.Time }
 	var (
 		mu     sync.Mutex
-		ledger []hit
+		ledger []ledgerHit
 	)
 	record := func(from time.Time, d client.Decision) {
 		if d.Allowed {
 			mu.Lock()
-			ledger = append(ledger, hit{from, time.Now()})
+			ledger = append(ledger, ledgerHit{from, time.Now()})
 			mu.Unlock()
 		}
 	}
@@ -80,19 +79,7 @@ func TestLeaseLedger(t *testing.T) {
 		}
 	}
 
-	// The most hits certainly within one window: those decided after the
-	// first's start and answered before a window after it.
-	slices.SortFunc(ledger, func(a, b hit) int { return a.from.Compare(b.from) })
-	peak := 0
-	for i := range ledger {
-		in := 0
-		for j := i; j < len(ledger); j++ {
-			if ledger[j].to.Before(ledger[i].from.Add(window)) {
-				in++
-			}
-		}
-		peak = max(peak, in)
-	}
+	peak := certainPeak(ledger, window)
 	var st client.LeaseStats
 	for _, l := range leases {
 		s := l.Stats()
@@ -108,6 +95,27 @@ func TestLeaseLedger(t *testing.T) {
 	if len(ledger) < limit {
 		t.Fatalf("%d hits allowed in three windows of a limit of %d: the holders starved", len(ledger), limit)
 	}
+}
+
+// ledgerHit is an allowed hit: sent at from, answered at to.
+type ledgerHit struct{ from, to time.Time }
+
+// certainPeak sorts ledger and returns the most hits certainly within one
+// window: those sent after the first's start and answered before a window
+// after it.
+func certainPeak(ledger []ledgerHit, window time.Duration) int {
+	slices.SortFunc(ledger, func(a, b ledgerHit) int { return a.from.Compare(b.from) })
+	peak := 0
+	for i := range ledger {
+		in := 0
+		for j := i; j < len(ledger) && ledger[j].from.Before(ledger[i].from.Add(window)); j++ {
+			if ledger[j].to.Before(ledger[i].from.Add(window)) {
+				in++
+			}
+		}
+		peak = max(peak, in)
+	}
+	return peak
 }
 
 // TestLeaseNearTheLimit: a slice larger than the key's room is granted
@@ -304,10 +312,9 @@ func TestLeaseFairShare(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	type hit struct{ from, to time.Time }
 	var (
 		mu             sync.Mutex
-		ledger         []hit
+		ledger         []ledgerHit
 		asked, allowed int // the modest holder's, in the last two windows
 	)
 	ctx := context.Background()
@@ -322,7 +329,7 @@ func TestLeaseFairShare(t *testing.T) {
 		}
 		if d.Allowed {
 			mu.Lock()
-			ledger = append(ledger, hit{from, time.Now()})
+			ledger = append(ledger, ledgerHit{from, time.Now()})
 			mu.Unlock()
 		}
 		return d.Allowed
@@ -361,17 +368,7 @@ func TestLeaseFairShare(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	slices.SortFunc(ledger, func(a, b hit) int { return a.from.Compare(b.from) })
-	peak := 0
-	for i := range ledger {
-		in := 0
-		for j := i; j < len(ledger) && ledger[j].from.Before(ledger[i].from.Add(window)); j++ {
-			if ledger[j].to.Before(ledger[i].from.Add(window)) {
-				in++
-			}
-		}
-		peak = max(peak, in)
-	}
+	peak := certainPeak(ledger, window)
 	gs, ms := greedy.Stats(), modest.Stats()
 	t.Logf("modest holder: %d of %d allowed in the last two windows; peak window %d (limit %d); greedy %+v; modest %+v", allowed, asked, peak, limit, gs, ms)
 	if peak > limit {

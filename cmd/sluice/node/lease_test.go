@@ -109,14 +109,7 @@ descriptors:
 			allowed = append(allowed, tc.clk.Now())
 		}
 	}
-	most := 0
-	for i := range allowed {
-		n := 0
-		for j := i; j < len(allowed) && allowed[j].Before(allowed[i].Add(time.Second)); j++ {
-			n++
-		}
-		most = max(most, n)
-	}
+	most := mostInASecond(allowed)
 	for _, ts := range live {
 		local += metric(t, ts, "sluice_lease_local_decisions_total")
 	}
@@ -130,6 +123,20 @@ descriptors:
 	if len(allowed) < 2*limit {
 		t.Fatalf("%d hits allowed in four windows of %d: the slices starved the key", len(allowed), limit)
 	}
+}
+
+// mostInASecond returns the most of the times allowed (in order) that fall
+// within one second.
+func mostInASecond(allowed []time.Time) int {
+	most := 0
+	for i := range allowed {
+		n := 0
+		for j := i; j < len(allowed) && allowed[j].Before(allowed[i].Add(time.Second)); j++ {
+			n++
+		}
+		most = max(most, n)
+	}
+	return most
 }
 
 // metric returns the value of the counter name on ts's /metrics.
@@ -208,14 +215,7 @@ descriptors:
 			}
 		}
 	}
-	most := 0
-	for i := range allowed {
-		n := 0
-		for j := i; j < len(allowed) && allowed[j].Before(allowed[i].Add(time.Second)); j++ {
-			n++
-		}
-		most = max(most, n)
-	}
+	most := mostInASecond(allowed)
 	deniedHere := metric(t, greedy, "sluice_lease_denied_here_total")
 	t.Logf("modest node: %d of %d allowed over the last two seconds; %d allowed in all, at most %d within one second (limit %d); greedy node denied %.0f at home",
 		got, asked, len(allowed), most, limit, deniedHere)
