@@ -23,6 +23,12 @@ const (
 	opSynced  = "synced"  // a member brought its standbys up to date
 	opForget  = "forget"  // an operator removes a member whose epoch ended
 	opDrop    = "drop"    // tombstones older than a year go
+
+	opPartitions = "partitions" // set the partitions, once
+	opReplicas   = "replicas"   // the Raft leader changes replica lists
+	opTransfer   = "transfer"   // a leader hands partitions to in-sync replicas
+	opReclaim    = "reclaim"    // a leader leads on at the next leader epoch
+	opISR        = "isr"        // a leader changes in-sync sets
 )
 
 // command is one entry of the Raft log: an op and its arguments.
@@ -36,10 +42,19 @@ type command struct {
 	Version   uint64   `json:"version,omitempty"`
 	ClusterID string   `json:"cluster_id,omitempty"`
 	Settings  Settings `json:"settings,omitzero"`
-	// At is the proposer's wall clock, Unix nanoseconds (forget, drop).
+	// At is the proposer's wall clock, Unix nanoseconds (forget, drop, and
+	// add: a member back under a new ID may leave partitions tombstoned).
 	At int64 `json:"at,omitempty"`
 	// Graceful marks an end the member asked for itself.
 	Graceful bool `json:"graceful,omitempty"`
+	// Partitions are the partitions a partition command changes, or where
+	// a graceful end hands the partitions the member led.
+	Partitions []PartitionChange `json:"partitions,omitempty"`
+	// MinInsync is the partitions' min-insync (partitions).
+	MinInsync int `json:"min_insync,omitempty"`
+	// MayHaveLost marks a start whose data directory may have lost
+	// acknowledged writes (no clean stop, and the machine rebooted).
+	MayHaveLost bool `json:"may_have_lost,omitempty"`
 }
 
 func (c command) encode() []byte {
@@ -160,9 +175,11 @@ func apply(m *Map, c command, index uint64) (*Map, Result) {
 			// without complete copies the new member waits for every
 			// member before it decides them (Lost).
 			lost := !x.Releasable
+			old := x.ID
 			x = Member{Name: c.Name, ID: c.ID, Zone: c.Zone, Addrs: c.Addrs, Phase: PhaseJoined, Epoch: x.Epoch,
 				Releasable: x.Releasable, Lost: lost}
 			n.put(x)
+			losePartitions(n, old, c.ID, c.At)
 			change()
 		default:
 			// New, or back after it was forgotten: it holds nothing the
@@ -190,10 +207,14 @@ func apply(m *Map, c command, index uint64) (*Map, Result) {
 			// The member's previous process is gone (its successor holds
 			// its data directory): its epoch ends here.
 			x.Releasable = releasable(m, x)
+			x.Live = false
+			n.put(x)
+			endPartitions(n, x, nil)
 		}
 		n.LastEpoch++
 		x.Epoch, x.Live, x.Synced, x.Phase = n.LastEpoch, true, 0, PhaseJoined
 		n.put(x)
+		startPartitions(n, x, c.MayHaveLost)
 		change()
 		return n, Result{Epoch: x.Epoch}
 	case opLeaving:
@@ -213,6 +234,14 @@ func apply(m *Map, c command, index uint64) (*Map, Result) {
 		x.Releasable = releasable(m, x)
 		x.Live = false
 		n.put(x)
+		var to map[int]string
+		if c.Graceful {
+			to = make(map[int]string, len(c.Partitions))
+			for _, ch := range c.Partitions {
+				to[ch.P] = ch.To
+			}
+		}
+		endPartitions(n, x, to)
 		change()
 	case opSynced:
 		switch {
@@ -240,6 +269,7 @@ func apply(m *Map, c command, index uint64) (*Map, Result) {
 		}
 		x.Phase = PhaseLeft
 		n.put(x)
+		losePartitions(n, x.ID, "", c.At)
 		change()
 	case opDrop:
 		kept := n.Tombstones[:0]
@@ -252,6 +282,10 @@ func apply(m *Map, c command, index uint64) (*Map, Result) {
 			return nil, Result{}
 		}
 		n.Tombstones = kept
+	case opPartitions, opReplicas, opTransfer, opReclaim, opISR:
+		if why := applyPartitions(n, c, x, found); why != "" {
+			return refuse("%s", why)
+		}
 	default:
 		return refuse("unknown op %q", c.Op)
 	}

@@ -202,6 +202,12 @@ type Map struct {
 	Tombstones []Tombstone `json:"tombstones,omitempty"`
 	// LastEpoch is the largest epoch handed out.
 	LastEpoch uint64 `json:"last_epoch"`
+	// Partitions are the partitions' records, indexed by partition (see
+	// partition.go); empty until they are set, once.
+	Partitions []Partition `json:"partitions,omitempty"`
+	// MinInsync is how many in-sync replicas a partition needs to
+	// acknowledge a write.
+	MinInsync int `json:"min_insync,omitempty"`
 }
 
 // Member returns the member named name.

@@ -52,7 +52,7 @@ func (c *Control) reconcile(g *granter) {
 			g.forceEnd(p.Name, x.Epoch, "it came back with a new data directory")
 			continue
 		case !found || x.ID != p.ID || x.Phase == PhaseLeft || x.Addrs != p.Addrs || x.Zone != p.Zone:
-			if _, err := c.apply(command{Op: opAdd, Name: p.Name, ID: p.ID, Zone: p.Zone, Addrs: p.Addrs}, time.Second); err != nil {
+			if _, err := c.apply(command{Op: opAdd, Name: p.Name, ID: p.ID, Zone: p.Zone, Addrs: p.Addrs, At: time.Now().UnixNano()}, time.Second); err != nil {
 				c.log.Warn("add a member", "member", p.Name, "err", err)
 				continue
 			}
