@@ -240,6 +240,9 @@
 //	                    replay skips their records in those files
 //	        "seal"    → uint64 big-endian: the ID of the last seal
 //	                    transaction (below)
+//	        "run"     → byte 1 if the last run closed cleanly, else 0 |
+//	                    byte its Mode | its boot id (empty if unknown):
+//	                    how the last process stopped (below)
 //	keys    key → [8-byte big-endian deadline, unix ns][value]
 //	expiry  [8-byte big-endian deadline][key] → empty
 //
@@ -324,6 +327,24 @@
 // acknowledged record. A file downgraded to a build without seals and
 // upgraded again after it wrote, then damaged, is beyond this proof: the
 // older build's writes look like writes after a seal.
+//
+// # How the last process stopped
+//
+// Open reads the "run" record, then writes its own: the kernel's boot id
+// (Options.BootID), the Mode, not closed; it syncs it, whatever the mode,
+// before it returns. Close writes it again, closed, after the last
+// checkpoint is synced and only if nothing failed. The next Open tells
+// from it how that run stopped (Store.LastStop): StopFresh (no record: a
+// new file, or one last written by an older build), StopClean, StopCrash
+// (not closed, same boot id: the process died and the kernel kept what it
+// wrote) or StopReboot (not closed, and another boot id, or one unknown
+// then or now: a power loss or kernel crash is possible). With the mode
+// the record holds, LastStop.MayHaveLost says whether acknowledged writes
+// may be missing: after StopReboot in ModeCommit and ModeAsync, after
+// StopCrash in ModeAsync. Open refuses a record it cannot read
+// (ErrFormat). An older build ignores the record and leaves it as it was:
+// after a downgrade and an upgrade, it describes the last run of a build
+// that keeps it.
 //
 // # Compaction
 //

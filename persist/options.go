@@ -157,6 +157,15 @@ type Options struct {
 	// Meant for metrics: it must return quickly.
 	OnCheckpoint func(records int, d time.Duration, err error)
 
+	// BootID returns this machine's boot id, which changes at every boot:
+	// Open records it, so that the next Open can tell a crash of the
+	// process from a reboot (see LastStop). An error or an empty id means
+	// unknown, and a run that did not close is then taken as ended by a
+	// reboot. Default: the Linux kernel's
+	// /proc/sys/kernel/random/boot_id (unknown on other systems). Tests
+	// set it to play a reboot.
+	BootID func() (string, error)
+
 	// WriteFault is a test hook, for the tests of the packages built on
 	// the store: if set, it is called on the writer goroutine before each
 	// commit's WAL write, and an error it returns fails that commit as a
@@ -239,6 +248,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.BootID == nil {
+		o.BootID = readBootID
 	}
 	return o
 }

@@ -163,8 +163,14 @@ type Store struct {
 	writerDone chan struct{} // closed when the writer goroutine returns
 
 	// crashOnClose (tests) makes Close leave everything as kill -9 would:
-	// no final checkpoint, no sync, the WAL files kept.
+	// no final checkpoint, no sync, the WAL files kept, not marked clean.
 	crashOnClose bool
+
+	// How the last run stopped, and its mode (see laststop.go); run is
+	// this run's record, which Close writes again, clean.
+	lastStop LastStop
+	lastMode Mode
+	run      runRecord
 
 	closeOnce sync.Once
 	closeErr  error
@@ -173,7 +179,8 @@ type Store struct {
 // Open opens the data file at o.Path, creating it (and its parent
 // directories) if it does not exist, replays the WAL files a crash left
 // next to it, starts a new WAL file, and starts the writer and checkpointer
-// goroutines.
+// goroutines. It reads how the last process stopped (LastStop), then
+// records this one, not closed, durably, before it returns.
 //
 // An existing file is read once from end to end before it is opened for
 // writing; if it is not a bbolt file, is corrupt or truncated, is a bbolt file
@@ -224,6 +231,12 @@ func Open(o Options) (*Store, error) {
 		_ = db.Close()
 		return nil, err
 	}
+	prev, found, err := readRun(db, path)
+	if err != nil {
+		_ = db.Close()
+		return nil, err
+	}
+	boot, bootErr := bootID(o)
 	s := &Store{
 		opts:       o,
 		db:         db,
@@ -234,18 +247,26 @@ func Open(o Options) (*Store, error) {
 		ckDone:     make(chan ckResult, 1),
 		writerDone: make(chan struct{}),
 		cur:        newOverlay(),
+		lastStop:   lastStop(prev, found, boot),
+		lastMode:   prev.mode,
+		run:        runRecord{mode: o.Mode, bootID: boot},
 	}
 	s.dbNext = next
 	if err := s.replay(pos); err != nil {
 		_ = db.Close()
 		return nil, err
 	}
-	// Seal whatever the file holds, a build without seals may have written
-	// it: from here on a damaged meta page costs nothing. This also
-	// rewrites a damaged meta page that verifyFile accepted.
-	if err := seal(db); err != nil {
+	// Record this run, not closed, now that the replay is done (a refused
+	// one leaves the file as it was). writeRun seals what the file holds,
+	// which a build without seals may have written: from here on a damaged
+	// meta page costs nothing. This also rewrites a damaged meta page that
+	// verifyFile accepted.
+	if err := writeRun(db, s.run); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("persist: open %s: write the data file: %v (check the disk and its free space)", path, err)
+	}
+	if bootErr != nil {
+		s.log.Info("the boot id is unknown: if this run does not close, the next start will take it as a possible power loss", "err", bootErr)
 	}
 	if repaired != "" {
 		s.log.Warn("the data file's "+repaired+": started on the other meta page, which holds every acknowledged write (sealed), and rewrote the damaged one", "path", path)
@@ -1153,11 +1174,13 @@ func (s *Store) Flush() error {
 // ErrClosed), commits everything already queued, abandons the rest of a
 // Sweep pass, writes every committed record into the data file (a last
 // checkpoint), syncs it to disk whatever the mode, removes the WAL files,
-// closes the file, and waits for the store's goroutines. If the last
-// checkpoint fails, the WAL files stay and the next Open replays them. It
-// returns the first error: a commit or checkpoint that failed since the last
-// Flush, the last checkpoint, the sync, or the close. Close is idempotent;
-// later calls return the same error.
+// records that the run closed cleanly (see LastStop), closes the file, and
+// waits for the store's goroutines. If the last checkpoint fails, the WAL
+// files stay and the next Open replays them. It returns the first error: a
+// commit or checkpoint that failed since the last Flush, the last
+// checkpoint, the sync, the record, or the close. After any of these but
+// the close, the run is not recorded as clean. Close is idempotent; later
+// calls return the same error.
 func (s *Store) Close() error {
 	s.closeOnce.Do(func() {
 		s.mu.Lock()

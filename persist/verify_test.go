@@ -51,14 +51,15 @@ func TestVerifyListsEveryDamage(t *testing.T) {
 		}
 		return nil
 	})
+	older := 1 - newestMeta(t, path) // the newest holds the bad records
 	b, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ps := os.Getpagesize()
-	// The first meta page's checksum, and the ID in the header of a leaf
+	// The older meta page's checksum, and the ID in the header of a leaf
 	// page that holds keys.
-	b[pageHeader+56] ^= 0xff
+	b[older*ps+pageHeader+56] ^= 0xff
 	leaf := -1
 	for p := 2; p*ps+pageHeader <= len(b); p++ {
 		h := b[p*ps:]
@@ -79,7 +80,7 @@ func TestVerifyListsEveryDamage(t *testing.T) {
 	}
 	got := fmt.Sprintf("%+v", rep)
 	for _, want := range []string{
-		fmt.Sprintf("bbolt meta page 0 (bytes 0 to %d) is damaged (checksum mismatch)", ps-1),
+		fmt.Sprintf("bbolt meta page %d (bytes %d to %d) is damaged (checksum mismatch)", older, older*ps, (older+1)*ps-1),
 		fmt.Sprintf("page %d says it is page %d", leaf, leaf^0xff),
 		"{Key:key 00007 Reason:not good}",
 		"{Key:key 02999 Reason:not good}",

@@ -846,8 +846,9 @@ func (w *writer) serveWaiters() {
 
 // shutdown runs once the queue is closed and drained: it waits for the
 // checkpoint under way, stops the checkpointer, writes the overlays into
-// bbolt, syncs it and removes the WAL files. If a checkpoint fails, the
-// WAL files stay, and the next Open replays them.
+// bbolt, syncs it, removes the WAL files and, if nothing failed, records
+// the run as closed cleanly. If a checkpoint fails, the WAL files stay, and
+// the next Open replays them.
 func (w *writer) shutdown() error {
 	s := w.s
 	if w.ckRunning {
@@ -878,7 +879,15 @@ func (w *writer) shutdown() error {
 		return err
 	}
 	s.ck.removeWALs(w.gen)
-	return err
+	if err != nil {
+		return err // a commit failed: not a clean close
+	}
+	run := s.run
+	run.clean = true
+	if err := writeRun(s.db, run); err != nil {
+		return fmt.Errorf("persist: close %s: record the clean close: %v (everything is in the data file; the next open will take this run as a crash)", s.opts.Path, err)
+	}
+	return nil
 }
 
 // finalCheckpoint writes the frozen overlay, if a checkpoint of it failed,
