@@ -88,6 +88,26 @@ func TestHealthReadyMetrics(t *testing.T) {
 	}
 }
 
+// TestLastStopMetric: sluice_store_last_stop says how the last process on
+// the data file stopped: fresh on a new data dir, clean after a graceful
+// stop.
+func TestLastStopMetric(t *testing.T) {
+	t.Parallel()
+	ts := newTestServer(t, nil)
+	check := func(want string) {
+		t.Helper()
+		_, body := httpGet(t, "http://"+ts.srv.HTTPAddr()+"/metrics")
+		got := regexp.MustCompile(`(?m)^sluice_store_last_stop\{.*$`).FindAllString(body, -1)
+		if line := `sluice_store_last_stop{how="` + want + `"} 1`; len(got) != 1 || got[0] != line {
+			t.Errorf("/metrics has %q; want only %q", got, line)
+		}
+	}
+	check("fresh")
+	ts.stop()
+	ts.start()
+	check("clean")
+}
+
 // TestCheckpointMetrics: once more keys than a checkpoint holds have been
 // committed, a checkpoint writes them into the data file and the
 // sluice_storage_checkpoint_* metrics count it.

@@ -172,6 +172,13 @@ func (n *Node) openStore() error {
 	if err != nil {
 		return err
 	}
+	n.logLastStop()
+	lastStop := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "sluice_store_last_stop",
+		Help: "Always 1; its label how says how the last process on this data file stopped: fresh (no record), clean, crash (killed while the machine ran on) or reboot (did not stop, and the machine restarted since: a power loss is possible).",
+	}, []string{"how"})
+	lastStop.WithLabelValues(n.store.LastStop().String()).Set(1)
+	n.registry.MustRegister(lastStop)
 	n.registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "sluice_data_file_bytes",
 		Help: "Size of the data file (its WAL files apart).",
@@ -194,6 +201,34 @@ func (n *Node) openStore() error {
 		return float64(b)
 	}))
 	return nil
+}
+
+// logLastStop logs how the last process on the data file stopped: a
+// warning when hits it acknowledged may be missing, since their keys may
+// then allow more than their limit.
+func (n *Node) logLastStop() {
+	store := n.store
+	how := store.LastStop()
+	attrs := []any{"last_stop", how.String()}
+	if mode, ok := store.LastMode(); ok {
+		attrs = append(attrs, "last_durability", mode.String())
+	}
+	const more = "; their keys may allow more than their limit until their windows pass"
+	lost := store.MayHaveLost()
+	switch {
+	case how == persist.StopFresh:
+		n.log.Info("the data file holds no record of an earlier run: it is new, or an older release wrote it", attrs...)
+	case how == persist.StopClean:
+		n.log.Info("the last run stopped cleanly", attrs...)
+	case how == persist.StopCrash && !lost:
+		n.log.Info("the last run was killed or crashed while the machine ran on: nothing it acknowledged was lost", attrs...)
+	case how == persist.StopCrash:
+		n.log.Warn("the last run was killed or crashed in durability mode async: hits it acknowledged before writing them may be missing"+more, attrs...)
+	case !lost:
+		n.log.Info("the last run did not stop, and the machine restarted since (or its boot id is unknown): in durability mode fsync nothing it acknowledged was lost", attrs...)
+	default:
+		n.log.Warn("the last run did not stop, and the machine restarted since (or its boot id is unknown): a power loss or kernel crash may have lost hits it acknowledged but had not synced to the disk"+more, attrs...)
+	}
 }
 
 // loadTransport reads the TLS files and starts the tracer, which the
