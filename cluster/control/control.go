@@ -121,6 +121,12 @@ type Config struct {
 	// ClockDrift (ρ) bounds how much faster one node's clock may run than
 	// another's. Default 0.1.
 	ClockDrift float64
+	// MayHaveLost says that the data directory's last process may have
+	// lost writes it acknowledged (it did not stop cleanly and the machine
+	// rebooted since: persist.Store.MayHaveLost). The first epoch this
+	// process starts says so in the map, where no partition waits for this
+	// node's copy under policy exact (see startPartitions).
+	MayHaveLost bool
 	// Clock is CLOCK_BOOTTIME; tests may inject another.
 	Clock Clock
 	// RaftTimeout is Raft's heartbeat and election timeout. Default 500ms.
@@ -198,7 +204,10 @@ type Control struct {
 	// stopping is set once the node leaves: it renews nothing and starts
 	// no epoch again.
 	stopping atomic.Bool
-	lease    holder
+	// mayHaveLost is Config.MayHaveLost until an epoch started.
+	mayHaveLost atomic.Bool
+
+	lease holder
 
 	granter atomic.Pointer[granter] // set while this node leads
 
@@ -247,6 +256,7 @@ func New(cfg Config) (*Control, error) {
 	c := &Control{cfg: cfg, log: log, clock: cfg.Clock, store: st, fsm: newFSM(log),
 		fatal: make(chan error, 1), renewKick: make(chan struct{}, 1), leader: leaderConn{dial: cfg.DialOptions}}
 	c.lease.clock, c.lease.length = cfg.Clock, cfg.Settings.Lease
+	c.mayHaveLost.Store(cfg.MayHaveLost)
 	ok := false
 	defer func() {
 		if !ok {
@@ -538,11 +548,12 @@ func (c *Control) ensureEpoch(ctx context.Context, m *Map) {
 		c.log.Warn("this node's epoch ended (it was cut off, paused or forgotten): starting a new one; it holds no key until the others hand them back", "epoch", e)
 		c.setEpoch(0)
 	}
-	res, err := c.propose(ctx, command{Op: opStart, Name: c.cfg.NodeName, ID: c.ID()})
+	res, err := c.propose(ctx, command{Op: opStart, Name: c.cfg.NodeName, ID: c.ID(), MayHaveLost: c.mayHaveLost.Load()})
 	if err != nil {
 		c.log.Debug("start an epoch", "err", err)
 		return
 	}
+	c.mayHaveLost.Store(false) // later epochs of this process lost nothing
 	c.epochAt.Store(res.Version)
 	c.setEpoch(res.Epoch)
 	c.log.Info("epoch started", "epoch", res.Epoch)

@@ -1,11 +1,14 @@
 package control
 
 import (
+	"encoding/json"
 	"errors"
 	"net"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/raft"
 
 	"github.com/sluice-io/sluice/scripts/testkit"
 )
@@ -38,6 +41,12 @@ func (g *soloGossip) SetBootstrap(boot string, raft bool) {
 // lease.
 func startSolo(t *testing.T, lease time.Duration) *Control {
 	t.Helper()
+	return startSoloWith(t, lease, func(*Config) {})
+}
+
+// startSoloWith is startSolo with changes to the configuration.
+func startSoloWith(t *testing.T, lease time.Duration, change func(*Config)) *Control {
+	t.Helper()
 	dir := t.TempDir()
 	id, err := NodeID(dir)
 	if err != nil {
@@ -52,8 +61,10 @@ func startSolo(t *testing.T, lease time.Duration) *Control {
 	addr := lis.Addr().String()
 	settings := Settings{Replicas: 1, Policy: "exact", Lease: lease}
 	g := &soloGossip{self: Peer{Name: "n1", ID: id, Expect: 1, Settings: settings.String(), Addrs: Addrs{Peer: addr}}}
-	c, err := New(Config{NodeName: "n1", DataDir: dir, Expect: 1, Settings: settings, Addrs: Addrs{Peer: addr},
-		Gossip: g, Transport: TransportConfig{Listener: mux.Raft(), Advertise: addr}})
+	cfg := Config{NodeName: "n1", DataDir: dir, Expect: 1, Settings: settings, Addrs: Addrs{Peer: addr},
+		Gossip: g, Transport: TransportConfig{Listener: mux.Raft(), Advertise: addr}}
+	change(&cfg)
+	c, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,5 +122,42 @@ func TestLeaseOfTheAdmittingEpoch(t *testing.T) {
 	}
 	if !c.LeaseValidFor(res.Epoch) {
 		t.Errorf("LeaseValidFor(%d), the live epoch with its lease = false; want true", res.Epoch)
+	}
+}
+
+// TestMayHaveLostOnFirstStartOnly: a process whose data directory may have
+// lost acknowledged writes says so in the first epoch it starts, and only
+// there: its later epochs (after a pause, say) lost nothing.
+func TestMayHaveLostOnFirstStartOnly(t *testing.T) {
+	c := startSoloWith(t, time.Second, func(cfg *Config) { cfg.MayHaveLost = true })
+	startOf := func() command {
+		t.Helper()
+		var l raft.Log
+		if err := c.store.GetLog(c.epochAt.Load(), &l); err != nil {
+			t.Fatal(err)
+		}
+		var cmd command
+		if err := json.Unmarshal(l.Data, &cmd); err != nil || cmd.Op != opStart {
+			t.Fatalf("entry %d: %s (%v); want a start", c.epochAt.Load(), l.Data, err)
+		}
+		return cmd
+	}
+	if !startOf().MayHaveLost {
+		t.Fatalf("the first start says nothing of a possible loss")
+	}
+	first := c.Epoch()
+	if _, err := c.apply(command{Op: opEnd, Name: "n1", Epoch: first}, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := testkit.Wait(10*time.Second, func() error {
+		if c.Epoch() == first || !c.LeaseValid() {
+			return errNoLeaseYet
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if startOf().MayHaveLost {
+		t.Fatalf("the second start of one process says it may have lost writes")
 	}
 }

@@ -63,6 +63,7 @@ func (n *Node) startCluster() error {
 	ctl.DialOptions = n.peerDialOptions()
 	ctl.Logger = n.log
 	ctl.Observer = n.metrics
+	ctl.MayHaveLost = n.store != nil && n.store.MayHaveLost()
 	c, err := control.New(ctl)
 	if err != nil {
 		m.Shutdown()
