@@ -99,7 +99,9 @@ type Config struct {
 	// cluster exists. Default 1.
 	Expect int
 	// Settings are this node's cluster-wide settings; the cluster's must
-	// match.
+	// match. Zero fields take their defaults (replicas 1, policy exact, a
+	// lease of 2s, min-insync 1 with partitions); New refuses settings
+	// that are not valid (Settings.Validate).
 	Settings Settings
 	// Zone is this node's failure domain, for placing voters. Optional.
 	Zone string
@@ -161,6 +163,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Settings.Policy == "" {
 		c.Settings.Policy = "exact"
+	}
+	if c.Settings.Partitions > 0 && c.Settings.MinInsync == 0 {
+		c.Settings.MinInsync = 1
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
@@ -241,6 +246,9 @@ func New(cfg Config) (*Control, error) {
 		return nil, fmt.Errorf("control: config: no listener for Raft")
 	case cfg.Transport.Advertise == "":
 		return nil, fmt.Errorf("control: config: no peer address to advertise for Raft")
+	}
+	if err := cfg.Settings.Validate(); err != nil {
+		return nil, err
 	}
 	if cfg.Transport.ClusterID == nil {
 		cfg.Transport.ClusterID = func() string { return "" }

@@ -1,10 +1,14 @@
 package control
 
 import (
+	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/sluice-io/sluice/shard"
 )
 
 // Phase is where a member of the map stands.
@@ -38,13 +42,46 @@ func (p Phase) String() string {
 // are fixed when the cluster is bootstrapped; a node started with other
 // values is refused.
 type Settings struct {
-	// Replicas is how many members keep each key: 1, or 2 (a standby).
+	// Replicas is how many members keep each key: 1, or 2 (a standby);
+	// with partitions, how many keep each partition.
 	Replicas int `json:"replicas"`
 	// Policy is "exact" or "available": what happens to the keys of a
 	// member whose epoch ended without complete copies.
 	Policy string `json:"policy"`
 	// Lease is L, how long a lease runs after the renewal was sent.
 	Lease time.Duration `json:"lease"`
+	// Partitions is how many partitions the keys fall in (see
+	// partition.go): 0 for none, else a power of two. The Raft leader sets
+	// the partitions' records once the first members are live.
+	Partitions int `json:"partitions,omitempty"`
+	// MinInsync is how many in-sync replicas a partition needs to
+	// acknowledge a write: 1 to Replicas, default 1; only with partitions.
+	MinInsync int `json:"min_insync,omitempty"`
+}
+
+// Validate returns an error naming every setting of s that is not valid,
+// nil when they all are. Zero values stand for their defaults.
+func (s Settings) Validate() error {
+	var errs []error
+	if s.Policy != "" && s.Policy != "exact" && s.Policy != "available" {
+		errs = append(errs, fmt.Errorf("control: settings: --owner-policy %q: want exact or available", s.Policy))
+	}
+	replicas := max(s.Replicas, 1)
+	switch {
+	case s.Partitions == 0 && s.MinInsync != 0:
+		errs = append(errs, fmt.Errorf("control: settings: --min-insync %d without --partitions: it counts a partition's replicas, and the cluster has none", s.MinInsync))
+	case s.Partitions == 0:
+	case shard.CheckPartitions(s.Partitions) != nil:
+		errs = append(errs, fmt.Errorf("control: settings: --partitions %d: want 0 (none) or a power of two up to %d", s.Partitions, shard.MaxPartitions))
+	case s.MinInsync < 0 || s.MinInsync > replicas:
+		errs = append(errs, fmt.Errorf("control: settings: --min-insync %d with --replicas %d: want 1 to %d (a partition has %d replicas)", s.MinInsync, replicas, replicas, replicas))
+	case replicas == 2 && s.MinInsync == 2:
+		// Every restart takes one replica of a pair out of the in-sync
+		// set until it caught up: with both needed, the partitions it
+		// replicates would refuse every write meanwhile.
+		errs = append(errs, errors.New("control: settings: --replicas 2 with --min-insync 2: a restart of one node would refuse writes on every partition it replicates until it caught up; use --min-insync 1, or --replicas 3 with --min-insync 2"))
+	}
+	return errors.Join(errs...)
 }
 
 // Mismatch returns a sentence naming the first setting in which o differs
@@ -57,13 +94,24 @@ func (s Settings) Mismatch(o Settings) string {
 		return fmt.Sprintf("--owner-policy %s, but the cluster runs with --owner-policy %s", o.Policy, s.Policy)
 	case s.Lease != o.Lease:
 		return fmt.Sprintf("a lease of %v, but the cluster runs with %v", o.Lease, s.Lease)
+	case s.Partitions != o.Partitions:
+		return fmt.Sprintf("--partitions %d, but the cluster runs with --partitions %d", o.Partitions, s.Partitions)
+	case s.MinInsync != o.MinInsync:
+		return fmt.Sprintf("--min-insync %d, but the cluster runs with --min-insync %d", o.MinInsync, s.MinInsync)
 	}
 	return ""
 }
 
-// String encodes the settings in a few bytes, for gossip metadata.
+// String encodes the settings in a few bytes, for gossip metadata:
+// r<replicas>,<policy>,<lease>ms, then p<partitions>,i<min-insync> when
+// the cluster has partitions. Without partitions it is the form nodes
+// of earlier versions parse.
 func (s Settings) String() string {
-	return fmt.Sprintf("r%d,%s,%dms", s.Replicas, s.Policy, s.Lease.Milliseconds())
+	str := fmt.Sprintf("r%d,%s,%dms", s.Replicas, s.Policy, s.Lease.Milliseconds())
+	if s.Partitions != 0 {
+		str += fmt.Sprintf(",p%d,i%d", s.Partitions, s.MinInsync)
+	}
+	return str
 }
 
 // ParseSettings reads what String wrote.
@@ -71,8 +119,8 @@ func ParseSettings(str string) (Settings, error) {
 	var s Settings
 	var ms int64
 	parts := strings.Split(str, ",")
-	if len(parts) != 3 {
-		return s, fmt.Errorf("control: settings %q: want r<replicas>,<policy>,<lease>ms", str)
+	if len(parts) != 3 && len(parts) != 5 {
+		return s, fmt.Errorf("control: settings %q: want r<replicas>,<policy>,<lease>ms, then p<partitions>,i<min-insync> with partitions", str)
 	}
 	if _, err := fmt.Sscanf(parts[0], "r%d", &s.Replicas); err != nil {
 		return s, fmt.Errorf("control: settings %q: replicas: %v", str, err)
@@ -82,7 +130,29 @@ func ParseSettings(str string) (Settings, error) {
 		return s, fmt.Errorf("control: settings %q: lease: %v", str, err)
 	}
 	s.Lease = time.Duration(ms) * time.Millisecond
+	if len(parts) == 5 {
+		var ok bool
+		// String writes this form only with partitions, and a cluster
+		// with partitions has a min-insync.
+		if s.Partitions, ok = positive(parts[3], "p"); !ok {
+			return s, fmt.Errorf("control: settings %q: partitions: want p<N>, N from 1", str)
+		}
+		if s.MinInsync, ok = positive(parts[4], "i"); !ok {
+			return s, fmt.Errorf("control: settings %q: min-insync: want i<N>, N from 1", str)
+		}
+	}
 	return s, nil
+}
+
+// positive returns the number after prefix in str, if str is prefix and
+// a number from 1, nothing else.
+func positive(str, prefix string) (int, bool) {
+	digits, ok := strings.CutPrefix(str, prefix)
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(digits)
+	return n, err == nil && n >= 1 && digits[0] != '+'
 }
 
 // Addrs are where a member serves.
