@@ -35,6 +35,10 @@ var (
 	ErrNoMember = errors.New("control: no such member")
 	// ErrClosed means the control plane was shut down.
 	ErrClosed = errors.New("control: shut down")
+	// ErrRefused means the state machine applied a proposal and refused
+	// it: the map did not change. The error says why (a stale version or
+	// leader epoch, an epoch that ended, a broken invariant).
+	ErrRefused = errors.New("control: refused")
 )
 
 // Clock reads a clock that keeps counting while the machine is suspended
@@ -707,12 +711,57 @@ func (c *Control) SetLeaving(ctx context.Context) error {
 	return err
 }
 
-// Leave stops this node's part: it stops renewing (its lease is void from
-// now on), gives up leadership if it leads, and ends its epoch. Its keys go
-// to their standbys if their copies are complete (see the map's
+// Transfer hands partitions this node leads to in-sync replicas: each
+// change names a partition, the leader epoch this node leads it at and
+// the target (To). It commits whole or not at all. Call it only once
+// this node stopped deciding those partitions. An error that is not
+// ErrRefused leaves the outcome unknown: the transfer may have committed,
+// so this node does not decide those partitions at that leader epoch
+// again; it leads them again only by a Reclaim.
+func (c *Control) Transfer(ctx context.Context, changes []PartitionChange) error {
+	return c.proposeLeader(ctx, opTransfer, changes)
+}
+
+// Reclaim moves partitions this node leads to the next leader epoch,
+// still led by it: each change names a partition and the leader epoch
+// this node leads it at. After a Transfer whose outcome is unknown,
+// exactly one of the two commits; a refusal (ErrRefused) means this node
+// no longer leads at that epoch.
+func (c *Control) Reclaim(ctx context.Context, changes []PartitionChange) error {
+	return c.proposeLeader(ctx, opReclaim, changes)
+}
+
+// ChangeISR sets the in-sync sets of partitions this node leads: each
+// change names a partition, the version and the leader epoch it read and
+// the new set (ISR), which keeps this node and admits a member in its
+// live epoch only.
+func (c *Control) ChangeISR(ctx context.Context, changes []PartitionChange) error {
+	return c.proposeLeader(ctx, opISR, changes)
+}
+
+// proposeLeader proposes a leader's partition command on this node's own
+// behalf, in its live epoch.
+func (c *Control) proposeLeader(ctx context.Context, op string, changes []PartitionChange) error {
+	e := c.epoch.Load()
+	if e == 0 {
+		return fmt.Errorf("control: %s: no epoch", op)
+	}
+	_, err := c.propose(ctx, command{Op: op, Name: c.cfg.NodeName, ID: c.ID(), Epoch: e, Partitions: changes})
+	return err
+}
+
+// Leave is LeaveWith without targets.
+func (c *Control) Leave(ctx context.Context) error { return c.LeaveWith(ctx, nil) }
+
+// LeaveWith stops this node's part: it stops renewing (its lease is void
+// from now on), gives up leadership if it leads, and ends its epoch. Each
+// partition it led goes to its target in targets (a change's P and To:
+// an in-sync replica that has everything this node acknowledged), else
+// to the first live in-sync replica, else it waits for this node. Its
+// keys go to their standbys if their copies are complete (see the map's
 // Releasable), else they wait for this node to come back. It stays in the
 // Raft configuration: a rolling restart does not change it.
-func (c *Control) Leave(ctx context.Context) error {
+func (c *Control) LeaveWith(ctx context.Context, targets []PartitionChange) error {
 	c.stopping.Store(true)
 	e := c.epoch.Load()
 	if c.raft.State() == raft.Leader {
@@ -724,8 +773,8 @@ func (c *Control) Leave(ctx context.Context) error {
 		return nil
 	}
 	for {
-		_, err := c.propose(ctx, command{Op: opEnd, Name: c.cfg.NodeName, Epoch: e, Graceful: true})
-		if err == nil || errors.Is(err, errRefused) {
+		_, err := c.propose(ctx, command{Op: opEnd, Name: c.cfg.NodeName, Epoch: e, Graceful: true, Partitions: targets})
+		if err == nil || errors.Is(err, ErrRefused) {
 			if err == nil {
 				c.log.Info("ended this node's epoch", "epoch", e)
 			}

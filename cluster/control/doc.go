@@ -4,8 +4,19 @@
 // map (Map): the members with their Raft IDs, addresses, phases and epochs,
 // whether an ended epoch left complete copies of its keys (Releasable),
 // each member's synced mark, tombstones of members forgotten without
-// copies, and the cluster-wide settings. The state machine reads nothing
-// but the entries (no clock): see fsm.go.
+// copies, the cluster-wide settings, and the partitions' records. The
+// state machine reads nothing but the entries (no clock): see fsm.go.
+//
+// When the settings ask for partitions (partition.go), a key's partition
+// is a function of the key, and each partition's record names its
+// replicas, its leader (the one member that decides its keys) and its
+// in-sync set, fenced by epochs that the state machine checks on every
+// change. The Raft leader sets the records once the first members are
+// live, every replica in sync, and gives a replica list that fell short
+// the members PlanReplicas puts there; a partition's leader proposes its
+// own changes (Transfer, Reclaim, ChangeISR, and the targets of
+// LeaveWith). The data plane reads the records from the map
+// (PartitionLeader, LeaderOf, Led).
 //
 // A Control is one node's part: its Raft server (its log, vote and ID in
 // raft.db, bbolt; the transport on the node's peer port behind a Mux, with
@@ -15,8 +26,9 @@
 // leader answers renewals after a Raft barrier, ends the epoch of a member
 // that stopped renewing (or that gossip has not seen alive for a lease)
 // once its lease is over for sure, initialises a new cluster, adds the
-// nodes gossip finds and keeps voters placed. Every node of a first start bootstraps with the
-// identical configuration, or none does: see bootstrap.go.
+// nodes gossip finds, keeps voters placed and places partitions. Every
+// node of a first start bootstraps with the identical configuration, or
+// none does: see bootstrap.go.
 //
 // Gossip (package cluster's Membership) only finds members and suspects
 // failures: Control sees it through the small Gossip interface. Nodes reach

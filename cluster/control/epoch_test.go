@@ -60,10 +60,14 @@ func startSoloWith(t *testing.T, lease time.Duration, change func(*Config)) *Con
 	t.Cleanup(func() { mux.GRPC().Close() })
 	addr := lis.Addr().String()
 	settings := Settings{Replicas: 1, Policy: "exact", Lease: lease}
-	g := &soloGossip{self: Peer{Name: "n1", ID: id, Expect: 1, Settings: settings.String(), Addrs: Addrs{Peer: addr}}}
+	g := &soloGossip{self: Peer{Name: "n1", ID: id, Expect: 1, Addrs: Addrs{Peer: addr}}}
 	cfg := Config{NodeName: "n1", DataDir: dir, Expect: 1, Settings: settings, Addrs: Addrs{Peer: addr},
 		Gossip: g, Transport: TransportConfig{Listener: mux.Raft(), Advertise: addr}}
 	change(&cfg)
+	// Gossip announces the settings the control plane runs with,
+	// defaults applied: the leader adds a node only if they match the
+	// map's.
+	g.self.Settings = cfg.withDefaults().Settings.String()
 	c, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

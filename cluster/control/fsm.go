@@ -2,7 +2,6 @@ package control
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -74,14 +73,11 @@ type Result struct {
 	Err     string `json:"err,omitempty"`
 }
 
-// errRefused wraps a command the state machine refused.
-var errRefused = errors.New("control: refused")
-
 func (r Result) err() error {
 	if r.Err == "" {
 		return nil
 	}
-	return fmt.Errorf("%w: %s", errRefused, r.Err)
+	return fmt.Errorf("%w: %s", ErrRefused, r.Err)
 }
 
 // fsm is the Raft state machine: it applies commands to the cluster map

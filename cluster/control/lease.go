@@ -228,8 +228,9 @@ func (c *Control) leaderLoop(ctx context.Context) {
 
 // lead does the leader's work until ctx ends: it commits a barrier, then
 // grants leases, ends the epochs of members that stopped renewing,
-// initialises a new cluster, adds the members gossip
-// finds and places voters.
+// initialises a new cluster, adds the members gossip finds, places
+// voters, and places partitions (sets them once, fills short replica
+// lists).
 func (c *Control) lead(ctx context.Context) {
 	since := c.clock.Now()
 	if err := c.raft.Barrier(5 * time.Second).Error(); err != nil {
@@ -265,7 +266,9 @@ func (c *Control) lead(ctx context.Context) {
 		}
 	}()
 	defer func() { <-granting }()
+	var pl placer
 	c.reconcile(g)
+	c.placePartitions(&pl)
 	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	lastReconcile := time.Now()
@@ -277,6 +280,7 @@ func (c *Control) lead(ctx context.Context) {
 			g.endDown()
 			if time.Since(lastReconcile) >= reconcileEvery {
 				c.reconcile(g)
+				c.placePartitions(&pl)
 				c.dropTombstones()
 				lastReconcile = time.Now()
 			}

@@ -129,6 +129,43 @@ func (m *Map) Partition(key string) (p int, rec Partition, ok bool) {
 	return p, m.Partitions[p], true
 }
 
+// PartitionLeader returns the name of the member that leads partition p;
+// ok is false when p is out of range or no member may decide its keys
+// now (the partition waits).
+func (m *Map) PartitionLeader(p int) (name string, ok bool) {
+	if m == nil || p < 0 || p >= len(m.Partitions) || m.Partitions[p].Leader == "" {
+		return "", false
+	}
+	x, ok := m.MemberByID(m.Partitions[p].Leader)
+	return x.Name, ok
+}
+
+// LeaderOf returns the partition of key and the name of the member that
+// leads it; ok is false when m has no partitions (p is 0 then) or the
+// partition has no leader.
+func (m *Map) LeaderOf(key string) (p int, name string, ok bool) {
+	p, _, ok = m.Partition(key)
+	if !ok {
+		return 0, "", false
+	}
+	name, ok = m.PartitionLeader(p)
+	return p, name, ok
+}
+
+// Led returns the partitions the member with ID id leads, in order.
+func (m *Map) Led(id string) []int {
+	if m == nil || id == "" {
+		return nil
+	}
+	var out []int
+	for i := range m.Partitions {
+		if m.Partitions[i].Leader == id {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
 // liveByID returns the member with ID id if its epoch is live.
 func (m *Map) liveByID(id string) (Member, bool) {
 	x, ok := m.MemberByID(id)

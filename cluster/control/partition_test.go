@@ -451,3 +451,90 @@ func TestPartitionInvariantsUnderRandomCommands(t *testing.T) {
 		}
 	}
 }
+
+// TestGracefulEndGoesToTargets: a graceful end hands each partition the
+// member led to the target it names, when that target may lead (a live
+// in-sync replica), and else to the first live in-sync replica.
+func TestGracefulEndGoesToTargets(t *testing.T) {
+	mc := newMachine(t, 3)
+	ep := mc.join("a", "b", "c")
+	mc.partitionsOf(4, 3, 1, "a", "b", "c")
+	led := mc.led("a") // 0 (a, b, c) and 3 (a, b, c)
+	if !slices.Equal(led, []int{0, 3}) {
+		t.Fatalf("a leads %v; want [0 3]", led)
+	}
+	// Partition 0 goes to its last replica, c, which the order alone
+	// would not pick; partition 3 names a target that is not a replica.
+	end := command{Op: opEnd, Name: "a", Epoch: ep["a"], Graceful: true, Partitions: []PartitionChange{
+		{P: 0, To: id("c")}, {P: 3, To: "id-x"}}}
+	mc.step(end)
+	for _, tt := range []struct {
+		p    int
+		want string
+	}{{0, id("c")}, {3, id("b")}} {
+		rec := mc.m.Partitions[tt.p]
+		if rec.Leader != tt.want || rec.LeaderEpoch != 2 || rec.inSync(id("a")) {
+			t.Errorf("partition %d after a's graceful end: %+v; want %s to lead at epoch 2, a out of sync", tt.p, rec, tt.want)
+		}
+	}
+}
+
+// TestMapReaders: the data plane's reads of the map name the leader of a
+// key's partition and the partitions a member leads, and say when a
+// partition has none (it waits) or the map has no partitions.
+func TestMapReaders(t *testing.T) {
+	mc := newMachine(t, 1)
+	var none *Map
+	if _, _, ok := none.LeaderOf("k"); ok {
+		t.Errorf("LeaderOf on a nil map: ok")
+	}
+	ep := mc.join("a", "b")
+	if p, name, ok := mc.m.LeaderOf("k"); ok || p != 0 || name != "" {
+		t.Errorf("LeaderOf(k) without partitions = %d, %q, %v; want 0, \"\", false", p, name, ok)
+	}
+	mc.partitionsOf(8, 1, 1, "a", "b") // even partitions on a, odd ones on b
+	for p := range 8 {
+		want := []string{"a", "b"}[p%2]
+		if name, ok := mc.m.PartitionLeader(p); !ok || name != want {
+			t.Errorf("PartitionLeader(%d) = %q, %v; want %s", p, name, ok, want)
+		}
+	}
+	for _, p := range []int{-1, 8} {
+		if name, ok := mc.m.PartitionLeader(p); ok {
+			t.Errorf("PartitionLeader(%d) of 8 = %q, true; want false", p, name)
+		}
+	}
+	if got := mc.m.Led(id("b")); !slices.Equal(got, []int{1, 3, 5, 7}) {
+		t.Errorf("Led(b) = %v; want [1 3 5 7]", got)
+	}
+	if got := mc.m.Led(id("x")); len(got) != 0 {
+		t.Errorf("Led of a stranger = %v; want none", got)
+	}
+	seen := make(map[int]bool)
+	for i := range 200 {
+		key := fmt.Sprintf("key-%d", i)
+		p, name, ok := mc.m.LeaderOf(key)
+		q, _, _ := mc.m.Partition(key)
+		if !ok || p != q || name != []string{"a", "b"}[p%2] {
+			t.Fatalf("LeaderOf(%q) = %d, %q, %v; want partition %d and its leader", key, p, name, ok, q)
+		}
+		seen[p] = true
+	}
+	if len(seen) != 8 {
+		t.Errorf("200 keys fell in %d partitions of 8", len(seen))
+	}
+	// a crashes: its partitions, in sync on a alone, wait.
+	mc.step(command{Op: opEnd, Name: "a", Epoch: ep["a"]})
+	if name, ok := mc.m.PartitionLeader(0); ok {
+		t.Errorf("PartitionLeader(0) while it waits for a = %q, true; want false", name)
+	}
+	for i := range 200 {
+		key := fmt.Sprintf("key-%d", i)
+		if p, name, ok := mc.m.LeaderOf(key); p%2 == 0 && ok {
+			t.Fatalf("LeaderOf(%q), partition %d waiting for a = %q, true; want false", key, p, name)
+		}
+	}
+	if got := mc.m.Led(id("a")); len(got) != 0 {
+		t.Errorf("Led(a) after its epoch ended = %v; want none", got)
+	}
+}

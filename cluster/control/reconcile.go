@@ -1,6 +1,7 @@
 package control
 
 import (
+	"fmt"
 	"slices"
 	"time"
 
@@ -206,4 +207,172 @@ func (c *Control) placeVoters(servers map[string]raft.Server) {
 		return
 	}
 	c.log.Info("demoted a voter beyond the target", "member", x.Name, "voters", len(voters)-1, "target", target)
+}
+
+// The Raft leader places partitions: it sets them once, when the cluster
+// first has its members live, and gives a replica list that fell short
+// (a member forgotten, or fewer members than replicas when they were
+// set) the members PlanReplicas puts there. Both are commands the state
+// machine checks (partition.go): the leader's view may be stale, and a
+// refused command is tried again on the next round.
+
+// partitionPatience is how long the leader waits for every server of the
+// Raft configuration to be a member before it sets the partitions over
+// the members there are: a node of the bootstrap that never came up
+// must not hold the partitions back for ever.
+const partitionPatience = 10 * time.Second
+
+// replicasBatch bounds how many partitions one replicas command changes,
+// so that a Raft entry stays small.
+const replicasBatch = 1024
+
+// placer is the leader's state for placing partitions, for one term.
+type placer struct {
+	// absentSince is when the leader first found every member live but
+	// servers of the Raft configuration not yet members; zero otherwise.
+	absentSince time.Time
+}
+
+// placePartitions sets the partitions of a cluster that has none yet
+// once it is ready (every member that owns keys is live, and every Raft
+// server is a member or partitionPatience passed), else adds replicas to
+// the lists that are short. Each is one command.
+func (c *Control) placePartitions(pl *placer) {
+	m := c.Map()
+	if m.ClusterID == "" || m.Settings.Partitions == 0 {
+		return
+	}
+	if len(m.Partitions) > 0 {
+		changes := replicaChanges(m)
+		if len(changes) == 0 {
+			return
+		}
+		if _, err := c.apply(command{Op: opReplicas, Partitions: changes}, time.Second); err != nil {
+			c.log.Warn("add replicas to partitions", "partitions", len(changes), "err", err)
+			return
+		}
+		c.log.Info("added replicas to partitions that had too few (they join out of sync)", "partitions", len(changes))
+		return
+	}
+	ok, absent := pl.due(m, c.raftServers(), time.Now())
+	if !ok {
+		return
+	}
+	if len(absent) > 0 {
+		c.log.Warn("setting the partitions over the members there are: servers of the raft configuration are still not members", "servers", absent, "waited", partitionPatience)
+	}
+	cmd := partitionsCommand(m)
+	if _, err := c.apply(cmd, 5*time.Second); err != nil {
+		c.log.Warn("set the partitions", "partitions", len(cmd.Partitions), "err", err)
+		return
+	}
+	c.log.Info("set the partitions", "partitions", len(cmd.Partitions), "replicas", min(m.Settings.Replicas, len(m.Owners())), "min_insync", cmd.MinInsync)
+}
+
+// due reports whether the leader sets m's partitions at now: every
+// member that owns keys is live, and every server of the Raft
+// configuration (servers, their IDs) is a member, or the leader has
+// waited partitionPatience for those that are not (absent, then).
+func (pl *placer) due(m *Map, servers []string, now time.Time) (ok bool, absent []string) {
+	if ownersLive(m) != "" {
+		pl.absentSince = time.Time{}
+		return false, nil
+	}
+	absent = absentServers(m, servers)
+	if len(absent) == 0 {
+		return true, nil
+	}
+	if pl.absentSince.IsZero() {
+		pl.absentSince = now
+	}
+	return now.Sub(pl.absentSince) >= partitionPatience, absent
+}
+
+// raftServers returns the IDs of the servers of the Raft configuration.
+func (c *Control) raftServers() []string {
+	f := c.raft.GetConfiguration()
+	if f.Error() != nil {
+		return nil
+	}
+	var ids []string
+	for _, s := range f.Configuration().Servers {
+		ids = append(ids, string(s.ID))
+	}
+	return ids
+}
+
+// ownersLive returns why m's members are not ready for partitions, ""
+// when they are: there is a member that owns keys, and every one is live.
+// Every replica then starts in sync, with nothing to catch up.
+func ownersLive(m *Map) string {
+	n := 0
+	for _, x := range m.Members {
+		if x.Phase != PhaseJoined {
+			continue
+		}
+		if !x.Live {
+			return fmt.Sprintf("%s is not live", x.Name)
+		}
+		n++
+	}
+	if n == 0 {
+		return "no member"
+	}
+	return ""
+}
+
+// absentServers returns the IDs of servers that are no member of m: at
+// bootstrap, nodes the leader has not added yet.
+func absentServers(m *Map, servers []string) []string {
+	var out []string
+	for _, id := range servers {
+		if _, ok := m.MemberByID(id); !ok {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// partitionsCommand returns the command that sets m's partitions: the
+// replica lists PlanReplicas gives over the members that own keys, and
+// the cluster's min-insync.
+func partitionsCommand(m *Map) command {
+	plan := PlanReplicas(m, m.Settings.Partitions, m.Settings.Replicas)
+	cmd := command{Op: opPartitions, MinInsync: max(m.Settings.MinInsync, 1), Partitions: make([]PartitionChange, len(plan))}
+	for p, ids := range plan {
+		cmd.Partitions[p] = PartitionChange{P: p, Replicas: ids}
+	}
+	return cmd
+}
+
+// replicaChanges returns the changes that fill m's replica lists shorter
+// than the setting (or than the members that own keys, if fewer): each
+// keeps its list and adds the members PlanReplicas puts there, out of
+// sync. At most replicasBatch of them; none when no list is short.
+func replicaChanges(m *Map) []PartitionChange {
+	want := min(max(m.Settings.Replicas, 1), len(m.Owners()))
+	var plan [][]string
+	var changes []PartitionChange
+	for i, p := range m.Partitions {
+		if len(p.Replicas) >= want {
+			continue
+		}
+		if plan == nil {
+			plan = PlanReplicas(m, len(m.Partitions), m.Settings.Replicas)
+		}
+		ids := slices.Clone(p.Replicas)
+		for _, id := range plan[i] {
+			if len(ids) < want && !slices.Contains(ids, id) {
+				ids = append(ids, id)
+			}
+		}
+		if len(ids) == len(p.Replicas) {
+			continue
+		}
+		changes = append(changes, PartitionChange{P: i, Version: p.Version, Replicas: ids})
+		if len(changes) == replicasBatch {
+			break
+		}
+	}
+	return changes
 }

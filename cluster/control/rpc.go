@@ -178,8 +178,10 @@ func (c *Control) HandleRenew(ctx context.Context, from string, epoch uint64) (b
 }
 
 // HandlePropose applies a member's PeerService.Propose: a change of its
-// own epoch or standbys, or an operator's forget. It returns the encoded
-// Result.
+// own epoch or standbys, its graceful end (with where the partitions it
+// led go), a leader's command on partitions it leads (transfer, reclaim,
+// isr: the state machine checks it leads them), or an operator's forget.
+// A member proposes for itself only. It returns the encoded Result.
 func (c *Control) HandlePropose(ctx context.Context, from string, raw []byte) ([]byte, error) {
 	g := c.granter.Load()
 	if g == nil {
@@ -197,7 +199,8 @@ func (c *Control) HandlePropose(ctx context.Context, from string, raw []byte) ([
 		}
 	case cmd.Name != from:
 		return nil, fmt.Errorf("control: propose: %s may not change %s", from, cmd.Name)
-	case cmd.Op == opStart || cmd.Op == opLeaving || cmd.Op == opSynced || cmd.Op == opEnd && cmd.Graceful:
+	case cmd.Op == opStart || cmd.Op == opLeaving || cmd.Op == opSynced || cmd.Op == opEnd && cmd.Graceful,
+		cmd.Op == opTransfer || cmd.Op == opReclaim || cmd.Op == opISR:
 		var err error
 		res, err = c.apply(cmd, defaultApplyTimeout)
 		if err != nil && res.Err == "" {
