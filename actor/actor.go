@@ -38,6 +38,9 @@ type actor struct {
 	taken map[string]bool
 	dirty []*entry
 	wrote []bool
+	// evicts are the Evict calls of the batch, run after its write (see
+	// evictCalls).
+	evicts []*call
 
 	// The storage writes in flight, oldest first (queue[head:]), until
 	// settle sees them done; see settle. In the durable modes each write
@@ -199,9 +202,18 @@ func (a *actor) handle() {
 			c.ack()
 			continue
 		}
+		if c.op == opEvict {
+			a.evicts = append(a.evicts, c)
+			continue
+		}
 		live = append(live, c)
 	}
 	a.batch = live
+	if len(a.evicts) > 0 {
+		// After the batch's write, whatever way handle returns: a key the
+		// batch changed leaves memory once the store holds the change.
+		defer a.evictCalls()
+	}
 	if len(a.batch) == 0 {
 		return
 	}

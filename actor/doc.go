@@ -100,6 +100,16 @@
 // bypass the actors, never race them; they are ordered among themselves by
 // one lock. List and Collect skip them; the janitor expires them.
 //
+// A follower of a partition keeps its copies under the keys themselves
+// (PutFollower), so that once it leads the partition its actors load them
+// from the store like any key on disk. Those writes bypass the actors too,
+// on keys an actor may hold: the caller keeps the actors off the keys
+// while it follows (it does not lead them, and fenced the engine when it
+// stopped), and calls Evict before they decide them again. Evict drops the
+// keys from every actor's memory, each once the write that holds its
+// latest state is done (the actor waits for that commit), so that the
+// next call on one loads what the store holds.
+//
 // # Usage and reservations
 //
 // A usage check (Check.Usage) reports hits already spent: they are

@@ -61,9 +61,9 @@ var (
 	// treat the call as failed (conservative: the hits stay counted).
 	ErrReplication = errors.New("actor: the standby did not confirm the write; its hits are recorded here but not acknowledged")
 	// ErrNoStore means a call needs a data file and the engine runs in
-	// memory mode (Config.Store nil): PutReplicas keeps its copies in the
-	// store.
-	ErrNoStore = errors.New("actor: replica copies need a data file; this engine runs in memory mode")
+	// memory mode (Config.Store nil): PutReplicas and PutFollower write
+	// to the store, and a key Evict dropped from memory would be lost.
+	ErrNoStore = errors.New("actor: the call needs a data file; this engine runs in memory mode")
 	// ErrDamaged means that a key's stored state cannot be decoded: the
 	// data file holds a damaged record. A *DamagedError matches it and
 	// names the key. It costs that key only: in a call, the key's check is
@@ -619,6 +619,7 @@ const (
 	opImport                // merge states[i] into checks[i].Key
 	opCollect               // read moved keys (all actors with moved, or checks' keys)
 	opForget                // delete checks[i].Key if it still holds states[i]
+	opEvict                 // drop from memory the keys for which moved is true (all actors)
 )
 
 // call is one Check in flight. Each actor that owns some of its keys decides
@@ -647,7 +648,7 @@ type call struct {
 	parts      int32
 	refused    atomic.Int32
 	staleParts []bool
-	// count is what the actors of an opForget counted.
+	// count is what the actors of an opForget or an opEvict counted.
 	count atomic.Int32
 	// For opInspect, opReset and opList.
 	view    *KeyState
@@ -656,7 +657,8 @@ type call struct {
 	after   string
 	limit   int
 	lists   [][]KeySummary
-	// For opImport, opCollect and opForget.
+	// For opImport, opCollect, opForget and opEvict. moved picks the keys
+	// of an opCollect sent to every actor, and those an opEvict drops.
 	moved   func(key string) bool
 	exports [][]Exported
 	states  [][]byte
@@ -665,7 +667,7 @@ type call struct {
 // broadcast reports whether c goes to every actor rather than to the owners
 // of its keys.
 func (c *call) broadcast() bool {
-	return c.op == opList || c.op == opCollect && c.moved != nil
+	return c.op == opList || c.op == opEvict || c.op == opCollect && c.moved != nil
 }
 
 func (c *call) fail(err error) { c.err.CompareAndSwap(nil, &err) }

@@ -31,13 +31,13 @@ func TestMain(m *testing.M) {
 // that tests cross clock-aligned boundaries.
 var epoch = time.Date(2026, 11, 30, 12, 0, 59, 500_000_000, time.UTC)
 
-// countObserver counts keys in memory, evictions, expiries and damaged
-// records.
+// countObserver counts keys in memory, evictions, expiries, damaged
+// records and the batches the actors decided.
 type countObserver struct {
-	keys, evicted, expired, damaged atomic.Int64
+	keys, evicted, expired, damaged, batches atomic.Int64
 }
 
-func (o *countObserver) Batch(int, int, int) {}
+func (o *countObserver) Batch(int, int, int) { o.batches.Add(1) }
 func (o *countObserver) Keys(d int)          { o.keys.Add(int64(d)) }
 func (o *countObserver) Evicted(n int)       { o.evicted.Add(int64(n)) }
 func (o *countObserver) Damaged()            { o.damaged.Add(1) }

@@ -17,14 +17,17 @@ import (
 // (persist.Record.IfLive), which the writer applies only over a copy that
 // holds something when its turn comes.
 
-// MissingBaseError is the error of PutReplicas when tails (appends) arrived
-// for keys whose replica copy here holds nothing to append to: none, or
-// expired, or deleted by an earlier record. Those tails were not written;
-// every other record was. The sender should send those keys' full states.
+// MissingBaseError is the error of PutReplicas (and PutFollower) when
+// tails (appends) arrived for keys whose copy here holds nothing to append
+// to: none, or expired, or deleted by an earlier record. Those tails were
+// not written; every other record was. The sender should send those keys'
+// full states.
 type MissingBaseError struct {
-	// Keys are the keys (without ReplicaPrefix) whose tails were not
-	// written, each once, in the order of their first refused tail.
+	// Keys are the keys (as sent: without ReplicaPrefix) whose tails were
+	// not written, each once, in the order of their first refused tail.
 	Keys []string
+
+	what string // the call, for the message; "" is "put replicas"
 }
 
 func (e *MissingBaseError) Error() string {
@@ -37,7 +40,11 @@ func (e *MissingBaseError) Error() string {
 	if len(e.Keys) > most {
 		more = fmt.Sprintf(" and %d more", len(e.Keys)-most)
 	}
-	return fmt.Sprintf("actor: put replicas: no copy to append to for %s%s; send their full states", strings.Join(quoted, ", "), more)
+	what := e.what
+	if what == "" {
+		what = "put replicas"
+	}
+	return fmt.Sprintf("actor: %s: no copy to append to for %s%s; send their full states", what, strings.Join(quoted, ", "), more)
 }
 
 // PutReplicas writes recs (as a Replicator received them: full states,
@@ -77,7 +84,7 @@ func (e *Engine) DeleteReplicas(ctx context.Context, keys []string) error {
 
 // writeReplicas is PutReplicas and DeleteReplicas.
 func (e *Engine) writeReplicas(ctx context.Context, what string, recs []persist.Record) error {
-	w, err := e.submitReplicas(ctx, what, recs)
+	w, err := e.submitReplicas(ctx, what, ReplicaPrefix, recs)
 	if err != nil {
 		return err
 	}
@@ -91,20 +98,22 @@ func (e *Engine) writeReplicas(ctx context.Context, what string, recs []persist.
 // it arrives and answers each once it is committed, so that several are
 // in flight. An error means nothing was submitted.
 func (e *Engine) SubmitReplicas(ctx context.Context, recs []persist.Record) (*ReplicaWrite, error) {
-	return e.submitReplicas(ctx, "put replicas", recs)
+	return e.submitReplicas(ctx, "put replicas", ReplicaPrefix, recs)
 }
 
-// ReplicaWrite is a replica write submitted to the store.
+// ReplicaWrite is a replica write (SubmitReplicas) or a follower write
+// (SubmitFollower) submitted to the store.
 type ReplicaWrite struct {
 	what   string
+	prefix string           // of the stored keys: ReplicaPrefix, or none
 	commit *persist.Commit  // nil: nothing to write
-	recs   []persist.Record // as submitted, keys with ReplicaPrefix
+	recs   []persist.Record // as submitted, keys with prefix
 }
 
 // Wait returns once the write is committed (in async mode too: which tails
-// had a base is known then), with PutReplicas' errors: the store's, or a
-// *MissingBaseError for the tails that were not written. It may be called
-// once.
+// had a base is known then), with PutReplicas' errors (PutFollower's for a
+// follower write): the store's, or a *MissingBaseError for the tails that
+// were not written. It may be called once.
 func (w *ReplicaWrite) Wait(ctx context.Context) error {
 	if w.commit == nil {
 		return nil
@@ -121,10 +130,10 @@ func (w *ReplicaWrite) Wait(ctx context.Context) error {
 	if len(skipped) == 0 {
 		return nil
 	}
-	mb := &MissingBaseError{}
+	mb := &MissingBaseError{what: w.what}
 	seen := make(map[string]bool, len(skipped))
 	for _, i := range skipped {
-		if k := w.recs[i].Key[len(ReplicaPrefix):]; !seen[k] {
+		if k := w.recs[i].Key[len(w.prefix):]; !seen[k] {
 			seen[k] = true
 			mb.Keys = append(mb.Keys, k)
 		}
@@ -132,15 +141,16 @@ func (w *ReplicaWrite) Wait(ctx context.Context) error {
 	return mb
 }
 
-// submitReplicas checks recs and submits them (see SubmitReplicas).
-func (e *Engine) submitReplicas(ctx context.Context, what string, recs []persist.Record) (*ReplicaWrite, error) {
+// submitReplicas checks recs and submits them, each under prefix+key:
+// ReplicaPrefix for SubmitReplicas, none for SubmitFollower.
+func (e *Engine) submitReplicas(ctx context.Context, what, prefix string, recs []persist.Record) (*ReplicaWrite, error) {
 	if e.store == nil {
 		return nil, ErrNoStore
 	}
 	if e.closing.Load() {
 		return nil, ErrClosed
 	}
-	rw := &ReplicaWrite{what: what}
+	rw := &ReplicaWrite{what: what, prefix: prefix}
 	if len(recs) == 0 {
 		return rw, nil
 	}
@@ -151,7 +161,7 @@ func (e *Engine) submitReplicas(ctx context.Context, what string, recs []persist
 	// the commit, which may come after this returns.
 	size := 0
 	for i := range recs {
-		if err := e.checkReplica(i, &recs[i]); err != nil {
+		if err := e.checkReplica(i, prefix, &recs[i]); err != nil {
 			return nil, fmt.Errorf("actor: %s: %w (nothing was written)", what, err)
 		}
 		size += len(recs[i].Value)
@@ -160,7 +170,7 @@ func (e *Engine) submitReplicas(ctx context.Context, what string, recs []persist
 	out := make([]persist.Record, len(recs))
 	now := e.cfg.Clock.Now().UnixNano()
 	for i, r := range recs {
-		rec := persist.Record{Key: ReplicaPrefix + r.Key, Deadline: r.Deadline, Append: r.Append}
+		rec := persist.Record{Key: prefix + r.Key, Deadline: r.Deadline, Append: r.Append}
 		if r.Append {
 			rec.IfLive = now // over a copy that has not expired
 		}
@@ -175,11 +185,12 @@ func (e *Engine) submitReplicas(ctx context.Context, what string, recs []persist
 	return rw, nil
 }
 
-// checkReplica checks record i of a replica write.
-func (e *Engine) checkReplica(i int, r *persist.Record) error {
+// checkReplica checks record i of a replica or follower write, whose key
+// is stored under prefix+key.
+func (e *Engine) checkReplica(i int, prefix string, r *persist.Record) error {
 	switch {
-	case r.Key == "" || len(ReplicaPrefix)+len(r.Key) > persist.MaxKeyLen:
-		return fmt.Errorf("record %d: key of %d bytes; want 1 to %d", i, len(r.Key), persist.MaxKeyLen-len(ReplicaPrefix))
+	case r.Key == "" || len(prefix)+len(r.Key) > persist.MaxKeyLen:
+		return fmt.Errorf("record %d: key of %d bytes; want 1 to %d", i, len(r.Key), persist.MaxKeyLen-len(prefix))
 	case strings.HasPrefix(r.Key, ReservedPrefix):
 		return fmt.Errorf("record %d (key %s): %s", i, QuoteKey(r.Key), reservedReason)
 	case r.Value == nil && r.Append:
