@@ -148,8 +148,10 @@ func (r *Router) handoffRound(ctx context.Context) (int, error) {
 	r.ownMu.Unlock()
 	self := r.cfg.Self
 	standbys := cur.replicas >= 2
-	if own.epoch == 0 {
-		return 0, nil // no epoch: nobody would take what this node sends
+	if own.epoch == 0 || cur.parts != nil {
+		// No epoch: nobody would take what this node sends. Partitions:
+		// no key moves (see partitions.go).
+		return 0, nil
 	}
 	h := &r.handoffs
 
@@ -608,6 +610,11 @@ func (r *Router) OnlyOwner() bool {
 func (r *Router) Leave(ctx context.Context) error {
 	if !r.joined() {
 		return nil
+	}
+	if own := r.own.Load(); own.cur.parts != nil {
+		// Partitions: hand each one this node leads to an in-sync replica
+		// in the entry that ends its epoch.
+		return r.ctl().LeaveWith(ctx, r.Drain(ctx))
 	}
 	if r.OnlyOwner() {
 		return r.ctl().Leave(ctx)

@@ -84,6 +84,15 @@ type config struct {
 	id uint64
 	// epochs are the epochs of the live members in this configuration.
 	epochs map[string]uint64
+	// parts are the map's partitions, nil when it has none: then a key's
+	// acting member is its partition's leader (see partitions.go), and
+	// none of the rendezvous machinery applies.
+	parts []control.Partition
+	// names are the members' names by Raft ID (with parts).
+	names map[string]string
+	// unassigned is set while the cluster's settings ask for partitions
+	// and the map has none yet: nobody decides a key then.
+	unassigned bool
 }
 
 // newConfig builds the configuration of map m for node self.
@@ -103,6 +112,13 @@ func newConfig(self string, policy Policy, replicas int, m *control.Map) *config
 	c.upAt = make([]bool, len(c.ring))
 	for i, name := range c.ring {
 		c.upAt[i] = c.up(name)
+	}
+	c.unassigned = m.Settings.Partitions > 0 && len(m.Partitions) == 0
+	if len(m.Partitions) > 0 {
+		c.parts, c.names = m.Partitions, make(map[string]string, len(m.Members))
+		for _, x := range m.Members {
+			c.names[x.ID] = x.Name
+		}
 	}
 	return c
 }
@@ -159,6 +175,9 @@ func (c *config) order(key string) []string {
 // owner returns the name of key's owner (the first of its order), "" when
 // the ring is empty.
 func (c *config) owner(key string) string {
+	if c.parts != nil {
+		return c.names[c.partOf(key).Replicas[0]]
+	}
 	i := shard.Owner(shard.Hash(key), c.hashes)
 	if i < 0 {
 		return ""
@@ -172,6 +191,12 @@ func (c *config) owner(key string) string {
 // may decide the key, and then waitOn names the member whose return (or
 // forgetting) the key waits for.
 func (c *config) acting(key string) (name, waitOn string, err error) {
+	if c.parts != nil {
+		return c.leaderOf(key)
+	}
+	if c.unassigned {
+		return "", "", fmt.Errorf("%w: the cluster's partitions are not assigned yet (its first members are still starting)", ErrMoving)
+	}
 	o := c.owner(key)
 	if o == "" {
 		return "", "", fmt.Errorf("%w: the cluster has no member that owns keys", ErrMoving)
@@ -222,6 +247,9 @@ func (c *config) holderWithout(key, skip string) string {
 // (replicas < 2), or when no other member is up. It does not allocate when
 // the key's owner is up.
 func (c *config) standby(key string) string {
+	if c.parts != nil {
+		return c.followerOf(key)
+	}
 	if c.replicas < 2 {
 		return ""
 	}
@@ -363,6 +391,11 @@ func (o *ownership) next(cur *config, epoch uint64) *ownership {
 			n.hist = []*config{nil, cur}
 		}
 	}
+	if cur.parts != nil {
+		// Partitions: a leader holds every acknowledged write of its
+		// partitions, so nothing waits for a handoff.
+		n.hist, n.completes, n.synced = []*config{cur}, nil, nil
+	}
 	n.settle()
 	return n
 }
@@ -461,6 +494,10 @@ func (o *ownership) lost() bool {
 func (o *ownership) settle() {
 	o.waitingFor = o.waitingFor[:0:0]
 	o.waitingLive = false
+	if o.cur.parts != nil {
+		o.settled = true
+		return
+	}
 	waiting := make(map[string]bool)
 	if len(o.hist) > 1 {
 		for name := range o.cur.epochs {

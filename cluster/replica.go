@@ -116,6 +116,10 @@ func (r *Router) Replicate(recs []persist.Record, done func(error)) {
 		return
 	}
 	own := r.own.Load()
+	if own.cur.parts != nil {
+		r.replicateParts(own, recs, done)
+		return
+	}
 	ended := own.epoch == 0 || own.cur.epochs[r.cfg.Self] != own.epoch
 	// A write's keys have few standbys (one per other member at most): a
 	// slice searched in order, not a map.
@@ -164,6 +168,11 @@ type replPart struct {
 	standby string
 	lane    int
 	recs    []persist.Record
+	// With partitions: optional is a follower being brought up to date,
+	// whose answer the write does not wait for; parts are the partitions
+	// of recs.
+	optional bool
+	parts    []int
 }
 
 // replWrite is one write of the engine waiting for its standbys.
@@ -198,9 +207,19 @@ type replItem struct {
 	// copy carries it (ReplicateRequest.from_epoch), whenever it leaves,
 	// so that a standby whose map has ended that epoch refuses it.
 	epoch uint64
+	// note, if set, learns the item's outcome first; an optional item's
+	// outcome goes nowhere else (see replicateParts).
+	note     func(error)
+	optional bool
 }
 
 func (it *replItem) finish(err error) {
+	if it.note != nil {
+		it.note(err)
+	}
+	if it.optional {
+		return
+	}
 	if it.result != nil {
 		it.result <- err
 		return
@@ -786,7 +805,16 @@ func (r *Router) submitReplicas(ctx context.Context, req *sluicepb.ReplicateRequ
 	for i, pr := range req.Records {
 		recs[i] = persist.Record{Key: string(pr.Key), Deadline: pr.Deadline, Value: pr.Value, Append: pr.Append}
 	}
-	w, err := r.cfg.Engine.SubmitReplicas(ctx, recs)
+	submit := r.cfg.Engine.SubmitReplicas
+	if own.cur.parts != nil {
+		// Partitions: a follower's copies are its keys (see partitions.go).
+		if err := r.checkFollower(own, req.FromNode, recs); err != nil {
+			r.copies.RUnlock()
+			return nil, err
+		}
+		submit = r.cfg.Engine.SubmitFollower
+	}
+	w, err := submit(ctx, recs)
 	if err != nil {
 		r.copies.RUnlock()
 		return nil, err

@@ -212,6 +212,7 @@ type Router struct {
 	handoffs handoffs
 	repl     replication
 	peers    peerPool
+	parts    partitions
 
 	wg sync.WaitGroup
 }
@@ -263,6 +264,7 @@ func NewRouter(cfg RouterConfig) (*Router, error) {
 	r.handoffs.init()
 	r.repl.init(r)
 	r.peers.init(r)
+	r.parts.init()
 	return r, nil
 }
 
@@ -355,7 +357,7 @@ func (r *Router) Run(ctx context.Context) {
 		return
 	}
 	var wg sync.WaitGroup
-	for _, loop := range []func(context.Context){r.follow, r.handoffLoop, r.unservedLoop} {
+	for _, loop := range []func(context.Context){r.follow, r.handoffLoop, r.unservedLoop, r.partitionLoop} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -457,6 +459,9 @@ func (r *Router) update() {
 	} else {
 		next = old.next(c, epoch)
 	}
+	if c.parts != nil {
+		r.parts.size(len(c.parts))
+	}
 	moved := old == nil || old.cur.id != c.id || old.epoch != epoch
 	if moved {
 		r.applied.seq = max(r.applied.seq+1, uint64(time.Now().UnixNano()))
@@ -466,6 +471,7 @@ func (r *Router) update() {
 	r.ownMu.Unlock()
 	r.copies.Unlock()
 	r.imports.Unlock()
+	r.partsUpdated(next)
 	if moved {
 		r.cfg.Engine.Fence()
 		r.log.Info("ownership changed", "map_version", m.Version, "config", c.id, "epoch", epoch, "owners", len(c.ring),
@@ -840,7 +846,20 @@ func (c *call) unwind(ctx context.Context, first error) error {
 // and only acknowledged if the lease still runs after the commit. With
 // marks, it reserves (see actor.CallOptions).
 func (r *Router) decideHere(ctx context.Context, own *ownership, gen uint64, checks []actor.Check, out []actor.Decision, marks []int64, allOrNothing bool) error {
-	if err := r.admit(ctx, own, checks); err != nil {
+	if own.cur.parts != nil {
+		if err := r.admitLease(own); err != nil {
+			r.cfg.Observer.Refused(reason(err), len(checks))
+			return err
+		}
+		done, err := r.admitParts(ctx, own, checks)
+		if err != nil {
+			if !stale(err) {
+				r.cfg.Observer.Refused(reason(err), len(checks))
+			}
+			return err
+		}
+		defer done()
+	} else if err := r.admit(ctx, own, checks); err != nil {
 		r.cfg.Observer.Refused(reason(err), len(checks))
 		return err
 	}
@@ -904,6 +923,9 @@ func (r *Router) decideEngine(ctx context.Context, epoch, gen uint64, checks []a
 // each key's limit from when this node saw the tombstone). It returns
 // which checks it denied, nil for none.
 func (r *Router) penalize(own *ownership, checks []actor.Check, out []actor.Decision) []bool {
+	if own.cur.parts != nil {
+		return partPenalties(own.cur, checks, out)
+	}
 	if len(own.cur.m.Tombstones) == 0 {
 		return nil
 	}
@@ -975,11 +997,8 @@ func cloneTombstones(m map[control.TombstoneKey]time.Time) map[control.Tombstone
 // key's state is here. It waits for gained keys up to HandoffWait (and
 // ctx), and fails at once without a lease.
 func (r *Router) admit(ctx context.Context, own *ownership, checks []actor.Check) error {
-	if err := r.leaseErr(); err != nil {
+	if err := r.admitLease(own); err != nil {
 		return err
-	}
-	if own.epoch != r.ctl().Epoch() {
-		return fmt.Errorf("%w: %s moved to a new epoch", actor.ErrStale, r.cfg.Self)
 	}
 	if own.settled {
 		return nil
@@ -1026,6 +1045,18 @@ func (r *Router) admit(ctx context.Context, own *ownership, checks []actor.Check
 	}
 }
 
+// admitLease refuses a call without a lease, or routed under an ownership
+// of an epoch this node left.
+func (r *Router) admitLease(own *ownership) error {
+	if err := r.leaseErr(); err != nil {
+		return err
+	}
+	if own.epoch != r.ctl().Epoch() {
+		return fmt.Errorf("%w: %s moved to a new epoch", actor.ErrStale, r.cfg.Self)
+	}
+	return nil
+}
+
 // Decidable reports whether this node may decide key now as far as
 // ownership goes (it acts for the key and holds its state); the lease is
 // checked apart. The engine asks it for calls that were routed before
@@ -1034,6 +1065,9 @@ func (r *Router) Decidable(key string) bool {
 	own := r.own.Load()
 	if own == nil || !r.joined() {
 		return true
+	}
+	if own.cur.parts != nil {
+		return r.partDecidable(own, key)
 	}
 	if own.cur.actingName(key) != r.cfg.Self {
 		return false
@@ -1055,6 +1089,11 @@ func (r *Router) DecideForwarded(ctx context.Context, version uint64, checks []a
 	}
 	gen := r.cfg.Engine.Generation()
 	own := r.own.Load()
+	if own.cur.parts != nil && r.ctl().Leaving() {
+		// It handed its partitions over (or is about to): the sender's
+		// map says where they went, or will in a moment.
+		return fmt.Errorf("%w: %s is leaving the cluster", errMisrouted, r.cfg.Self)
+	}
 	for i := range checks {
 		if a, _, _ := own.cur.acting(checks[i].Key); a != r.cfg.Self {
 			return fmt.Errorf("%w: %s does not act for key %s in its configuration", errMisrouted, r.cfg.Self, actor.QuoteKey(checks[i].Key))

@@ -580,6 +580,10 @@ func (c *Control) setEpoch(e uint64) {
 	c.epoch.Store(e)
 }
 
+// Leaving reports whether this node has begun to leave (Leave): it decides
+// nothing more, and starts no epoch again.
+func (c *Control) Leaving() bool { return c.stopping.Load() }
+
 // LeaseValid reports whether this node holds a lease now for its live
 // epoch: it may decide the keys the map gives it.
 func (c *Control) LeaseValid() bool { return c.LeaseValidFor(c.epoch.Load()) }

@@ -562,3 +562,6 @@ func losePartitions(n *Map, id, replacement string, at int64) {
 	}
 	n.Partitions = next
 }
+
+// InSync reports whether the member with Raft ID id is in p's in-sync set.
+func (p *Partition) InSync(id string) bool { return p.inSync(id) }

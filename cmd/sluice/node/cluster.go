@@ -28,9 +28,16 @@ func (n *Node) startCluster() error {
 		Replicas: max(n.cfg.Router.Replicas, 1),
 		Policy:   n.cfg.Router.Policy.String(),
 		Lease:    n.cfg.Control.Settings.Lease,
+		// Partitions and MinInsync: 0 and 0 keep the ownership by
+		// rendezvous hashing (see cluster/partitions.go).
+		Partitions: n.cfg.Control.Settings.Partitions,
+		MinInsync:  n.cfg.Control.Settings.MinInsync,
 	}
 	if settings.Lease <= 0 {
 		settings.Lease = 2 * time.Second
+	}
+	if settings.Partitions > 0 && settings.MinInsync == 0 {
+		settings.MinInsync = 1 // what the control plane takes it for: gossip says the same
 	}
 	ccfg := *n.cfg.Cluster
 	ccfg.NodeName, ccfg.GRPCAddr = n.cfg.NodeName, n.GRPCAddr()

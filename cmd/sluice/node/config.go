@@ -466,12 +466,14 @@ func (c Config) validateCluster() []error {
 // durability.
 func (c Config) validateReplicas() []error {
 	switch replicas := c.Router.Replicas; {
-	case replicas < 0 || replicas > 2:
-		return []error{fmt.Errorf("node: config: --replicas %d: want 1 or 2", replicas)}
-	case replicas == 2 && c.Durability == "memory":
-		return []error{errors.New("node: config: --replicas 2 with --durability memory: a node in memory mode keeps no copies; use 1, or a data file")}
-	case c.Durability == "async" && (replicas == 2 || replicas == 0 && DefaultReplicas(c.Durability) == 2):
-		return []error{errors.New("node: config: --durability async with --replicas 2: async acknowledges a decision before anything is written or copied, so a standby could miss acknowledged hits and take over without them; use --durability commit (the default) or fsync, or --replicas 1")}
+	case c.Control.Settings.Partitions > 0 && (replicas < 0 || replicas > 3):
+		return []error{fmt.Errorf("node: config: --replicas %d with --partitions: want 1, 2 or 3", replicas)}
+	case c.Control.Settings.Partitions == 0 && (replicas < 0 || replicas > 2):
+		return []error{fmt.Errorf("node: config: --replicas %d: want 1 or 2 (3 with --partitions)", replicas)}
+	case replicas >= 2 && c.Durability == "memory":
+		return []error{fmt.Errorf("node: config: --replicas %d with --durability memory: a node in memory mode keeps no copies; use 1, or a data file", replicas)}
+	case c.Durability == "async" && (replicas >= 2 || replicas == 0 && DefaultReplicas(c.Durability) == 2):
+		return []error{errors.New("node: config: --durability async with --replicas 2 or more: async acknowledges a decision before anything is written or copied, so a standby could miss acknowledged hits and take over without them; use --durability commit (the default) or fsync, or --replicas 1")}
 	}
 	return nil
 }
