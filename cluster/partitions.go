@@ -326,7 +326,14 @@ func (r *Router) admitParts(ctx context.Context, own *ownership, checks []actor.
 		select {
 		case <-wake:
 		case <-own.changed:
-			return nil, fmt.Errorf("%w: the map changed", actor.ErrStale)
+			// A newer map: the call goes on waiting here if this node
+			// still leads its partitions in it (a catch-up's admissions
+			// change the map many times over), else it is routed again.
+			next := r.own.Load()
+			if next.epoch != own.epoch || next.cur.parts == nil {
+				return nil, fmt.Errorf("%w: the map changed", actor.ErrStale)
+			}
+			own = next
 		case <-t.C:
 			return nil, fmt.Errorf("%w: %s", ErrMoving, why)
 		case <-ctx.Done():
@@ -407,6 +414,12 @@ func (r *Router) replicateParts(own *ownership, recs []persist.Record, done func
 	w.left.Store(counted)
 	deadline := time.Now().Add(r.cfg.ReplicaTimeout)
 	for i, pt := range parts {
+		if pt.optional {
+			// The write does not wait for this part, and the engine reuses
+			// its records' buffers once the write is done: the part sends
+			// copies.
+			pt.recs = copyRecords(pt.recs)
+		}
 		it := &replItem{recs: pt.recs, w: w, deadline: deadline, epoch: own.epoch, optional: pt.optional}
 		name, touched := pt.standby, pt.parts
 		if cu := cus[i]; cu != nil {
@@ -469,6 +482,25 @@ func (r *Router) waitOutOfSync(parts []int, name string, until time.Time, failed
 		}
 		t.Stop()
 	}
+}
+
+// copyRecords returns recs with values of their own.
+func copyRecords(recs []persist.Record) []persist.Record {
+	size := 0
+	for _, r := range recs {
+		size += len(r.Value)
+	}
+	buf := make([]byte, 0, size)
+	out := make([]persist.Record, len(recs))
+	for i, r := range recs {
+		out[i] = r
+		if r.Value != nil {
+			start := len(buf)
+			buf = append(buf, r.Value...)
+			out[i].Value = buf[start:len(buf):len(buf)]
+		}
+	}
+	return out
 }
 
 // appendPart adds p to ps once.

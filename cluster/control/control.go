@@ -768,16 +768,33 @@ func (c *Control) Leave(ctx context.Context) error { return c.LeaveWith(ctx, nil
 func (c *Control) LeaveWith(ctx context.Context, targets []PartitionChange) error {
 	c.stopping.Store(true)
 	e := c.epoch.Load()
+	end := command{Op: opEnd, Name: c.cfg.NodeName, Epoch: e, Graceful: true, Partitions: targets}
 	if c.raft.State() == raft.Leader {
-		if err := c.raft.LeadershipTransfer().Error(); err != nil {
-			c.log.Warn("hand leadership over", "err", err)
+		// The end first, while this node leads: once it handed leadership
+		// over, it learns the new leader only from its heartbeats, which
+		// a node whose listeners are closing may never get, and its
+		// partitions would wait for its lease to run out instead.
+		var err error
+		ended := false
+		if e != 0 {
+			_, err = c.apply(end, defaultApplyTimeout)
+			ended = err == nil || errors.Is(err, ErrRefused)
+			if err == nil {
+				c.log.Info("ended this node's epoch", "epoch", e)
+			}
+		}
+		if terr := c.raft.LeadershipTransfer().Error(); terr != nil {
+			c.log.Warn("hand leadership over", "err", terr)
+		}
+		if ended {
+			return err
 		}
 	}
 	if e == 0 {
 		return nil
 	}
 	for {
-		_, err := c.propose(ctx, command{Op: opEnd, Name: c.cfg.NodeName, Epoch: e, Graceful: true, Partitions: targets})
+		_, err := c.propose(ctx, end)
 		if err == nil || errors.Is(err, ErrRefused) {
 			if err == nil {
 				c.log.Info("ended this node's epoch", "epoch", e)
