@@ -613,8 +613,15 @@ func (r *Router) Leave(ctx context.Context) error {
 	}
 	if own := r.own.Load(); own.cur.parts != nil {
 		// Partitions: hand each one this node leads to an in-sync replica
-		// in the entry that ends its epoch.
-		return r.ctl().LeaveWith(ctx, r.Drain(ctx))
+		// in the entry that ends its epoch, keeping half the time for
+		// that entry.
+		dctx, cancel := ctx, context.CancelFunc(func() {})
+		if d, ok := ctx.Deadline(); ok {
+			dctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(d)/2))
+		}
+		targets := r.Drain(dctx)
+		cancel()
+		return r.ctl().LeaveWith(ctx, targets)
 	}
 	if r.OnlyOwner() {
 		return r.ctl().Leave(ctx)

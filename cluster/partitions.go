@@ -306,6 +306,10 @@ func (r *Router) admitParts(ctx context.Context, own *ownership, checks []actor.
 			case own.cur.names[rec.Leader] != r.cfg.Self:
 				done()
 				return nil, fmt.Errorf("%w: %s no longer leads partition %d", actor.ErrStale, r.cfg.Self, p)
+			case len(rec.ISR) < own.cur.m.MinInsync:
+				done()
+				return nil, fmt.Errorf("%w: partition %d has %d in-sync replicas, fewer than --min-insync %d: it decides nothing until a replica is back in sync",
+					ErrOwnerDown, p, len(rec.ISR), own.cur.m.MinInsync)
 			case st.ready.Load() != rec.LeaderEpoch:
 				why = fmt.Sprintf("%s is taking partition %d over", r.cfg.Self, p)
 			case st.stopped.Load():
@@ -469,6 +473,11 @@ func (r *Router) waitOutOfSync(parts []int, name string, until time.Time, failed
 			}
 		}
 		if out {
+			for _, p := range parts {
+				if p < len(m.Partitions) && len(m.Partitions[p].ISR) < m.MinInsync {
+					return fmt.Errorf("%w; partition %d is left with %d in-sync replicas, fewer than --min-insync %d", failed, p, len(m.Partitions[p].ISR), m.MinInsync)
+				}
+			}
 			return nil
 		}
 		wait := time.Until(until)

@@ -156,6 +156,26 @@ var mutants = []mutant{
 		checks: []check{{"./actor/", "TestLeaseFairShare"}, {"./client/", "TestLeaseFairShare"}, {"./cmd/sluice/node/", "TestLeaseRuleFairShare"}},
 	},
 	{
+		name: "partition-out-of-sync-leader",
+		what: "a partition handed to a replica that is not in sync (it may lack acknowledged hits)",
+		edits: []edit{
+			{"cluster/control/partition.go",
+				"\tcase !p.inSync(to):",
+				"\tcase false:"},
+		},
+		checks: []check{{"./cluster/control/", "TestPartitionWaitsForItsLastInSync|TestPartitionInvariantsUnderRandomCommands"}},
+	},
+	{
+		name: "partition-stale-memory",
+		what: "a node that takes a partition back decides from what its actors held of its keys when it last led it",
+		edits: []edit{
+			{"cluster/partitions.go",
+				"\t\t_, err := r.cfg.Engine.Evict(context.Background(), func(key string) bool {\n\t\t\treturn set[shard.Partition(shard.Hash(key), n)]\n\t\t})",
+				"\t\tvar err error"},
+		},
+		checks: []check{{"./cmd/sluice/node/", "TestPartitionsLeaderMovesBackAndForth"}},
+	},
+	{
 		name: "rlqs-no-lease",
 		what: "an RLQS assignment sent whether or not the key's owner granted its lease (and the room assumed whole)",
 		edits: []edit{

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,10 +18,17 @@ import (
 // waits until the map has its partitions, each led.
 func partitionCluster(t *testing.T, parts int) *testCluster {
 	t.Helper()
+	return partitionClusterWith(t, parts, 2, 0)
+}
+
+// partitionClusterWith is partitionCluster with replicas and min-insync.
+func partitionClusterWith(t *testing.T, parts, replicas, minInsync int) *testCluster {
+	t.Helper()
 	tc := newTestClusterWith(t, 3, func(c *Config) {
-		c.Router.Replicas = 2
+		c.Router.Replicas = replicas
 		c.Router.ReplicaTimeout = 2 * time.Second
 		c.Control.Settings.Partitions = parts
+		c.Control.Settings.MinInsync = minInsync
 	})
 	tc.waitPartitions(func(m *control.Map) error { return nil })
 	return tc
@@ -268,5 +276,45 @@ func TestPartitionsLeaderMovesBackAndForth(t *testing.T) {
 		if got := l.allowed[key(k)]; got != limit {
 			t.Errorf("%s: %d allowed of %d hits; want exactly its limit %d", key(k), got, 2+4*2+3, limit)
 		}
+	}
+}
+
+// TestPartitionsMinInsync: with --min-insync 3 of 3 replicas, a partition
+// whose in-sync set lost a member decides nothing, with a reason that
+// names the setting, and decides again once the member is back in sync.
+func TestPartitionsMinInsync(t *testing.T) {
+	t.Parallel()
+	if testing.Short() {
+		t.Skip("restarts a node")
+	}
+	tc := partitionClusterWith(t, 4, 3, 3)
+	l := &ledger{allowed: make(map[string]int)}
+	if d, err := l.hit(tc, 0, "m", 5); err != nil || !d.Allowed {
+		t.Fatalf("first hit: %v, %v", d, err)
+	}
+	tc.nodes[2].stop()
+	if err := testkit.Wait(10*time.Second, func() error {
+		_, err := l.hit(tc, 0, "m", 5)
+		if err == nil || !strings.Contains(err.Error(), "min-insync") {
+			return fmt.Errorf("hit with one replica of three stopped: %v; want refused for --min-insync", err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	tc.nodes[2].start()
+	tc.waitMembers(3)
+	tc.waitReady()
+	if err := testkit.Wait(20*time.Second, func() error {
+		d, err := l.hit(tc, 0, "m", 5)
+		if err != nil {
+			return err
+		}
+		if !d.Allowed {
+			return fmt.Errorf("denied: %v", d)
+		}
+		return nil
+	}); err != nil {
+		t.Fatalf("after the replica came back: %v", err)
 	}
 }
