@@ -394,5 +394,26 @@ func (m *metrics) registerControl(reg *prometheus.Registry, c *control.Control) 
 		gauge("sluice_lease_remaining_seconds", "How long this node's lease still runs; 0 or less: it holds none and decides nothing.", func() float64 {
 			return c.LeaseRemaining().Seconds()
 		}),
+		gauge("sluice_partitions_led", "Partitions this node leads in the map it applied (--partitions; 0 without).", func() float64 {
+			return float64(partitionCount(c, func(p *control.Partition) bool { return p.Leader == c.ID() }))
+		}),
+		gauge("sluice_partitions_under_replicated", "Partitions this node leads whose in-sync set is smaller than their replica list: a replica is down or catching up, and one more failure may make them wait.", func() float64 {
+			return float64(partitionCount(c, func(p *control.Partition) bool { return p.Leader == c.ID() && len(p.ISR) < len(p.Replicas) }))
+		}),
+		gauge("sluice_partitions_offline", "Partitions of the cluster with no leader, as this node's map says (the same on every node): their keys are refused until their last in-sync replica is back, or an operator forgets it.", func() float64 {
+			return float64(partitionCount(c, func(p *control.Partition) bool { return p.Leader == "" }))
+		}),
 	)
+}
+
+// partitionCount counts the partitions of c's map for which f is true.
+func partitionCount(c *control.Control, f func(*control.Partition) bool) int {
+	m := c.Map()
+	n := 0
+	for i := range m.Partitions {
+		if f(&m.Partitions[i]) {
+			n++
+		}
+	}
+	return n
 }

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -302,6 +303,22 @@ func TestPartitionsMinInsync(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
+	// The metrics say so: node-0 and node-1 lead the four partitions, each
+	// under-replicated.
+	if err := testkit.Wait(10*time.Second, func() error {
+		led, under := 0.0, 0.0
+		for _, ts := range tc.nodes[:2] {
+			_, body := httpGet(t, "http://"+ts.srv.HTTPAddr()+"/metrics")
+			led += metricValue(body, "sluice_partitions_led")
+			under += metricValue(body, "sluice_partitions_under_replicated")
+		}
+		if led != 4 || under != 4 {
+			return fmt.Errorf("node-0 and node-1 lead %v partitions, %v under-replicated; want 4 and 4", led, under)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	tc.nodes[2].start()
 	tc.waitMembers(3)
 	tc.waitReady()
@@ -317,4 +334,16 @@ func TestPartitionsMinInsync(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("after the replica came back: %v", err)
 	}
+}
+
+// metricValue returns the value of the unlabelled metric name in a
+// Prometheus text body, 0 if absent.
+func metricValue(body, name string) float64 {
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, name+" "); ok {
+			f, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			return f
+		}
+	}
+	return 0
 }
