@@ -529,8 +529,12 @@ func (r *Router) Status() string {
 	if err := r.leaseErr(); err != nil {
 		return err.Error()
 	}
-	if o := r.own.Load(); o.waitingLive {
+	o := r.own.Load()
+	if o.waitingLive {
 		return fmt.Sprintf("waiting for the handoffs of %v", o.waitingFor)
+	}
+	if o.cur.unassigned {
+		return "the cluster's partitions are not assigned yet (its first members are still starting)"
 	}
 	return ""
 }

@@ -31,6 +31,13 @@ func partitionClusterWith(t *testing.T, parts, replicas, minInsync int) *testClu
 		c.Control.Settings.Partitions = parts
 		c.Control.Settings.MinInsync = minInsync
 	})
+	// Ready means assigned: a node whose map has no partitions yet says
+	// it is not ready (every call would be refused).
+	for _, ts := range tc.nodes {
+		if m := ts.srv.Router().Map(); len(m.Partitions) != parts {
+			t.Fatalf("%s is ready with %d partitions in its map; want %d", ts.srv.Config().NodeName, len(m.Partitions), parts)
+		}
+	}
 	tc.waitPartitions(func(m *control.Map) error { return nil })
 	return tc
 }
