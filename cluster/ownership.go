@@ -90,6 +90,9 @@ type config struct {
 	parts []control.Partition
 	// names are the members' names by Raft ID (with parts).
 	names map[string]string
+	// tombstoned is set when a partition has a tombstone: only then does
+	// a check look its partition up to be penalized.
+	tombstoned bool
 	// unassigned is set while the cluster's settings ask for partitions
 	// and the map has none yet: nobody decides a key then.
 	unassigned bool
@@ -118,6 +121,9 @@ func newConfig(self string, policy Policy, replicas int, m *control.Map) *config
 		c.parts, c.names = m.Partitions, make(map[string]string, len(m.Members))
 		for _, x := range m.Members {
 			c.names[x.ID] = x.Name
+		}
+		for i := range m.Partitions {
+			c.tombstoned = c.tombstoned || m.Partitions[i].Tombstone != 0
 		}
 	}
 	return c

@@ -845,40 +845,53 @@ func (r *Router) prefer(ctx context.Context, own *ownership) error {
 }
 
 // transfer hands parts to the targets of changes: it stops deciding them,
-// waits for their calls in flight, and proposes the transfer. If the
-// proposal's outcome is unknown or it was refused, this node leads on only
-// through a reclaim at the next leader epoch, which commits only if the
-// transfer did not.
+// waits for their calls in flight, and proposes the transfer. A refused
+// transfer changed nothing: the partitions resume. One whose outcome is
+// unknown leaves them stopped: this node leads on only through a reclaim
+// at the next leader epoch, which commits only if the transfer did not
+// (I1).
 func (r *Router) transfer(ctx context.Context, parts []int, changes []control.PartitionChange) error {
 	pctx, cancel := context.WithTimeout(ctx, catchUpPause)
-	_, err := r.pause(pctx, parts)
+	resume, err := r.pause(pctx, parts)
 	cancel()
 	if err != nil {
-		return r.reclaim(ctx, parts, changes, err)
+		return fmt.Errorf("transfer: calls still in flight: %w", err) // nothing proposed; pause resumed them
 	}
 	tctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	err = r.ctl().Transfer(tctx, changes)
 	cancel()
-	if err == nil {
+	switch {
+	case err == nil:
 		r.log.Info("handed partitions to their preferred leaders", "partitions", len(parts))
 		return nil
+	case errors.Is(err, control.ErrRefused):
+		resume()
+		return fmt.Errorf("transfer: %w", err)
 	}
-	return r.reclaim(ctx, parts, changes, err)
+	return r.reclaim(ctx, changes, err)
 }
 
-// reclaim leads parts on at the next leader epoch after a transfer that
-// failed with why; the partitions stay stopped until the map says who
-// leads them.
-func (r *Router) reclaim(ctx context.Context, parts []int, changes []control.PartitionChange, why error) error {
-	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
+// reclaim proposes, until the map says, that this node leads the
+// partitions of changes on at the next leader epoch, after a transfer
+// that failed with why and may have committed. The partitions stay
+// stopped until the map that settles it is applied (partsUpdated).
+func (r *Router) reclaim(ctx context.Context, changes []control.PartitionChange, why error) error {
 	for i := range changes {
 		changes[i].To = ""
 	}
-	if err := r.ctl().Reclaim(rctx, changes); err != nil && !errors.Is(err, control.ErrRefused) {
-		return fmt.Errorf("transfer: %v; reclaim: %w", why, err)
+	for wait := 100 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := r.ctl().Reclaim(rctx, changes)
+		cancel()
+		if err == nil || errors.Is(err, control.ErrRefused) {
+			return fmt.Errorf("transfer: %w", why) // reclaimed, or the transfer committed
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("transfer: %v; reclaim: %w", why, err)
+		case <-time.After(wait):
+		}
 	}
-	return fmt.Errorf("transfer: %w", why)
 }
 
 // Drain stops every partition this node leads, waits for their calls in
@@ -915,31 +928,18 @@ func (r *Router) Drain(ctx context.Context) []control.PartitionChange {
 	return out
 }
 
-// partPenalties denies, without recording, the checks of partitions whose
-// every in-sync replica was lost (a tombstone): one window of each key's
-// limit from the tombstone's time, so that the hits the lost replicas
-// allowed and the ones allowed after never share a window.
-func partPenalties(c *config, checks []actor.Check, out []actor.Decision) []bool {
-	now := time.Now()
-	var denied []bool
-	for i := range checks {
-		ck := &checks[i]
-		if ck.Cost <= 0 || ck.Refund {
-			continue
-		}
-		t := c.partOf(ck.Key).Tombstone
-		if t == 0 {
-			continue
-		}
-		until := time.Unix(0, t).Add(ck.Window)
-		if !now.Before(until) {
-			continue
-		}
-		if denied == nil {
-			denied = make([]bool, len(checks))
-		}
-		denied[i] = true
-		out[i] = actor.Decision{Allowed: false, Limit: ck.Limit, Remaining: 0, RetryAfter: until.Sub(now), ResetAfter: until.Sub(now) + ck.Window}
+// partPenaltyEnd is when the tombstone of key's partition stops denying a
+// check of window (zero: it has none). A tombstone marks a partition whose
+// every in-sync replica was lost: one window of each key's limit from its
+// time, so that the hits the lost replicas allowed and the ones allowed
+// after never share a window.
+func (c *config) partPenaltyEnd(key string, window time.Duration) time.Time {
+	if !c.tombstoned {
+		return time.Time{}
 	}
-	return denied
+	t := c.partOf(key).Tombstone
+	if t == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, t).Add(window)
 }

@@ -924,18 +924,34 @@ func (r *Router) decideEngine(ctx context.Context, epoch, gen uint64, checks []a
 
 // penalize denies, without recording, the checks whose key a tombstone
 // bears on (a forgotten member's keys with no complete copy: one window of
-// each key's limit from when this node saw the tombstone). It returns
-// which checks it denied, nil for none.
+// each key's limit from when this node saw the tombstone; with partitions,
+// a partition's, from its time: see partPenaltyEnd). It returns which
+// checks it denied, nil for none.
 func (r *Router) penalize(own *ownership, checks []actor.Check, out []actor.Decision) []bool {
-	if own.cur.parts != nil {
-		return partPenalties(own.cur, checks, out)
-	}
-	if len(own.cur.m.Tombstones) == 0 {
+	// end is when the penalties on a check's key end (zero: none).
+	var end func(ck *actor.Check) time.Time
+	switch {
+	case own.cur.parts != nil:
+		if !own.cur.tombstoned {
+			return nil
+		}
+		end = func(ck *actor.Check) time.Time { return own.cur.partPenaltyEnd(ck.Key, ck.Window) }
+	case len(own.cur.m.Tombstones) == 0:
 		return nil
+	default:
+		r.ownMu.Lock()
+		seen := cloneTombstones(r.tombstones)
+		r.ownMu.Unlock()
+		end = func(ck *actor.Check) time.Time {
+			var until time.Time
+			for _, p := range own.cur.penalties(ck.Key, seen) {
+				if u := p.from.Add(ck.Window); u.After(until) {
+					until = u
+				}
+			}
+			return until
+		}
 	}
-	r.ownMu.Lock()
-	seen := cloneTombstones(r.tombstones)
-	r.ownMu.Unlock()
 	now := time.Now()
 	var denied []bool
 	for i := range checks {
@@ -943,12 +959,7 @@ func (r *Router) penalize(own *ownership, checks []actor.Check, out []actor.Deci
 		if ck.Cost <= 0 || ck.Refund {
 			continue
 		}
-		var until time.Time
-		for _, p := range own.cur.penalties(ck.Key, seen) {
-			if u := p.from.Add(ck.Window); u.After(until) {
-				until = u
-			}
-		}
+		until := end(ck)
 		if !now.Before(until) {
 			continue
 		}

@@ -166,6 +166,16 @@ var mutants = []mutant{
 		checks: []check{{"./cluster/control/", "TestPartitionWaitsForItsLastInSync|TestPartitionInvariantsUnderRandomCommands"}},
 	},
 	{
+		name: "partition-copies-from-any-node",
+		what: "a follower takes copies of a partition from a node that does not lead it in its map",
+		edits: []edit{
+			{"cluster/partitions.go",
+				"\t\tif l := c.parts[p].Leader; l != x.ID {",
+				"\t\tif l := c.parts[p].Leader; l != x.ID && false {"},
+		},
+		checks: []check{{"./cluster/", "TestFollowerTakesCopiesOnlyFromTheLeader"}},
+	},
+	{
 		name: "partition-stale-memory",
 		what: "a node that takes a partition back decides from what its actors held of its keys when it last led it",
 		edits: []edit{
